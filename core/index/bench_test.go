@@ -1,0 +1,101 @@
+package index
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/kvc-router/kvc-router/core/blockhash"
+)
+
+// BenchmarkStoredIngest applies BlockStored runs of 32 blocks (a 512-token
+// prompt at block size 16) across 8 servers, as events arrive from engines.
+func BenchmarkStoredIngest(b *testing.B) {
+	ix := New(Config{MaxEntries: 1 << 22})
+	var ids []ServerID
+	for i := 0; i < 8; i++ {
+		id, _ := ix.AddServer(fmt.Sprint("s", i), ServerOptions{})
+		ids = append(ids, id)
+	}
+	const blocks, bs = 32, 16
+	tokens := make([]int32, blocks*bs)
+	hashes := make([]uint64, blocks)
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		for i := range tokens {
+			tokens[i] = int32(n*7 + i)
+		}
+		for i := range hashes {
+			hashes[i] = uint64(n)<<8 | uint64(i) | 1
+		}
+		_ = ix.Stored(ids[n%8], GPU, false, 0, hashes, tokens, bs, 0)
+		n++
+	}
+	b.ReportMetric(float64(n*blocks)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkMemoryPerEntry reports heap bytes per (server, block) residency
+// with 1M entries resident, bridges included.
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	const entries, blocks, bs = 1 << 20, 64, 16
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		ix := New(Config{MaxEntries: entries})
+		var ids []ServerID
+		for i := 0; i < 16; i++ {
+			id, _ := ix.AddServer(fmt.Sprint("s", i), ServerOptions{})
+			ids = append(ids, id)
+		}
+		tokens := make([]int32, blocks*bs)
+		hashes := make([]uint64, blocks)
+		for n := 0; n < entries/blocks; n++ {
+			for i := range tokens {
+				tokens[i] = int32(n*13 + i)
+			}
+			for i := range hashes {
+				hashes[i] = uint64(n)<<8 | uint64(i) | 1
+			}
+			_ = ix.Stored(ids[n%16], GPU, false, 0, hashes, tokens, bs, 0)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		st := ix.Status()
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(st.Entries), "bytes/entry")
+		b.ReportMetric(float64(st.Bytes)/float64(st.Entries), "est-bytes/entry")
+		runtime.KeepAlive(ix)
+	}
+}
+
+// BenchmarkMatchPrefix queries an 8k-token prompt (512 blocks) whose blocks
+// are resident on 4 of 64 servers.
+func BenchmarkMatchPrefix(b *testing.B) {
+	ix := New(Config{})
+	var ids []ServerID
+	for i := 0; i < 64; i++ {
+		id, _ := ix.AddServer(fmt.Sprint("s", i), ServerOptions{})
+		ids = append(ids, id)
+	}
+	prompt := make([]int32, 8192)
+	for i := range prompt {
+		prompt[i] = int32(i * 31)
+	}
+	keys := blockhash.Keys(prompt, 16, 0)
+	hashes := make([]uint64, len(keys))
+	for s := 0; s < 4; s++ {
+		for i := range hashes {
+			hashes[i] = uint64(s)<<32 | uint64(i) | 1
+		}
+		_ = ix.Stored(ids[s*16], GPU, false, 0, hashes, prompt, 16, 0)
+	}
+	out := make([]Match, len(ids))
+	var scratch []int32
+	for b.Loop() {
+		scratch = ix.MatchPrefix(keys, ids, out, scratch)
+	}
+	if out[0].Blocks != len(keys) {
+		b.Fatalf("match %d", out[0].Blocks)
+	}
+}

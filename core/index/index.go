@@ -1,0 +1,719 @@
+// Package index tracks which block keys are resident on which server, in
+// which storage tier, and answers longest-prefix queries.
+//
+// Two sources feed it. Engine events (vLLM BlockStored / BlockRemoved /
+// AllBlocksCleared) are authoritative: they carry engine hashes, which a
+// per-server bridge map ties to the router's own keys (blockhash package),
+// because BlockRemoved and token-less lower-tier stores carry no tokens.
+// Speculative entries, recorded when the router sends a prompt to a server,
+// cover the gap before events arrive (GRPO siblings sent in one burst) and are
+// the only source for servers without an event feed ("approximate" servers).
+//
+// Memory is bounded: every (server, key) pair is one 48-byte record in a slab,
+// all records sit on a global LRU list capped at Config.MaxEntries, and
+// approximate servers additionally cap their own records at their capacity.
+package index
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvc-router/kvc-router/core/blockhash"
+)
+
+// Tier is a storage tier of the KV cache. Lower is faster.
+type Tier uint8
+
+const (
+	GPU Tier = iota
+	CPU
+	SSD
+	// NumTiers is the number of tiers.
+	NumTiers = 3
+)
+
+// String returns the tier's lower-case name.
+func (t Tier) String() string {
+	switch t {
+	case GPU:
+		return "gpu"
+	case CPU:
+		return "cpu"
+	case SSD:
+		return "ssd"
+	}
+	return fmt.Sprintf("tier(%d)", uint8(t))
+}
+
+// ServerID is a compact handle for a server inside the index.
+type ServerID uint16
+
+const (
+	nilRec    = ^uint32(0)
+	freeSrv   = ^uint16(0)
+	maxServer = int(freeSrv) - 1
+	tickDur   = 10 * time.Millisecond
+)
+
+// Errors returned by event operations. They are not fatal: callers count
+// them and carry on.
+var (
+	ErrUnknownServer = errors.New("index: unknown server")
+	ErrUnanchored    = errors.New("index: parent block hash not known for this server")
+	ErrBadEvent      = errors.New("index: malformed event")
+	ErrTooManyServer = errors.New("index: too many servers")
+)
+
+// Config sizes the index.
+type Config struct {
+	// MaxEntries caps (server, key) records across all servers; the least
+	// recently stored or speculated record is evicted beyond it.
+	MaxEntries int
+	// SpecTTL is how long a speculative entry lives on a server with an
+	// event feed (events normally confirm or remove it sooner).
+	SpecTTL time.Duration
+	// ApproxTTL is how long a speculative entry lives on a server without
+	// an event feed.
+	ApproxTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxEntries = 4 << 20
+	DefaultSpecTTL    = 5 * time.Second
+	DefaultApproxTTL  = 10 * time.Minute
+)
+
+func (c Config) withDefaults() Config {
+	if c.MaxEntries <= 0 {
+		c.MaxEntries = DefaultMaxEntries
+	}
+	if c.SpecTTL <= 0 {
+		c.SpecTTL = DefaultSpecTTL
+	}
+	if c.ApproxTTL <= 0 {
+		c.ApproxTTL = DefaultApproxTTL
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// ServerOptions describe one server to the index.
+type ServerOptions struct {
+	// Approximate marks a server without an event feed: its residency is
+	// presumed from routing decisions alone, with ApproxTTL.
+	Approximate bool
+	// Capacity caps this server's records (its num_gpu_blocks); 0 = no cap.
+	// It matters for approximate servers, whose records nothing else removes.
+	Capacity int
+}
+
+// rec is one (server, key) residency record. 48 bytes.
+type rec struct {
+	key    uint64
+	engine uint64 // engine hash last bridged to this record; 0 = none
+	next   uint32 // next record with the same key
+	gprev  uint32 // global LRU, towards most recent
+	gnext  uint32 // global LRU, towards least recent
+	sprev  uint32 // per-server LRU
+	snext  uint32
+	spec   uint32 // speculative expiry in ticks since epoch; 0 = none
+	server uint16 // freeSrv when the slot is free
+	cnt    [NumTiers]uint16
+}
+
+type server struct {
+	name   string
+	opts   ServerOptions
+	bridge map[uint64]uint32
+	head   uint32 // most recent record of this server
+	tail   uint32
+	n      int
+
+	stored, removed, cleared, unanchored, unresolved uint64
+}
+
+// Index is safe for concurrent use.
+type Index struct {
+	mu      sync.RWMutex
+	cfg     Config
+	epoch   time.Time
+	keys    map[uint64]uint32
+	recs    []rec
+	free    uint32
+	nfree   int
+	head    uint32
+	tail    uint32
+	servers []*server
+	freeIDs []ServerID
+	byName  map[string]ServerID
+
+	evictedBudget, evictedCapacity uint64
+}
+
+// New returns an empty index.
+func New(cfg Config) *Index {
+	cfg = cfg.withDefaults()
+	return &Index{
+		cfg:    cfg,
+		epoch:  cfg.Now(),
+		keys:   make(map[uint64]uint32),
+		free:   nilRec,
+		head:   nilRec,
+		tail:   nilRec,
+		byName: make(map[string]ServerID),
+	}
+}
+
+func (ix *Index) tick(t time.Time) uint32 {
+	d := t.Sub(ix.epoch) / tickDur
+	if d < 1 {
+		return 1
+	}
+	if int64(d) >= int64(^uint32(0)) {
+		return ^uint32(0) - 1
+	}
+	return uint32(d)
+}
+
+// AddServer registers a server (or updates its options) and returns its id.
+func (ix *Index) AddServer(name string, opts ServerOptions) (ServerID, error) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if id, ok := ix.byName[name]; ok {
+		s := ix.servers[id]
+		s.opts = opts
+		ix.enforceCapacity(s)
+		return id, nil
+	}
+	s := &server{name: name, opts: opts, bridge: make(map[uint64]uint32), head: nilRec, tail: nilRec}
+	var id ServerID
+	if n := len(ix.freeIDs); n > 0 {
+		id = ix.freeIDs[n-1]
+		ix.freeIDs = ix.freeIDs[:n-1]
+		ix.servers[id] = s
+	} else {
+		if len(ix.servers) > maxServer {
+			return 0, ErrTooManyServer
+		}
+		id = ServerID(len(ix.servers))
+		ix.servers = append(ix.servers, s)
+	}
+	ix.byName[name] = id
+	return id, nil
+}
+
+// SetOptions changes a server's options; unknown ids are ignored.
+func (ix *Index) SetOptions(id ServerID, opts ServerOptions) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if s := ix.srv(id); s != nil {
+		s.opts = opts
+		ix.enforceCapacity(s)
+	}
+}
+
+// Lookup returns the id of a registered server.
+func (ix *Index) Lookup(name string) (ServerID, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	id, ok := ix.byName[name]
+	return id, ok
+}
+
+func (ix *Index) srv(id ServerID) *server {
+	if int(id) >= len(ix.servers) {
+		return nil
+	}
+	return ix.servers[id]
+}
+
+// RemoveServer drops a server and everything it holds.
+func (ix *Index) RemoveServer(id ServerID) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return
+	}
+	ix.clearServer(id, s)
+	delete(ix.byName, s.name)
+	ix.servers[id] = nil
+	ix.freeIDs = append(ix.freeIDs, id)
+}
+
+// Cleared drops every record of a server (vLLM AllBlocksCleared, engine
+// restart, or an event gap that replay could not close).
+func (ix *Index) Cleared(id ServerID) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	s.cleared++
+	ix.clearServer(id, s)
+	return nil
+}
+
+// ClearAll drops every record of every server (a weight update).
+func (ix *Index) ClearAll() {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for id, s := range ix.servers {
+		if s != nil {
+			s.cleared++
+			ix.clearServer(ServerID(id), s)
+		}
+	}
+}
+
+func (ix *Index) clearServer(id ServerID, s *server) {
+	for r := s.head; r != nilRec; {
+		next := ix.recs[r].snext
+		ix.freeRec(r, s)
+		r = next
+	}
+	if len(s.bridge) > 0 {
+		s.bridge = make(map[uint64]uint32)
+	}
+}
+
+// Stored applies a BlockStored event. parent is the engine hash of the block
+// before the run (hasParent false when the run starts at block 0). When
+// tokens are present they are cut into blocks of blockSize and keyed in
+// namespace; token-less events (lower-tier placeholders) add the tier to the
+// records their engine hashes already bridge to.
+func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, engineHashes []uint64, tokens []int32, blockSize int, namespace uint64) error {
+	if tier >= NumTiers {
+		return fmt.Errorf("%w: tier %d", ErrBadEvent, tier)
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	if len(tokens) == 0 {
+		var miss int
+		for _, e := range engineHashes {
+			r, ok := ix.bridged(s, id, e)
+			if !ok {
+				miss++
+				continue
+			}
+			ix.incr(r, tier)
+			ix.touch(r, s)
+		}
+		s.stored += uint64(len(engineHashes) - miss)
+		if miss > 0 {
+			s.unresolved += uint64(miss)
+		}
+		return nil
+	}
+	if blockSize <= 0 {
+		return fmt.Errorf("%w: block_size %d with %d tokens", ErrBadEvent, blockSize, len(tokens))
+	}
+	var key uint64
+	if hasParent {
+		r, ok := ix.bridged(s, id, parent)
+		if !ok {
+			s.unanchored += uint64(len(engineHashes))
+			return ErrUnanchored
+		}
+		key = ix.recs[r].key
+	} else {
+		key = blockhash.Root(namespace, blockSize)
+	}
+	n := min(len(engineHashes), len(tokens)/blockSize)
+	for i := 0; i < n; i++ {
+		key = blockhash.Chain(key, tokens[i*blockSize:(i+1)*blockSize])
+		r := ix.findOrCreate(id, s, key)
+		rc := &ix.recs[r]
+		if rc.engine != 0 && rc.engine != engineHashes[i] {
+			// Another engine hash already names this block; keep one
+			// bridge per record so a freed slot never aliases.
+			delete(s.bridge, rc.engine)
+		}
+		rc.engine = engineHashes[i]
+		s.bridge[engineHashes[i]] = r
+		ix.incr(r, tier)
+		ix.touch(r, s)
+	}
+	s.stored += uint64(n)
+	ix.enforceBudget()
+	return nil
+}
+
+// Removed applies a BlockRemoved event: one copy per engine hash leaves tier.
+func (ix *Index) Removed(id ServerID, tier Tier, engineHashes []uint64) error {
+	if tier >= NumTiers {
+		return fmt.Errorf("%w: tier %d", ErrBadEvent, tier)
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	for _, e := range engineHashes {
+		r, ok := ix.bridged(s, id, e)
+		if !ok {
+			s.unresolved++
+			continue
+		}
+		rc := &ix.recs[r]
+		if rc.cnt[tier] > 0 {
+			rc.cnt[tier]--
+		}
+		s.removed++
+		if rc.cnt == [NumTiers]uint16{} {
+			// The engine no longer holds the block anywhere: any
+			// speculation about it is contradicted too.
+			ix.freeRec(r, s)
+		}
+	}
+	return nil
+}
+
+// Speculate records keys as presumed resident on a server's GPU tier because
+// the router just sent them there. The entries expire after SpecTTL (event
+// feed) or ApproxTTL (approximate server).
+func (ix *Index) Speculate(id ServerID, keys []uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return
+	}
+	ttl := ix.cfg.SpecTTL
+	if s.opts.Approximate {
+		ttl = ix.cfg.ApproxTTL
+	}
+	now := ix.cfg.Now()
+	exp := ix.tick(now.Add(ttl))
+	for _, k := range keys {
+		r := ix.findOrCreate(id, s, k)
+		if ix.recs[r].spec < exp {
+			ix.recs[r].spec = exp
+		}
+		ix.touch(r, s)
+	}
+	ix.sweepExpired(s, ix.tick(now))
+	ix.enforceCapacity(s)
+	ix.enforceBudget()
+}
+
+// sweepExpired frees speculative-only records at the cold end of a server's
+// list once they have expired, so that unconfirmed speculation does not
+// crowd the budget.
+func (ix *Index) sweepExpired(s *server, now uint32) {
+	for i := 0; i < 64 && s.tail != nilRec; i++ {
+		rc := &ix.recs[s.tail]
+		if rc.cnt != [NumTiers]uint16{} || rc.spec > now {
+			return
+		}
+		ix.freeRec(s.tail, s)
+	}
+}
+
+// Match is one server's answer to a prefix query.
+type Match struct {
+	// Blocks is the length of the longest run of leading keys resident.
+	Blocks int
+	// Tier counts those blocks by the best tier holding each.
+	Tier [NumTiers]int
+}
+
+// MatchPrefix computes, for each server in ids, the longest run of leading
+// keys resident on it, with a per-tier breakdown; out[i] answers ids[i].
+// scratch may be nil; passing a reused slice avoids an allocation.
+func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch []int32) []int32 {
+	for i := range out[:len(ids)] {
+		out[i] = Match{}
+	}
+	if len(keys) == 0 || len(ids) == 0 {
+		return scratch
+	}
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if cap(scratch) < len(ix.servers) {
+		scratch = make([]int32, len(ix.servers))
+	}
+	pos := scratch[:len(ix.servers)]
+	for i := range pos {
+		pos[i] = 0
+	}
+	for i, id := range ids {
+		if int(id) < len(pos) {
+			pos[id] = int32(i + 1)
+		}
+	}
+	now := ix.tick(ix.cfg.Now())
+	for b, k := range keys {
+		r, ok := ix.keys[k]
+		if !ok {
+			break
+		}
+		advanced := false
+		for ; r != nilRec; r = ix.recs[r].next {
+			rc := &ix.recs[r]
+			p := pos[rc.server]
+			if p == 0 {
+				continue
+			}
+			m := &out[p-1]
+			if m.Blocks != b {
+				continue
+			}
+			t, ok := rc.best(now)
+			if !ok {
+				continue
+			}
+			m.Blocks++
+			m.Tier[t]++
+			advanced = true
+		}
+		if !advanced {
+			break
+		}
+	}
+	return pos
+}
+
+func (rc *rec) best(now uint32) (Tier, bool) {
+	switch {
+	case rc.cnt[GPU] > 0 || rc.spec > now:
+		return GPU, true
+	case rc.cnt[CPU] > 0:
+		return CPU, true
+	case rc.cnt[SSD] > 0:
+		return SSD, true
+	}
+	return 0, false
+}
+
+func (ix *Index) incr(r uint32, t Tier) {
+	if c := &ix.recs[r].cnt[t]; *c < ^uint16(0) {
+		*c++
+	}
+}
+
+// bridged resolves an engine hash to its live record, dropping a stale
+// bridge entry on the way.
+func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
+	r, ok := s.bridge[e]
+	if !ok {
+		return 0, false
+	}
+	if rc := &ix.recs[r]; rc.server != uint16(id) || rc.engine != e {
+		delete(s.bridge, e)
+		return 0, false
+	}
+	return r, true
+}
+
+func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
+	head, ok := ix.keys[key]
+	if ok {
+		for r := head; r != nilRec; r = ix.recs[r].next {
+			if ix.recs[r].server == uint16(id) {
+				return r
+			}
+		}
+	} else {
+		head = nilRec
+	}
+	var r uint32
+	if ix.free != nilRec {
+		r = ix.free
+		ix.free = ix.recs[r].next
+		ix.nfree--
+	} else {
+		r = uint32(len(ix.recs))
+		ix.recs = append(ix.recs, rec{})
+	}
+	ix.recs[r] = rec{key: key, next: head, server: uint16(id), gprev: nilRec, gnext: ix.head, sprev: nilRec, snext: s.head}
+	ix.keys[key] = r
+	if ix.head != nilRec {
+		ix.recs[ix.head].gprev = r
+	}
+	ix.head = r
+	if ix.tail == nilRec {
+		ix.tail = r
+	}
+	if s.head != nilRec {
+		ix.recs[s.head].sprev = r
+	}
+	s.head = r
+	if s.tail == nilRec {
+		s.tail = r
+	}
+	s.n++
+	return r
+}
+
+// touch moves a record to the most-recent end of both LRU lists.
+func (ix *Index) touch(r uint32, s *server) {
+	rc := &ix.recs[r]
+	if ix.head != r {
+		ix.recs[rc.gprev].gnext = rc.gnext
+		if rc.gnext != nilRec {
+			ix.recs[rc.gnext].gprev = rc.gprev
+		} else {
+			ix.tail = rc.gprev
+		}
+		rc.gprev = nilRec
+		rc.gnext = ix.head
+		ix.recs[ix.head].gprev = r
+		ix.head = r
+	}
+	if s.head != r {
+		ix.recs[rc.sprev].snext = rc.snext
+		if rc.snext != nilRec {
+			ix.recs[rc.snext].sprev = rc.sprev
+		} else {
+			s.tail = rc.sprev
+		}
+		rc.sprev = nilRec
+		rc.snext = s.head
+		ix.recs[s.head].sprev = r
+		s.head = r
+	}
+}
+
+func (ix *Index) freeRec(r uint32, s *server) {
+	rc := &ix.recs[r]
+	// Unlink from the key chain.
+	if head := ix.keys[rc.key]; head == r {
+		if rc.next == nilRec {
+			delete(ix.keys, rc.key)
+		} else {
+			ix.keys[rc.key] = rc.next
+		}
+	} else {
+		for p := head; p != nilRec; p = ix.recs[p].next {
+			if ix.recs[p].next == r {
+				ix.recs[p].next = rc.next
+				break
+			}
+		}
+	}
+	// Global LRU.
+	if rc.gprev != nilRec {
+		ix.recs[rc.gprev].gnext = rc.gnext
+	} else {
+		ix.head = rc.gnext
+	}
+	if rc.gnext != nilRec {
+		ix.recs[rc.gnext].gprev = rc.gprev
+	} else {
+		ix.tail = rc.gprev
+	}
+	// Server LRU.
+	if rc.sprev != nilRec {
+		ix.recs[rc.sprev].snext = rc.snext
+	} else {
+		s.head = rc.snext
+	}
+	if rc.snext != nilRec {
+		ix.recs[rc.snext].sprev = rc.sprev
+	} else {
+		s.tail = rc.sprev
+	}
+	s.n--
+	if rc.engine != 0 {
+		if b, ok := s.bridge[rc.engine]; ok && b == r {
+			delete(s.bridge, rc.engine)
+		}
+	}
+	*rc = rec{server: freeSrv, next: ix.free}
+	ix.free = r
+	ix.nfree++
+}
+
+func (ix *Index) enforceBudget() {
+	for len(ix.recs)-ix.nfree > ix.cfg.MaxEntries && ix.tail != nilRec {
+		r := ix.tail
+		ix.freeRec(r, ix.servers[ix.recs[r].server])
+		ix.evictedBudget++
+	}
+}
+
+func (ix *Index) enforceCapacity(s *server) {
+	if s.opts.Capacity <= 0 {
+		return
+	}
+	for s.n > s.opts.Capacity && s.tail != nilRec {
+		ix.freeRec(s.tail, s)
+		ix.evictedCapacity++
+	}
+}
+
+// ServerStatus reports one server's share of the index.
+type ServerStatus struct {
+	Name        string `json:"name"`
+	Entries     int    `json:"entries"`
+	Bridged     int    `json:"bridged"`
+	Approximate bool   `json:"approximate"`
+	Capacity    int    `json:"capacity"`
+	Stored      uint64 `json:"stored_blocks"`
+	Removed     uint64 `json:"removed_blocks"`
+	Cleared     uint64 `json:"cleared"`
+	Unanchored  uint64 `json:"unanchored_blocks"`
+	Unresolved  uint64 `json:"unresolved_hashes"`
+}
+
+// Status summarises the index.
+type Status struct {
+	Entries         int            `json:"entries"`
+	Keys            int            `json:"keys"`
+	MaxEntries      int            `json:"max_entries"`
+	Bytes           int64          `json:"bytes_estimate"`
+	EvictedBudget   uint64         `json:"evicted_budget"`
+	EvictedCapacity uint64         `json:"evicted_capacity"`
+	Servers         []ServerStatus `json:"servers"`
+}
+
+// recBytes is the size of rec; mapEntryBytes is an estimate of one map
+// entry of a uint64 -> uint32 map (slot plus control byte and slack).
+const (
+	recBytes      = 48
+	mapEntryBytes = 20
+)
+
+// Status returns counts and a memory estimate.
+func (ix *Index) Status() Status {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	st := Status{
+		Entries:         len(ix.recs) - ix.nfree,
+		Keys:            len(ix.keys),
+		MaxEntries:      ix.cfg.MaxEntries,
+		EvictedBudget:   ix.evictedBudget,
+		EvictedCapacity: ix.evictedCapacity,
+	}
+	bridged := 0
+	for _, s := range ix.servers {
+		if s == nil {
+			continue
+		}
+		bridged += len(s.bridge)
+		st.Servers = append(st.Servers, ServerStatus{
+			Name: s.name, Entries: s.n, Bridged: len(s.bridge), Approximate: s.opts.Approximate,
+			Capacity: s.opts.Capacity, Stored: s.stored, Removed: s.removed, Cleared: s.cleared,
+			Unanchored: s.unanchored, Unresolved: s.unresolved,
+		})
+	}
+	st.Bytes = int64(cap(ix.recs))*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
+	return st
+}

@@ -1,0 +1,58 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvc-router/kvc-router/core/load"
+)
+
+// benchRouter has 64 event-fed servers; the prompt's blocks are indexed on
+// four of them (as after a GRPO group's first sibling) and every server has
+// fresh metrics.
+func benchRouter(b *testing.B, tokens int, mode string) (*Router, []int32) {
+	f := false
+	r, err := New(Config{Mode: mode, Model: "m", EventsDefault: true, Speculate: &f})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 64; i++ {
+		ids = append(ids, fmt.Sprintf("10.0.0.%d:8000", i))
+	}
+	if err := r.AddServers(ids); err != nil {
+		b.Fatal(err)
+	}
+	for i, id := range ids {
+		r.UpdateMetrics(id, load.Metrics{Running: float64(i % 9), HasKVUsage: true, KVUsage: 0.3, BlockSize: 16})
+	}
+	p := prompt(tokens, 7)
+	for s := 0; s < 4; s++ {
+		storeOn(b, r, ids[s*16], p, 16)
+	}
+	return r, p
+}
+
+func benchAcquire(b *testing.B, tokens int, mode string) {
+	r, p := benchRouter(b, tokens, mode)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: p, Pin: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if mode == ModeKVCAware && d.HitBlocks[0] == 0 {
+			b.Fatalf("no hit: %+v", d)
+		}
+		r.Release(d.Server)
+		i++
+	}
+}
+
+// Acquire cost for the kvc_aware path against the default (least in-flight)
+// path measured in the same run: the ratio is the price of cache awareness.
+func BenchmarkAcquire8kKVC(b *testing.B)      { benchAcquire(b, 8192, ModeKVCAware) }
+func BenchmarkAcquire32kKVC(b *testing.B)     { benchAcquire(b, 32768, ModeKVCAware) }
+func BenchmarkAcquire8kDefault(b *testing.B)  { benchAcquire(b, 8192, ModeDefault) }
+func BenchmarkAcquire32kDefault(b *testing.B) { benchAcquire(b, 32768, ModeDefault) }

@@ -1,0 +1,204 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/blockhash"
+	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/strategy"
+)
+
+// Modes.
+const (
+	// ModeDefault reproduces verl's GlobalRequestLoadBalancer exactly.
+	ModeDefault = "default"
+	// ModeKVCAware routes on prefix-cache hits and load.
+	ModeKVCAware = "kvc_aware"
+)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("router: invalid config")
+
+// StrategySpec names one strategy and its weight in the combination.
+type StrategySpec struct {
+	Name   string          `json:"name"`
+	Weight float64         `json:"weight"`
+	Params json.RawMessage `json:"params,omitempty"`
+}
+
+// ServerSpec overrides per-server settings.
+type ServerSpec struct {
+	// BlockSize used to key prompts for this server until its metrics
+	// report one; 0 = the router's BlockSize.
+	BlockSize int `json:"block_size,omitempty"`
+	// Capacity in blocks for approximate residency; 0 = from metrics.
+	Capacity int `json:"capacity,omitempty"`
+	// Events says the server has a KV-event feed (index is authoritative).
+	Events *bool `json:"events,omitempty"`
+}
+
+// IndexSpec sizes the block index.
+type IndexSpec struct {
+	MaxEntries  int `json:"max_entries,omitempty"`
+	SpecTTLMS   int `json:"spec_ttl_ms,omitempty"`
+	ApproxTTLMS int `json:"approx_ttl_ms,omitempty"`
+}
+
+// LoadSpec tunes the load store.
+type LoadSpec struct {
+	StaleAfterMS   int `json:"stale_after_ms,omitempty"`
+	MaxNumSeqs     int `json:"max_num_seqs,omitempty"`
+	UnhealthyAfter int `json:"unhealthy_after,omitempty"`
+}
+
+// Config is the router's configuration, as JSON crosses the C boundary.
+type Config struct {
+	Mode          string         `json:"mode"`
+	StickyMaxSize int            `json:"sticky_max_size"`
+	Strategies    []StrategySpec `json:"strategies,omitempty"`
+	// LoadThreshold bounds sticky bindings in kvc_aware mode: a bound
+	// server above it is re-scored. 0 = the kvc_aware strategy's threshold.
+	LoadThreshold float64 `json:"load_threshold,omitempty"`
+	// StickyOverload enables the breakout (default true in kvc_aware
+	// mode; always false in default mode, as verl ignores load).
+	StickyOverload *bool `json:"sticky_overload,omitempty"`
+	BlockSize      int   `json:"block_size,omitempty"`
+	// Model and the request's LoRA name form the key namespace.
+	Model string `json:"model,omitempty"`
+	// Speculate records routed prompts as presumed resident (default true
+	// in kvc_aware mode).
+	Speculate *bool `json:"speculate,omitempty"`
+	// EventsDefault says whether servers have KV-event feeds unless a
+	// ServerSpec says otherwise; without events the index is approximate.
+	EventsDefault bool                  `json:"events_default,omitempty"`
+	Servers       map[string]ServerSpec `json:"servers,omitempty"`
+	Index         IndexSpec             `json:"index"`
+	Load          LoadSpec              `json:"load"`
+	// MaxPromptTokens bounds a request's prompt length.
+	MaxPromptTokens int `json:"max_prompt_tokens,omitempty"`
+
+	// Now is a test clock; nil means time.Now.
+	Now func() time.Time `json:"-"`
+}
+
+// DefaultMaxPromptTokens bounds prompts (about 4 MiB of int32 token ids).
+const DefaultMaxPromptTokens = 1 << 20
+
+// ParseConfig decodes JSON strictly (unknown keys are errors) and validates.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	return c, c.normalise()
+}
+
+func (c *Config) normalise() error {
+	if c.Mode == "" {
+		c.Mode = ModeDefault
+	}
+	if c.Mode != ModeDefault && c.Mode != ModeKVCAware {
+		return fmt.Errorf("%w: mode %q (allowed: default, kvc_aware)", ErrConfig, c.Mode)
+	}
+	if c.StickyMaxSize == 0 {
+		c.StickyMaxSize = 10000
+	}
+	if c.StickyMaxSize < 0 {
+		return fmt.Errorf("%w: sticky_max_size must be positive, got %d", ErrConfig, c.StickyMaxSize)
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = blockhash.DefaultBlockSize
+	}
+	if c.BlockSize < 0 || c.BlockSize > 1<<16 {
+		return fmt.Errorf("%w: block_size must be in [1, 65536], got %d", ErrConfig, c.BlockSize)
+	}
+	if c.MaxPromptTokens == 0 {
+		c.MaxPromptTokens = DefaultMaxPromptTokens
+	}
+	if c.MaxPromptTokens < 0 {
+		return fmt.Errorf("%w: max_prompt_tokens must be positive", ErrConfig)
+	}
+	if c.LoadThreshold < 0 || c.LoadThreshold > 1 {
+		return fmt.Errorf("%w: load_threshold must be in (0, 1], got %v", ErrConfig, c.LoadThreshold)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"index.max_entries", c.Index.MaxEntries}, {"index.spec_ttl_ms", c.Index.SpecTTLMS}, {"index.approx_ttl_ms", c.Index.ApproxTTLMS},
+		{"load.stale_after_ms", c.Load.StaleAfterMS}, {"load.max_num_seqs", c.Load.MaxNumSeqs}, {"load.unhealthy_after", c.Load.UnhealthyAfter}} {
+		if v.n < 0 {
+			return fmt.Errorf("%w: %s must not be negative, got %d", ErrConfig, v.name, v.n)
+		}
+	}
+	for name, s := range c.Servers {
+		if s.BlockSize < 0 || s.Capacity < 0 {
+			return fmt.Errorf("%w: servers[%q]: block_size and capacity must not be negative", ErrConfig, name)
+		}
+	}
+	if len(c.Strategies) == 0 {
+		if c.Mode == ModeDefault {
+			c.Strategies = []StrategySpec{{Name: "least_inflight", Weight: 1}}
+		} else {
+			c.Strategies = []StrategySpec{{Name: "kvc_aware", Weight: 1}}
+		}
+	}
+	for i, s := range c.Strategies {
+		if !(s.Weight > 0) {
+			return fmt.Errorf("%w: strategies[%d] (%s): weight must be > 0, got %v", ErrConfig, i, s.Name, s.Weight)
+		}
+	}
+	return nil
+}
+
+func (c *Config) buildStrategy() (strategy.Strategy, float64, error) {
+	w := &strategy.Weighted{}
+	threshold := c.LoadThreshold
+	for i, s := range c.Strategies {
+		st, err := strategy.Build(s.Name, s.Params)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: strategies[%d]: %v", ErrConfig, i, err)
+		}
+		if k, ok := st.(*strategy.KVCAware); ok && threshold == 0 {
+			threshold = k.Threshold()
+		}
+		w.Parts = append(w.Parts, st)
+		w.Weights = append(w.Weights, s.Weight)
+	}
+	if threshold == 0 {
+		threshold = strategy.DefaultKVCAware().LoadThreshold
+	}
+	return w, threshold, nil
+}
+
+func (c *Config) indexConfig() index.Config {
+	return index.Config{
+		MaxEntries: c.Index.MaxEntries,
+		SpecTTL:    time.Duration(c.Index.SpecTTLMS) * time.Millisecond,
+		ApproxTTL:  time.Duration(c.Index.ApproxTTLMS) * time.Millisecond,
+		Now:        c.Now,
+	}
+}
+
+func (c *Config) loadConfig() load.Config {
+	return load.Config{
+		StaleAfter:     time.Duration(c.Load.StaleAfterMS) * time.Millisecond,
+		MaxNumSeqs:     c.Load.MaxNumSeqs,
+		UnhealthyAfter: c.Load.UnhealthyAfter,
+		Now:            c.Now,
+	}
+}
+
+func boolOr(p *bool, def bool) bool {
+	if p == nil {
+		return def
+	}
+	return *p
+}

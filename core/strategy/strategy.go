@@ -1,0 +1,154 @@
+// Package strategy scores candidate servers for one request. A Strategy sees
+// every candidate at once (so it can normalise), writes one score per
+// candidate, and the router picks the highest score, breaking ties towards the
+// server added first. Strategies are built by name from a registry and can be
+// combined with weights.
+package strategy
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/index"
+)
+
+// Candidate is what a strategy knows about one server for one request.
+type Candidate struct {
+	ID string
+	// Order is the server's position in insertion order (0 = added first).
+	Order          int
+	Inflight       int
+	InflightTokens int64
+	// Load is the load store's figure in [0, 1].
+	Load    float64
+	Fresh   bool
+	Healthy bool
+	// Hit is the prefix match on this server, capped at HittableBlocks.
+	Hit index.Match
+	// HittableBlocks is how many leading prompt blocks this server could
+	// serve from cache at its block size (vLLM recomputes the last token).
+	HittableBlocks int
+}
+
+// Request is the request being routed.
+type Request struct {
+	ID     string
+	Tokens []int32
+}
+
+// Strategy scores candidates: out[i] scores c[i]; higher is better.
+type Strategy interface {
+	Name() string
+	Score(req *Request, c []Candidate, out []float64)
+}
+
+// Factory builds a strategy from its JSON parameters.
+type Factory func(params json.RawMessage) (Strategy, error)
+
+var registry = map[string]Factory{}
+
+// Register adds a factory under a name. It panics on duplicates, at init.
+func Register(name string, f Factory) {
+	if _, dup := registry[name]; dup {
+		panic("strategy: duplicate registration of " + name)
+	}
+	registry[name] = f
+}
+
+// Names lists the registered strategy names, sorted.
+func Names() []string {
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ErrUnknown is returned for an unregistered strategy name.
+var ErrUnknown = errors.New("strategy: unknown strategy")
+
+// Build constructs a registered strategy.
+func Build(name string, params json.RawMessage) (Strategy, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(Names(), ", "))
+	}
+	if len(params) == 0 {
+		params = json.RawMessage("{}")
+	}
+	return f(params)
+}
+
+// decodeStrict unmarshals params rejecting unknown fields.
+func decodeStrict(params json.RawMessage, v any) error {
+	dec := json.NewDecoder(strings.NewReader(string(params)))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
+}
+
+// Weighted is a weighted sum of strategies.
+type Weighted struct {
+	Parts   []Strategy
+	Weights []float64
+	scratch []float64
+}
+
+// Name joins the parts' names.
+func (w *Weighted) Name() string {
+	names := make([]string, len(w.Parts))
+	for i, p := range w.Parts {
+		names[i] = fmt.Sprintf("%s*%g", p.Name(), w.Weights[i])
+	}
+	return strings.Join(names, "+")
+}
+
+// Score sums each part's scores times its weight. Not safe for concurrent
+// use (it reuses a scratch buffer); the router serialises decisions.
+func (w *Weighted) Score(req *Request, c []Candidate, out []float64) {
+	if len(w.Parts) == 1 && w.Weights[0] == 1 {
+		w.Parts[0].Score(req, c, out)
+		return
+	}
+	for i := range out[:len(c)] {
+		out[i] = 0
+	}
+	if cap(w.scratch) < len(c) {
+		w.scratch = make([]float64, len(c))
+	}
+	tmp := w.scratch[:len(c)]
+	for k, p := range w.Parts {
+		p.Score(req, c, tmp)
+		for i := range tmp {
+			out[i] += w.Weights[k] * tmp[i]
+		}
+	}
+}
+
+// Pick returns the index of the best candidate: highest score, ties to the
+// lowest Order. NaN scores lose to every number. -1 for no candidates.
+func Pick(c []Candidate, scores []float64) int {
+	best := -1
+	for i := range c {
+		s := scores[i]
+		if s != s { // NaN
+			if best == -1 {
+				best = i
+			}
+			continue
+		}
+		if best == -1 {
+			best = i
+			continue
+		}
+		bs := scores[best]
+		if bs != bs || s > bs || (s == bs && c[i].Order < c[best].Order) {
+			best = i
+		}
+	}
+	return best
+}
