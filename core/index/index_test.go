@@ -249,10 +249,10 @@ func TestRemoveServerAndReuse(t *testing.T) {
 // model is a naive, map-based statement of the index's semantics used as the
 // oracle of the property test.
 type model struct {
-	bridge map[ServerID]map[uint64]uint64     // engine hash -> key
-	cnt    map[ServerID]map[uint64][3]int     // key -> copies per tier
-	spec   map[ServerID]map[uint64]time.Time  // key -> expiry
-	engine map[ServerID]map[uint64]uint64     // key -> engine hash
+	bridge map[ServerID]map[uint64]uint64    // engine hash -> key
+	cnt    map[ServerID]map[uint64][3]int    // key -> copies per tier
+	spec   map[ServerID]map[uint64]time.Time // key -> expiry
+	engine map[ServerID]map[uint64]uint64    // key -> engine hash
 }
 
 func newModel() *model {
