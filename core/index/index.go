@@ -9,9 +9,10 @@
 // cover the gap before events arrive (GRPO siblings sent in one burst) and are
 // the only source for servers without an event feed ("approximate" servers).
 //
-// Memory is bounded: every (server, key) pair is one 48-byte record in a slab,
-// all records sit on a global LRU list capped at Config.MaxEntries, and
-// approximate servers additionally cap their own records at their capacity.
+// Memory is bounded: every (server, key) pair is one 40-byte record in a slab
+// of fixed-size pages, the slab is capped at Config.MaxEntries records with
+// CLOCK (approximate LRU) eviction, and approximate servers additionally cap
+// their own records, least recently used first, at their capacity.
 package index
 
 import (
@@ -114,19 +115,24 @@ type ServerOptions struct {
 	Capacity int
 }
 
-// rec is one (server, key) residency record. 48 bytes.
+// rec is one (server, key) residency record: 40 bytes. The global budget is
+// enforced with a CLOCK sweep over the slab (one "referenced" bit per
+// record) rather than a doubly linked LRU list, which would cost 8 bytes
+// more per record and two pointer rewrites per touch.
 type rec struct {
 	key    uint64
 	engine uint64 // engine hash last bridged to this record; 0 = none
 	next   uint32 // next record with the same key
-	gprev  uint32 // global LRU, towards most recent
-	gnext  uint32 // global LRU, towards least recent
-	sprev  uint32 // per-server LRU
-	snext  uint32
+	sprev  uint32 // per-server LRU, towards most recent
+	snext  uint32 // per-server LRU, towards least recent
 	spec   uint32 // speculative expiry in ticks since epoch; 0 = none
 	server uint16 // freeSrv when the slot is free
-	cnt    [NumTiers]uint16
+	cnt    [NumTiers]uint8
+	ref    uint8 // CLOCK referenced bit
 }
+
+// empty reports whether no tier holds a copy.
+func (rc *rec) empty() bool { return rc.cnt == [NumTiers]uint8{} }
 
 type server struct {
 	name   string
@@ -145,11 +151,11 @@ type Index struct {
 	cfg     Config
 	epoch   time.Time
 	keys    map[uint64]uint32
-	recs    []rec
+	pages   [][]rec // fixed-size pages: growth never copies or over-allocates
+	nrecs   uint32  // records allocated (live + free)
 	free    uint32
 	nfree   int
-	head    uint32
-	tail    uint32
+	hand    uint32 // CLOCK hand
 	servers []*server
 	freeIDs []ServerID
 	byName  map[string]ServerID
@@ -165,8 +171,6 @@ func New(cfg Config) *Index {
 		epoch:  cfg.Now(),
 		keys:   make(map[uint64]uint32),
 		free:   nilRec,
-		head:   nilRec,
-		tail:   nilRec,
 		byName: make(map[string]ServerID),
 	}
 }
@@ -276,7 +280,7 @@ func (ix *Index) ClearAll() {
 
 func (ix *Index) clearServer(id ServerID, s *server) {
 	for r := s.head; r != nilRec; {
-		next := ix.recs[r].snext
+		next := ix.at(r).snext
 		ix.freeRec(r, s)
 		r = next
 	}
@@ -327,7 +331,7 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 			s.unanchored += uint64(len(engineHashes))
 			return ErrUnanchored
 		}
-		key = ix.recs[r].key
+		key = ix.at(r).key
 	} else {
 		key = blockhash.Root(namespace, blockSize)
 	}
@@ -335,7 +339,7 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 	for i := 0; i < n; i++ {
 		key = blockhash.Chain(key, tokens[i*blockSize:(i+1)*blockSize])
 		r := ix.findOrCreate(id, s, key)
-		rc := &ix.recs[r]
+		rc := ix.at(r)
 		if rc.engine != 0 && rc.engine != engineHashes[i] {
 			// Another engine hash already names this block; keep one
 			// bridge per record so a freed slot never aliases.
@@ -368,12 +372,12 @@ func (ix *Index) Removed(id ServerID, tier Tier, engineHashes []uint64) error {
 			s.unresolved++
 			continue
 		}
-		rc := &ix.recs[r]
+		rc := ix.at(r)
 		if rc.cnt[tier] > 0 {
 			rc.cnt[tier]--
 		}
 		s.removed++
-		if rc.cnt == [NumTiers]uint16{} {
+		if rc.empty() {
 			// The engine no longer holds the block anywhere: any
 			// speculation about it is contradicted too.
 			ix.freeRec(r, s)
@@ -403,8 +407,8 @@ func (ix *Index) Speculate(id ServerID, keys []uint64) {
 	exp := ix.tick(now.Add(ttl))
 	for _, k := range keys {
 		r := ix.findOrCreate(id, s, k)
-		if ix.recs[r].spec < exp {
-			ix.recs[r].spec = exp
+		if ix.at(r).spec < exp {
+			ix.at(r).spec = exp
 		}
 		ix.touch(r, s)
 	}
@@ -418,8 +422,8 @@ func (ix *Index) Speculate(id ServerID, keys []uint64) {
 // crowd the budget.
 func (ix *Index) sweepExpired(s *server, now uint32) {
 	for i := 0; i < 64 && s.tail != nilRec; i++ {
-		rc := &ix.recs[s.tail]
-		if rc.cnt != [NumTiers]uint16{} || rc.spec > now {
+		rc := ix.at(s.tail)
+		if !rc.empty() || rc.spec > now {
 			return
 		}
 		ix.freeRec(s.tail, s)
@@ -465,8 +469,8 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 			break
 		}
 		advanced := false
-		for ; r != nilRec; r = ix.recs[r].next {
-			rc := &ix.recs[r]
+		for ; r != nilRec; r = ix.at(r).next {
+			rc := ix.at(r)
 			p := pos[rc.server]
 			if p == 0 {
 				continue
@@ -502,8 +506,15 @@ func (rc *rec) best(now uint32) (Tier, bool) {
 	return 0, false
 }
 
+const (
+	pageShift = 14
+	pageSize  = 1 << pageShift
+)
+
+func (ix *Index) at(r uint32) *rec { return &ix.pages[r>>pageShift][r&(pageSize-1)] }
+
 func (ix *Index) incr(r uint32, t Tier) {
-	if c := &ix.recs[r].cnt[t]; *c < ^uint16(0) {
+	if c := &ix.at(r).cnt[t]; *c < ^uint8(0) {
 		*c++
 	}
 }
@@ -515,7 +526,7 @@ func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
 	if !ok {
 		return 0, false
 	}
-	if rc := &ix.recs[r]; rc.server != uint16(id) || rc.engine != e {
+	if rc := ix.at(r); rc.server != uint16(id) || rc.engine != e {
 		delete(s.bridge, e)
 		return 0, false
 	}
@@ -525,8 +536,8 @@ func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
 func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 	head, ok := ix.keys[key]
 	if ok {
-		for r := head; r != nilRec; r = ix.recs[r].next {
-			if ix.recs[r].server == uint16(id) {
+		for r := head; r != nilRec; r = ix.at(r).next {
+			if ix.at(r).server == uint16(id) {
 				return r
 			}
 		}
@@ -536,23 +547,19 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 	var r uint32
 	if ix.free != nilRec {
 		r = ix.free
-		ix.free = ix.recs[r].next
+		ix.free = ix.at(r).next
 		ix.nfree--
 	} else {
-		r = uint32(len(ix.recs))
-		ix.recs = append(ix.recs, rec{})
+		r = ix.nrecs
+		if int(r>>pageShift) == len(ix.pages) {
+			ix.pages = append(ix.pages, make([]rec, pageSize))
+		}
+		ix.nrecs++
 	}
-	ix.recs[r] = rec{key: key, next: head, server: uint16(id), gprev: nilRec, gnext: ix.head, sprev: nilRec, snext: s.head}
+	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
 	ix.keys[key] = r
-	if ix.head != nilRec {
-		ix.recs[ix.head].gprev = r
-	}
-	ix.head = r
-	if ix.tail == nilRec {
-		ix.tail = r
-	}
 	if s.head != nilRec {
-		ix.recs[s.head].sprev = r
+		ix.at(s.head).sprev = r
 	}
 	s.head = r
 	if s.tail == nilRec {
@@ -562,37 +569,27 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 	return r
 }
 
-// touch moves a record to the most-recent end of both LRU lists.
+// touch marks a record recently used: referenced for the CLOCK sweep and
+// moved to the most-recent end of its server's list.
 func (ix *Index) touch(r uint32, s *server) {
-	rc := &ix.recs[r]
-	if ix.head != r {
-		ix.recs[rc.gprev].gnext = rc.gnext
-		if rc.gnext != nilRec {
-			ix.recs[rc.gnext].gprev = rc.gprev
-		} else {
-			ix.tail = rc.gprev
-		}
-		rc.gprev = nilRec
-		rc.gnext = ix.head
-		ix.recs[ix.head].gprev = r
-		ix.head = r
-	}
+	rc := ix.at(r)
+	rc.ref = 1
 	if s.head != r {
-		ix.recs[rc.sprev].snext = rc.snext
+		ix.at(rc.sprev).snext = rc.snext
 		if rc.snext != nilRec {
-			ix.recs[rc.snext].sprev = rc.sprev
+			ix.at(rc.snext).sprev = rc.sprev
 		} else {
 			s.tail = rc.sprev
 		}
 		rc.sprev = nilRec
 		rc.snext = s.head
-		ix.recs[s.head].sprev = r
+		ix.at(s.head).sprev = r
 		s.head = r
 	}
 }
 
 func (ix *Index) freeRec(r uint32, s *server) {
-	rc := &ix.recs[r]
+	rc := ix.at(r)
 	// Unlink from the key chain.
 	if head := ix.keys[rc.key]; head == r {
 		if rc.next == nilRec {
@@ -601,32 +598,21 @@ func (ix *Index) freeRec(r uint32, s *server) {
 			ix.keys[rc.key] = rc.next
 		}
 	} else {
-		for p := head; p != nilRec; p = ix.recs[p].next {
-			if ix.recs[p].next == r {
-				ix.recs[p].next = rc.next
+		for p := head; p != nilRec; p = ix.at(p).next {
+			if ix.at(p).next == r {
+				ix.at(p).next = rc.next
 				break
 			}
 		}
 	}
-	// Global LRU.
-	if rc.gprev != nilRec {
-		ix.recs[rc.gprev].gnext = rc.gnext
-	} else {
-		ix.head = rc.gnext
-	}
-	if rc.gnext != nilRec {
-		ix.recs[rc.gnext].gprev = rc.gprev
-	} else {
-		ix.tail = rc.gprev
-	}
 	// Server LRU.
 	if rc.sprev != nilRec {
-		ix.recs[rc.sprev].snext = rc.snext
+		ix.at(rc.sprev).snext = rc.snext
 	} else {
 		s.head = rc.snext
 	}
 	if rc.snext != nilRec {
-		ix.recs[rc.snext].sprev = rc.sprev
+		ix.at(rc.snext).sprev = rc.sprev
 	} else {
 		s.tail = rc.sprev
 	}
@@ -641,10 +627,25 @@ func (ix *Index) freeRec(r uint32, s *server) {
 	ix.nfree++
 }
 
+// enforceBudget evicts records with the CLOCK algorithm until the budget
+// holds: the hand sweeps the slab, sparing (and clearing) referenced
+// records once, evicting the first unreferenced one.
 func (ix *Index) enforceBudget() {
-	for len(ix.recs)-ix.nfree > ix.cfg.MaxEntries && ix.tail != nilRec {
-		r := ix.tail
-		ix.freeRec(r, ix.servers[ix.recs[r].server])
+	for int(ix.nrecs)-ix.nfree > ix.cfg.MaxEntries {
+		if ix.hand >= ix.nrecs {
+			ix.hand = 0
+		}
+		r := ix.hand
+		ix.hand++
+		rc := ix.at(r)
+		if rc.server == freeSrv {
+			continue
+		}
+		if rc.ref != 0 {
+			rc.ref = 0
+			continue
+		}
+		ix.freeRec(r, ix.servers[rc.server])
 		ix.evictedBudget++
 	}
 }
@@ -687,7 +688,7 @@ type Status struct {
 // recBytes is the size of rec; mapEntryBytes is an estimate of one map
 // entry of a uint64 -> uint32 map (slot plus control byte and slack).
 const (
-	recBytes      = 48
+	recBytes      = 40
 	mapEntryBytes = 20
 )
 
@@ -696,7 +697,7 @@ func (ix *Index) Status() Status {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := Status{
-		Entries:         len(ix.recs) - ix.nfree,
+		Entries:         int(ix.nrecs) - ix.nfree,
 		Keys:            len(ix.keys),
 		MaxEntries:      ix.cfg.MaxEntries,
 		EvictedBudget:   ix.evictedBudget,
@@ -714,6 +715,6 @@ func (ix *Index) Status() Status {
 			Unanchored: s.unanchored, Unresolved: s.unresolved,
 		})
 	}
-	st.Bytes = int64(cap(ix.recs))*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
+	st.Bytes = int64(len(ix.pages))*pageSize*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
 	return st
 }

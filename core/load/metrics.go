@@ -19,6 +19,10 @@ type Metrics struct {
 	// BlockSize and NumGPUBlocks come from vllm:cache_config_info (0 = unknown).
 	BlockSize    int
 	NumGPUBlocks int
+	// KVCacheSizeTokens is the KV capacity in tokens where reported
+	// (vLLM's kv_cache_size_tokens for hybrid models, SGLang's
+	// max_total_num_tokens); 0 = unknown.
+	KVCacheSizeTokens int
 	// MaxNumSeqs is the engine's running-set capacity when known (0 = unknown).
 	MaxNumSeqs int
 	// Engines counts the distinct `engine` label values aggregated.

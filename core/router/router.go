@@ -266,8 +266,16 @@ func (r *Router) SetEventFeed(id string, on bool) bool {
 func (r *Router) UpdateMetrics(id string, m load.Metrics) bool {
 	r.mu.Lock()
 	s, ok := r.byID[id]
-	if ok && m.NumGPUBlocks > 0 && m.NumGPUBlocks != s.gpuBlks {
-		s.gpuBlks = m.NumGPUBlocks
+	blocks := m.NumGPUBlocks
+	if blocks == 0 && m.KVCacheSizeTokens > 0 {
+		bs := m.BlockSize
+		if bs <= 0 {
+			bs = r.cfg.BlockSize
+		}
+		blocks = m.KVCacheSizeTokens / bs
+	}
+	if ok && blocks > 0 && blocks != s.gpuBlks {
+		s.gpuBlks = blocks
 		r.ix.SetOptions(s.ix, r.indexOptions(s))
 	}
 	r.mu.Unlock()

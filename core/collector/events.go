@@ -1,0 +1,440 @@
+package collector
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/router"
+)
+
+// endSeq marks the end of a replay (-1 as a signed 8-byte big-endian value).
+const endSeq = ^uint64(0)
+
+// Endpoint is one KV-event publisher of a server (one per data-parallel rank).
+type Endpoint struct {
+	// Endpoint is the PUB address to dial, e.g. tcp://10.0.0.7:5557.
+	Endpoint string `json:"endpoint"`
+	// Replay is the ROUTER replay address; empty disables replay.
+	Replay string `json:"replay,omitempty"`
+	// Topic filters by byte prefix; empty receives every topic.
+	Topic string `json:"topic,omitempty"`
+}
+
+// SubscriberConfig tunes a vllm_zmq subscriber.
+type SubscriberConfig struct {
+	// ReplayTimeout bounds one replay exchange.
+	ReplayTimeout time.Duration
+	// IdleRedial re-dials a publisher that has been silent this long:
+	// go-zeromq does not reconnect by itself, and an engine restarted on
+	// the same port is only seen through a new connection.
+	IdleRedial time.Duration
+	// RetryInterval is the wait between failed dials.
+	RetryInterval time.Duration
+	// DialTimeout bounds one dial.
+	DialTimeout time.Duration
+	// Limits bound payload decoding.
+	Limits kvevents.Limits
+	// Logger receives state changes; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 2 * time.Second
+	}
+	if c.IdleRedial <= 0 {
+		c.IdleRedial = 3 * time.Second
+	}
+	if c.RetryInterval <= 0 {
+		c.RetryInterval = 500 * time.Millisecond
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = time.Second
+	}
+	if c.Limits == (kvevents.Limits{}) {
+		c.Limits = kvevents.DefaultLimits
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// PublisherStatus describes one subscription.
+type PublisherStatus struct {
+	Server        string      `json:"server"`
+	Endpoint      string      `json:"endpoint"`
+	Replay        string      `json:"replay,omitempty"`
+	Connected     bool        `json:"connected"`
+	LastSeq       int64       `json:"last_seq"`
+	Gaps          uint64      `json:"gaps"`
+	Replays       uint64      `json:"replays"`
+	ReplayFailed  uint64      `json:"replay_failures"`
+	Restarts      uint64      `json:"restarts"`
+	Dials         uint64      `json:"dials"`
+	BadFrames     uint64      `json:"bad_frames"`
+	LastEventUnix float64     `json:"last_event_unix"`
+	EventsPerSec  float64     `json:"events_per_sec"`
+	Events        EventCounts `json:"events"`
+}
+
+// Subscriber follows one publisher: SUB socket, sequence tracking, replay
+// on gaps, index clearing on engine restart, re-dial on silence.
+type Subscriber struct {
+	r      *router.Router
+	server string
+	ep     Endpoint
+	cfg    SubscriberConfig
+	stats  EventStats
+
+	mu          sync.Mutex
+	connected   bool
+	lastSeq     int64 // -1 before the first message
+	lastEvent   time.Time
+	rateEvents  uint64
+	rateStart   time.Time
+	rate        float64
+	gaps        uint64
+	replays     uint64
+	replayFails uint64
+	restarts    uint64
+	dials       uint64
+	badFrames   uint64
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	batch  kvevents.Batch
+}
+
+// NewSubscriber prepares a subscription; Start begins it.
+func NewSubscriber(r *router.Router, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
+	return &Subscriber{r: r, server: server, ep: ep, cfg: cfg.withDefaults(), lastSeq: -1}
+}
+
+// Start runs the subscription until Close.
+func (s *Subscriber) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.done = make(chan struct{})
+	go s.run(ctx)
+}
+
+// Close stops the subscription and waits for it.
+func (s *Subscriber) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+		<-s.done
+	}
+	return nil
+}
+
+// Status reports the subscription's counters.
+func (s *Subscriber) Status() PublisherStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := PublisherStatus{
+		Server: s.server, Endpoint: s.ep.Endpoint, Replay: s.ep.Replay, Connected: s.connected,
+		LastSeq: s.lastSeq, Gaps: s.gaps, Replays: s.replays, ReplayFailed: s.replayFails,
+		Restarts: s.restarts, Dials: s.dials, BadFrames: s.badFrames, EventsPerSec: s.rate,
+		Events: s.stats.Snapshot(),
+	}
+	if !s.lastEvent.IsZero() {
+		st.LastEventUnix = float64(s.lastEvent.UnixNano()) / 1e9
+	}
+	return st
+}
+
+func (s *Subscriber) setConnected(on bool) {
+	s.mu.Lock()
+	changed := s.connected != on
+	s.connected = on
+	s.mu.Unlock()
+	if changed {
+		s.cfg.Logger.Info("kv events subscription", "server", s.server, "endpoint", s.ep.Endpoint, "connected", on)
+	}
+}
+
+func (s *Subscriber) run(ctx context.Context) {
+	defer close(s.done)
+	defer s.setConnected(false)
+	for ctx.Err() == nil {
+		if err := s.session(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Debug("kv events session ended", "server", s.server, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(s.cfg.RetryInterval):
+			}
+		}
+	}
+}
+
+// session holds one SUB connection until it goes idle, fails or ctx ends.
+func (s *Subscriber) session(ctx context.Context) error {
+	s.mu.Lock()
+	s.dials++
+	s.mu.Unlock()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
+		zmq4.WithDialerRetry(s.cfg.RetryInterval))
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
+		return err
+	}
+	if err := sub.Dial(s.ep.Endpoint); err != nil {
+		s.setConnected(false)
+		return err
+	}
+	s.setConnected(true)
+	s.r.SetEventFeed(s.server, true)
+
+	msgs := make(chan zmq4.Msg, 64)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+	idle := time.NewTimer(s.cfg.IdleRedial)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return err
+		case <-idle.C:
+			// Silence: make sure the publisher is still the one we are
+			// connected to by reconnecting (a restart shows as seq 0).
+			return errors.New("idle")
+		case m := <-msgs:
+			if !idle.Stop() {
+				select {
+				case <-idle.C:
+				default:
+				}
+			}
+			idle.Reset(s.cfg.IdleRedial)
+			s.handle(ctx, m.Frames)
+		}
+	}
+}
+
+// handle processes one live message [topic, seq, payload].
+func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		s.mu.Lock()
+		s.badFrames++
+		s.mu.Unlock()
+		return
+	}
+	seq := int64(binary.BigEndian.Uint64(frames[1]))
+	s.mu.Lock()
+	last := s.lastSeq
+	s.mu.Unlock()
+	switch {
+	case last < 0:
+		// First message of this subscriber: recover the publisher's
+		// buffered history before it, when replay is available.
+		if seq > 0 {
+			s.replay(ctx, 0, seq)
+		}
+	case seq <= last:
+		if seq == last {
+			return // duplicate
+		}
+		// The sequence went backwards: a new publisher process.
+		s.mu.Lock()
+		s.restarts++
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("kv events: engine restart detected, clearing its index", "server", s.server, "last_seq", last, "seq", seq)
+		s.clear()
+		if seq > 0 {
+			s.replay(ctx, 0, seq)
+		}
+	case seq > last+1:
+		s.mu.Lock()
+		s.gaps++
+		s.mu.Unlock()
+		if !s.replay(ctx, last+1, seq) {
+			s.cfg.Logger.Warn("kv events: gap not recoverable, clearing index", "server", s.server, "from", last+1, "to", seq)
+			s.clear()
+		}
+	}
+	s.apply(seq, frames[2])
+}
+
+func (s *Subscriber) clear() {
+	if id, ok := s.r.ServerIndexID(s.server); ok {
+		_ = s.r.Index().Cleared(id)
+		s.stats.Cleared.Add(1)
+	}
+}
+
+func (s *Subscriber) apply(seq int64, payload []byte) {
+	if len(payload) > s.cfg.Limits.MaxPayloadBytes {
+		s.stats.DecodeErrors.Add(1)
+	} else if err := kvevents.DecodeInto(payload, &s.batch); err != nil {
+		s.stats.DecodeErrors.Add(1)
+	} else if err := Apply(s.r, s.server, &s.batch, &s.stats); err != nil {
+		s.stats.ApplyErrors.Add(1)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	s.lastSeq = seq
+	s.lastEvent = now
+	s.rateEvents += uint64(len(s.batch.Events))
+	if s.rateStart.IsZero() {
+		s.rateStart = now
+	}
+	if d := now.Sub(s.rateStart); d >= time.Second {
+		s.rate = float64(s.rateEvents) / d.Seconds()
+		s.rateEvents, s.rateStart = 0, now
+	}
+	s.mu.Unlock()
+}
+
+// replay asks the publisher's replay socket for batches [from, to) and
+// applies them in order. It reports whether the whole range arrived.
+func (s *Subscriber) replay(ctx context.Context, from, to int64) bool {
+	if s.ep.Replay == "" {
+		return false
+	}
+	s.mu.Lock()
+	s.replays++
+	s.mu.Unlock()
+	ok, err := s.doReplay(ctx, from, to)
+	if err != nil || !ok {
+		s.mu.Lock()
+		s.replayFails++
+		s.mu.Unlock()
+		s.cfg.Logger.Debug("kv events replay incomplete", "server", s.server, "from", from, "to", to, "err", err)
+	}
+	return ok && err == nil
+}
+
+func (s *Subscriber) doReplay(ctx context.Context, from, to int64) (bool, error) {
+	// History before the first message may be partly evicted from the
+	// publisher's buffer; take what is there. A gap must close fully.
+	partial := from == 0 && s.Status().Events.Batches == 0
+	complete, bad, err := Replay(ctx, s.ep.Replay, from, to, s.cfg.ReplayTimeout, s.cfg.DialTimeout, partial, s.apply)
+	if bad > 0 {
+		s.mu.Lock()
+		s.badFrames += uint64(bad)
+		s.mu.Unlock()
+	}
+	return complete, err
+}
+
+// Replay asks a publisher's replay endpoint (vLLM's ROUTER protocol: send
+// ["", start_seq]) for the batches with seq in [from, to), and calls fn for
+// each in order. With partial, batches already evicted from the publisher's
+// buffer are skipped; otherwise a missing one ends the replay incomplete.
+// It returns whether the range arrived whole and how many frames were bad.
+func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialTimeout time.Duration, partial bool,
+	fn func(seq int64, payload []byte)) (bool, int, error) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
+	defer d.Close()
+	if err := d.Dial(endpoint); err != nil {
+		return false, 0, err
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], uint64(from))
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+		return false, 0, err
+	}
+	type reply struct {
+		m   zmq4.Msg
+		err error
+	}
+	replies := make(chan reply, 16)
+	go func() {
+		for {
+			m, err := d.Recv()
+			select {
+			case replies <- reply{m, err}:
+			case <-rctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	next, bad := from, 0
+	for {
+		var rp reply
+		select {
+		case <-rctx.Done():
+			return false, bad, fmt.Errorf("replay timed out at seq %d: %w", next, rctx.Err())
+		case rp = <-replies:
+		}
+		if rp.err != nil {
+			return false, bad, rp.err
+		}
+		seq, payload, ok := parseReplay(rp.m.Frames)
+		if !ok {
+			bad++
+			continue
+		}
+		if seq == endSeq {
+			return next >= to, bad, nil
+		}
+		sq := int64(seq)
+		if sq < next || sq >= to {
+			continue // before the range, or already live
+		}
+		if sq > next && !partial {
+			return false, bad, fmt.Errorf("replay buffer starts at %d, needed %d", sq, next)
+		}
+		fn(sq, payload)
+		next = sq + 1
+	}
+}
+
+// parseReplay accepts both reply layouts, with or without the empty
+// delimiter frame a DEALER may see first: [seq, payload] (vLLM <= 0.25) and
+// [topic, seq, payload] (>= 0.26). With the delimiter they are 3 and 4
+// frames; a 3-frame message reads the same either way (frame 1 is the seq).
+// The end marker carries seq 0xffffffffffffffff.
+func parseReplay(frames [][]byte) (uint64, []byte, bool) {
+	if len(frames) == 4 && len(frames[0]) == 0 {
+		frames = frames[1:]
+	}
+	switch {
+	case len(frames) == 3 && len(frames[1]) == 8:
+		return binary.BigEndian.Uint64(frames[1]), frames[2], true
+	case len(frames) == 2 && len(frames[0]) == 8:
+		return binary.BigEndian.Uint64(frames[0]), frames[1], true
+	}
+	return 0, nil, false
+}
+
+// normaliseEndpoint turns a bind-style endpoint (tcp://*:5557) into one a
+// subscriber can dial on a host.
+func normaliseEndpoint(ep, host string) string {
+	if strings.Contains(ep, "://*:") && host != "" {
+		return strings.Replace(ep, "://*:", "://"+host+":", 1)
+	}
+	return ep
+}

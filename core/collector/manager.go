@@ -1,0 +1,407 @@
+package collector
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/metrics"
+	"github.com/kvc-router/kvc-router/core/router"
+)
+
+// Collector is one live source of knowledge about the servers.
+type Collector interface {
+	Name() string
+	Start()
+	Close() error
+	Status() any
+}
+
+// Collector names accepted in configuration.
+const (
+	NameVLLMMetrics   = "vllm_metrics"
+	NameVLLMPolling   = "vllm_polling" // alias of vllm_metrics
+	NameSGLangMetrics = "sglang_metrics"
+	NameVLLMZMQ       = "vllm_zmq"
+)
+
+// ErrConfig wraps collector configuration errors.
+var ErrConfig = errors.New("collector: invalid config")
+
+// Spec configures one collector.
+type Spec struct {
+	Name string `json:"name"`
+	// Metrics pollers.
+	IntervalMS   int               `json:"interval_ms,omitempty"`
+	TimeoutMS    int               `json:"timeout_ms,omitempty"`
+	MaxBytes     int64             `json:"max_bytes,omitempty"`
+	BackoffMaxMS int               `json:"backoff_max_ms,omitempty"`
+	URLs         map[string]string `json:"urls,omitempty"`
+	// KV-event subscriber.
+	Endpoints       map[string][]Endpoint `json:"endpoints,omitempty"`
+	ReplayTimeoutMS int                   `json:"replay_timeout_ms,omitempty"`
+	IdleRedialMS    int                   `json:"idle_redial_ms,omitempty"`
+	RetryMS         int                   `json:"retry_ms,omitempty"`
+	MaxPayloadBytes int                   `json:"max_payload_bytes,omitempty"`
+}
+
+// Config is the collectors section of the balancer configuration.
+type Config struct {
+	Collectors []Spec `json:"collectors"`
+}
+
+// ParseConfig decodes the collectors section strictly.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	if len(bytes.TrimSpace(data)) == 0 || string(bytes.TrimSpace(data)) == "null" {
+		return c, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	return c, c.validate()
+}
+
+func (c Config) validate() error {
+	for i, s := range c.Collectors {
+		switch s.Name {
+		case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics, NameVLLMZMQ:
+		default:
+			return fmt.Errorf("%w: collectors[%d].name %q (allowed: vllm_metrics, vllm_polling, sglang_metrics, vllm_zmq)", ErrConfig, i, s.Name)
+		}
+		for _, v := range []struct {
+			k string
+			n int64
+		}{{"interval_ms", int64(s.IntervalMS)}, {"timeout_ms", int64(s.TimeoutMS)}, {"max_bytes", s.MaxBytes},
+			{"backoff_max_ms", int64(s.BackoffMaxMS)}, {"replay_timeout_ms", int64(s.ReplayTimeoutMS)},
+			{"idle_redial_ms", int64(s.IdleRedialMS)}, {"retry_ms", int64(s.RetryMS)}, {"max_payload_bytes", int64(s.MaxPayloadBytes)}} {
+			if v.n < 0 {
+				return fmt.Errorf("%w: collectors[%d].%s must not be negative", ErrConfig, i, v.k)
+			}
+		}
+		for server, eps := range s.Endpoints {
+			for j, ep := range eps {
+				if err := checkEndpoint(ep.Endpoint); err != nil {
+					return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].endpoint: %v", ErrConfig, i, server, j, err)
+				}
+				if ep.Replay != "" {
+					if err := checkEndpoint(ep.Replay); err != nil {
+						return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].replay: %v", ErrConfig, i, server, j, err)
+					}
+				}
+			}
+		}
+		for server, u := range s.URLs {
+			pu, err := url.Parse(u)
+			if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				return fmt.Errorf("%w: collectors[%d].urls[%q]: %q is not an http(s) URL", ErrConfig, i, server, u)
+			}
+		}
+	}
+	return nil
+}
+
+func checkEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil {
+		return err
+	}
+	switch u.Scheme {
+	case "tcp":
+		if u.Host == "" || u.Port() == "" {
+			return fmt.Errorf("%q needs host:port", ep)
+		}
+	case "ipc":
+	default:
+		return fmt.Errorf("%q: scheme must be tcp or ipc", ep)
+	}
+	return nil
+}
+
+// Manager owns a router's collectors and the push paths.
+type Manager struct {
+	r          *router.Router
+	collectors []Collector
+	events     *EventsCollector
+	push       EventStats
+	pushMetErr uint64
+	mu         sync.Mutex
+}
+
+// Start builds and starts every configured collector.
+func Start(r *router.Router, cfg Config, logger *slog.Logger) (*Manager, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	m := &Manager{r: r}
+	for _, s := range cfg.Collectors {
+		var c Collector
+		switch s.Name {
+		case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics:
+			flavor := metrics.VLLM
+			if s.Name == NameSGLangMetrics {
+				flavor = metrics.SGLang
+			}
+			c = &metricsCollector{name: s.Name, Poller: NewPoller(r, PollerConfig{
+				Flavor: flavor, Interval: ms(s.IntervalMS), Timeout: ms(s.TimeoutMS), MaxBytes: s.MaxBytes,
+				BackoffMax: ms(s.BackoffMaxMS), URLs: s.URLs, Logger: logger,
+			})}
+		case NameVLLMZMQ:
+			if m.events != nil {
+				return nil, fmt.Errorf("%w: vllm_zmq configured twice", ErrConfig)
+			}
+			sc := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS),
+				RetryInterval: ms(s.RetryMS), Logger: logger}
+			if s.MaxPayloadBytes > 0 {
+				sc.Limits.MaxPayloadBytes = s.MaxPayloadBytes
+			}
+			ec := NewEventsCollector(r, sc)
+			for server, eps := range s.Endpoints {
+				ec.SetEndpoints(server, eps)
+			}
+			m.events = ec
+			c = ec
+		}
+		m.collectors = append(m.collectors, c)
+	}
+	for _, c := range m.collectors {
+		c.Start()
+	}
+	return m, nil
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// SetEndpoints (re)configures a server's KV-event publishers. Without a
+// vllm_zmq collector it is an error.
+func (m *Manager) SetEndpoints(server string, eps []Endpoint) error {
+	if m.events == nil {
+		return fmt.Errorf("%w: no vllm_zmq collector configured", ErrConfig)
+	}
+	for j, ep := range eps {
+		if err := checkEndpoint(ep.Endpoint); err != nil {
+			return fmt.Errorf("%w: endpoints[%d]: %v", ErrConfig, j, err)
+		}
+	}
+	m.events.SetEndpoints(server, eps)
+	return nil
+}
+
+// PushEvents decodes and applies one raw KV-event payload for a server.
+func (m *Manager) PushEvents(server string, payload []byte) error {
+	return ApplyPayload(m.r, server, payload, &m.push)
+}
+
+// PushMetrics parses Prometheus text for a server and stores it.
+func (m *Manager) PushMetrics(server string, text []byte, flavor metrics.Flavor) error {
+	err := PushMetrics(m.r, server, text, flavor)
+	if err != nil {
+		m.mu.Lock()
+		m.pushMetErr++
+		m.mu.Unlock()
+	}
+	return err
+}
+
+// Status is every collector's state plus the push-path counters.
+type Status struct {
+	Collectors    map[string]any `json:"collectors"`
+	PushEvents    EventCounts    `json:"push_events"`
+	PushMetricErr uint64         `json:"push_metric_errors"`
+}
+
+// Status reports the collectors.
+func (m *Manager) Status() Status {
+	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot()}
+	for _, c := range m.collectors {
+		st.Collectors[c.Name()] = c.Status()
+	}
+	m.mu.Lock()
+	st.PushMetricErr = m.pushMetErr
+	m.mu.Unlock()
+	return st
+}
+
+// Close stops every collector.
+func (m *Manager) Close() error {
+	var errs []error
+	for _, c := range m.collectors {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+type metricsCollector struct {
+	name string
+	*Poller
+}
+
+func (c *metricsCollector) Name() string { return c.name }
+func (c *metricsCollector) Status() any  { return c.Poller.Status() }
+
+// EventsCollector runs one Subscriber per configured publisher of every
+// pool member, following the pool as servers come and go.
+type EventsCollector struct {
+	r      *router.Router
+	cfg    SubscriberConfig
+	mu     sync.Mutex
+	eps    map[string][]Endpoint
+	subs   map[string][]*Subscriber
+	stop   chan struct{}
+	done   chan struct{}
+	closed bool
+}
+
+// NewEventsCollector prepares a vllm_zmq collector.
+func NewEventsCollector(r *router.Router, cfg SubscriberConfig) *EventsCollector {
+	return &EventsCollector{r: r, cfg: cfg.withDefaults(), eps: map[string][]Endpoint{}, subs: map[string][]*Subscriber{}}
+}
+
+// Name implements Collector.
+func (e *EventsCollector) Name() string { return NameVLLMZMQ }
+
+// SetEndpoints records a server's publishers; subscriptions follow at the
+// next sync. Bind-style hosts (tcp://*:5557) are replaced by the server's host.
+func (e *EventsCollector) SetEndpoints(server string, eps []Endpoint) {
+	host := ""
+	if u, err := url.Parse("http://" + server); err == nil {
+		host = u.Hostname()
+	}
+	norm := make([]Endpoint, len(eps))
+	for i, ep := range eps {
+		ep.Endpoint = normaliseEndpoint(ep.Endpoint, host)
+		ep.Replay = normaliseEndpoint(ep.Replay, host)
+		norm[i] = ep
+	}
+	e.mu.Lock()
+	e.eps[server] = norm
+	e.mu.Unlock()
+	e.sync()
+}
+
+// Start implements Collector.
+func (e *EventsCollector) Start() {
+	e.stop = make(chan struct{})
+	e.done = make(chan struct{})
+	go func() {
+		defer close(e.done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			e.sync()
+			select {
+			case <-e.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// sync starts subscriptions for pool members with endpoints and stops
+// those of removed servers or changed endpoints.
+func (e *EventsCollector) sync() {
+	pool := map[string]bool{}
+	for _, s := range e.r.Servers() {
+		pool[s] = true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stop == nil || e.closed {
+		return // not started, or closed
+	}
+	for server, subs := range e.subs {
+		want := e.eps[server]
+		if pool[server] && sameEndpoints(subs, want) {
+			continue
+		}
+		for _, s := range subs {
+			_ = s.Close()
+		}
+		delete(e.subs, server)
+		if !pool[server] {
+			continue
+		}
+	}
+	for server, eps := range e.eps {
+		if !pool[server] || len(e.subs[server]) > 0 || len(eps) == 0 {
+			continue
+		}
+		var subs []*Subscriber
+		for _, ep := range eps {
+			s := NewSubscriber(e.r, server, ep, e.cfg)
+			s.Start()
+			subs = append(subs, s)
+		}
+		e.subs[server] = subs
+	}
+}
+
+func sameEndpoints(subs []*Subscriber, eps []Endpoint) bool {
+	if len(subs) != len(eps) {
+		return false
+	}
+	for i := range subs {
+		if subs[i].ep != eps[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Close implements Collector.
+func (e *EventsCollector) Close() error {
+	e.mu.Lock()
+	already := e.closed
+	e.closed = true
+	e.mu.Unlock()
+	if already {
+		return nil
+	}
+	if e.stop != nil {
+		close(e.stop)
+		<-e.done
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for server, subs := range e.subs {
+		for _, s := range subs {
+			_ = s.Close()
+		}
+		delete(e.subs, server)
+	}
+	return nil
+}
+
+// Status implements Collector: one entry per publisher, sorted.
+func (e *EventsCollector) Status() any {
+	e.mu.Lock()
+	var subs []*Subscriber
+	for _, ss := range e.subs {
+		subs = append(subs, ss...)
+	}
+	e.mu.Unlock()
+	out := make([]PublisherStatus, 0, len(subs))
+	for _, s := range subs {
+		out = append(out, s.Status())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Server != out[j].Server {
+			return out[i].Server < out[j].Server
+		}
+		return out[i].Endpoint < out[j].Endpoint
+	})
+	return out
+}

@@ -1,0 +1,272 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/metrics"
+	"github.com/kvc-router/kvc-router/core/router"
+)
+
+// PollerConfig tunes a metrics poller.
+type PollerConfig struct {
+	Flavor metrics.Flavor
+	// Interval between scrapes of one server (default 100 ms).
+	Interval time.Duration
+	// Timeout bounds one scrape (default 1 s).
+	Timeout time.Duration
+	// MaxBytes bounds one response body (default 8 MiB).
+	MaxBytes int64
+	// BackoffMax caps the retry delay of a failing server (default 5 s).
+	BackoffMax time.Duration
+	// URLs overrides the metrics URL per server; otherwise
+	// http://<server id>/metrics (or <server id>/metrics when the id
+	// already carries a scheme).
+	URLs map[string]string
+	// Client is the HTTP client; nil builds one with the timeout.
+	Client *http.Client
+	// Logger receives health changes; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c PollerConfig) withDefaults() PollerConfig {
+	if c.Interval <= 0 {
+		c.Interval = 100 * time.Millisecond
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = metrics.DefaultLimit
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 5 * time.Second
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{
+			Timeout: c.Timeout,
+			Transport: &http.Transport{
+				MaxIdleConnsPerHost: 2,
+				ReadBufferSize:      64 << 10,
+				IdleConnTimeout:     30 * time.Second,
+				DisableCompression:  false,
+			},
+			// Collectors only talk to configured endpoints: no redirects.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// MetricsURL is the URL scraped for a server id.
+func MetricsURL(server string) string {
+	if strings.Contains(server, "://") {
+		return strings.TrimRight(server, "/") + "/metrics"
+	}
+	return "http://" + server + "/metrics"
+}
+
+type target struct {
+	failures  int
+	nextAt    time.Time
+	running   bool
+	unhealthy bool
+	scrapes   uint64
+	errors    uint64
+	malformed uint64
+	lastErr   string
+}
+
+// TargetStatus reports one server's scrape state.
+type TargetStatus struct {
+	Server    string `json:"server"`
+	URL       string `json:"url"`
+	Scrapes   uint64 `json:"scrapes"`
+	Errors    uint64 `json:"errors"`
+	Malformed uint64 `json:"malformed"`
+	Failures  int    `json:"consecutive_failures"`
+	Unhealthy bool   `json:"unhealthy"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Poller scrapes every pool member's /metrics on an interval. It follows the
+// router's pool as servers come and go.
+type Poller struct {
+	r      *router.Router
+	cfg    PollerConfig
+	mu     sync.Mutex
+	tgts   map[string]*target
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewPoller prepares a poller; Start begins it.
+func NewPoller(r *router.Router, cfg PollerConfig) *Poller {
+	return &Poller{r: r, cfg: cfg.withDefaults(), tgts: make(map[string]*target)}
+}
+
+// Start runs the poller until Close.
+func (p *Poller) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.wg.Add(1)
+	go p.loop(ctx)
+}
+
+// Close stops the poller and waits for in-flight scrapes.
+func (p *Poller) Close() error {
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.wg.Wait()
+	return nil
+}
+
+func (p *Poller) url(server string) string {
+	if u, ok := p.cfg.URLs[server]; ok {
+		return u
+	}
+	return MetricsURL(server)
+}
+
+func (p *Poller) loop(ctx context.Context) {
+	defer p.wg.Done()
+	t := time.NewTicker(p.cfg.Interval)
+	defer t.Stop()
+	for {
+		p.tick(ctx, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick starts a scrape for every pool member that is due and not already
+// being scraped; a slow server never delays the others.
+func (p *Poller) tick(ctx context.Context, now time.Time) {
+	servers := p.r.Servers()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := make(map[string]bool, len(servers))
+	for _, s := range servers {
+		seen[s] = true
+		tg, ok := p.tgts[s]
+		if !ok {
+			tg = &target{}
+			p.tgts[s] = tg
+		}
+		if tg.running || now.Before(tg.nextAt) {
+			continue
+		}
+		tg.running = true
+		p.wg.Add(1)
+		go p.scrape(ctx, s, tg)
+	}
+	for s, tg := range p.tgts {
+		if !seen[s] && !tg.running {
+			delete(p.tgts, s)
+		}
+	}
+}
+
+func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
+	defer p.wg.Done()
+	m, err := p.fetch(ctx, server)
+	if ctx.Err() != nil {
+		p.mu.Lock()
+		tg.running = false
+		p.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	tg.running = false
+	tg.scrapes++
+	if err != nil {
+		tg.errors++
+		if errors.Is(err, metrics.ErrMalformed) || errors.Is(err, metrics.ErrNoMetrics) || errors.Is(err, metrics.ErrTooLarge) {
+			tg.malformed++
+		}
+		tg.failures++
+		tg.lastErr = err.Error()
+		backoff := p.cfg.Interval << min(tg.failures, 16)
+		tg.nextAt = now.Add(min(backoff, p.cfg.BackoffMax))
+		if p.r.Load().Fail(server, err) && !tg.unhealthy {
+			tg.unhealthy = true
+			p.cfg.Logger.Warn("metrics: server unhealthy", "server", server, "failures", tg.failures, "err", err)
+		}
+		return
+	}
+	if tg.unhealthy {
+		p.cfg.Logger.Info("metrics: server healthy again", "server", server)
+	}
+	tg.failures, tg.unhealthy, tg.lastErr = 0, false, ""
+	tg.nextAt = time.Time{} // due again at the next tick
+	p.r.UpdateMetrics(server, m)
+}
+
+func (p *Poller) fetch(ctx context.Context, server string) (load.Metrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url(server), nil)
+	if err != nil {
+		return load.Metrics{}, err
+	}
+	// No OpenMetrics Accept header: vLLM then serves the classic text format.
+	resp, err := p.cfg.Client.Do(req)
+	if err != nil {
+		return load.Metrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return load.Metrics{}, fmt.Errorf("metrics: %s answered %s", p.url(server), resp.Status)
+	}
+	return metrics.Parse(resp.Body, p.cfg.Flavor, p.cfg.MaxBytes)
+}
+
+// Status reports every target.
+func (p *Poller) Status() []TargetStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]TargetStatus, 0, len(p.tgts))
+	for _, s := range p.r.Servers() {
+		tg, ok := p.tgts[s]
+		if !ok {
+			continue
+		}
+		out = append(out, TargetStatus{
+			Server: s, URL: p.url(s), Scrapes: tg.scrapes, Errors: tg.errors, Malformed: tg.malformed,
+			Failures: tg.failures, Unhealthy: tg.unhealthy, LastError: tg.lastErr,
+		})
+	}
+	return out
+}
+
+// PushMetrics parses Prometheus text for a server and stores it: the push
+// path for callers without HTTP access. Malformed text is an error and the
+// previous snapshot is kept.
+func PushMetrics(r *router.Router, server string, text []byte, flavor metrics.Flavor) error {
+	m, err := metrics.ParseBytes(text, flavor, 0)
+	if err != nil {
+		return err
+	}
+	if !r.UpdateMetrics(server, m) {
+		return fmt.Errorf("%w: %q", ErrUnknownServer, server)
+	}
+	return nil
+}

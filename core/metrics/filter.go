@@ -1,0 +1,230 @@
+package metrics
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"sync"
+)
+
+// A vLLM scrape holds 40-100 families, almost all histograms the router never
+// reads; building protobuf families for all of them costs ~14k allocations.
+// So before the expfmt parser runs, one pass over the body keeps only the
+// lines of the families the flavor reads and checks every other line
+// lightly: a sample line must have a valid metric name, a well-formed
+// (quote-aware) label block and a float value; comments are free text.
+// Kept lines then get expfmt's full validation. Errors name the line of the
+// original body.
+
+var vllmFamilies = set(
+	"vllm:num_requests_running",
+	"vllm:num_requests_waiting",
+	"vllm:kv_cache_usage_perc",
+	"vllm:gpu_cache_usage_perc",
+	"vllm:prefix_cache_queries_total",
+	"vllm:prefix_cache_hits_total",
+	"vllm:gpu_prefix_cache_queries_total",
+	"vllm:gpu_prefix_cache_hits_total",
+	"vllm:external_prefix_cache_queries_total",
+	"vllm:external_prefix_cache_hits_total",
+	"vllm:cache_config_info",
+)
+
+var sglangFamilies = set(
+	"sglang:num_running_reqs",
+	"sglang:num_queue_reqs",
+	"sglang:token_usage",
+	"sglang:max_total_num_tokens",
+	"sglang:prompt_tokens_total",
+	"sglang:cached_tokens_total",
+)
+
+func set(names ...string) map[string]struct{} {
+	m := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		m[n] = struct{}{}
+	}
+	return m
+}
+
+// filtered is the reusable output of filter.
+type filtered struct {
+	text  []byte
+	lines []int // original line number of each kept line
+}
+
+var filterPool = sync.Pool{New: func() any { return new(filtered) }}
+
+// origLine maps a 1-based line of f.text to the body's line number.
+func (f *filtered) origLine(n int) int {
+	switch {
+	case len(f.lines) == 0:
+		return n
+	case n < 1:
+		return f.lines[0]
+	case n > len(f.lines):
+		return f.lines[len(f.lines)-1]
+	}
+	return f.lines[n-1]
+}
+
+func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
+	f.text, f.lines = f.text[:0], f.lines[:0]
+	for ln := 1; len(body) > 0; ln++ {
+		var line []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			line, body = body, nil
+		}
+		line = trimBlank(line)
+		if len(line) == 0 {
+			continue
+		}
+		keep, err := checkLine(line, wanted)
+		if err != nil {
+			return fmt.Errorf("%w: line %d: %s", ErrMalformed, ln, err)
+		}
+		if keep {
+			f.text = append(append(f.text, line...), '\n')
+			f.lines = append(f.lines, ln)
+		}
+	}
+	return nil
+}
+
+// checkLine validates one non-blank line and reports whether to keep it.
+func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
+	if line[0] == '#' {
+		// "# HELP name ..." / "# TYPE name type"; anything else is a comment
+		// (including OpenMetrics "# EOF" and "# UNIT").
+		kw, rest := word(line[1:])
+		if string(kw) != "HELP" && string(kw) != "TYPE" {
+			return false, nil
+		}
+		name, rest := word(rest)
+		if _, ok := wanted[string(name)]; !ok {
+			return false, nil
+		}
+		if string(kw) == "TYPE" {
+			typ, _ := word(rest)
+			switch string(typ) {
+			case "info", "stateset", "gaugehistogram", "unknown":
+				return false, nil // OpenMetrics-only types: read samples as untyped
+			}
+		}
+		return true, nil
+	}
+	n := 0
+	for n < len(line) && isNameByte(line[n], n == 0) {
+		n++
+	}
+	if n == 0 {
+		return false, fmt.Errorf("invalid metric name at %q", clip(line))
+	}
+	name, rest := line[:n], line[n:]
+	if _, ok := wanted[string(name)]; ok {
+		return true, nil // expfmt validates it fully
+	}
+	if len(rest) > 0 && rest[0] == '{' {
+		end := labelsEnd(rest)
+		if end < 0 {
+			return false, fmt.Errorf("unterminated label set in %q", clip(line))
+		}
+		rest = rest[end+1:]
+	}
+	trimmed := trimBlank(rest)
+	if len(trimmed) == len(rest) || len(trimmed) == 0 {
+		return false, fmt.Errorf("expected value after metric name in %q", clip(line))
+	}
+	val := trimmed
+	if i := blankIndex(val); i >= 0 {
+		val = val[:i]
+	}
+	if plainFloat(val) {
+		return false, nil
+	}
+	if _, err := strconv.ParseFloat(string(val), 64); err != nil {
+		return false, fmt.Errorf("expected float as value, got %q", clip(val))
+	}
+	return false, nil
+}
+
+func isNameByte(c byte, first bool) bool {
+	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9')
+}
+
+// labelsEnd returns the index of the '}' closing the label set that starts
+// at s[0] == '{', honouring quoted values with backslash escapes; -1 if none.
+func labelsEnd(s []byte) int {
+	inQuote := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQuote && c == '\\':
+			i++
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == '}':
+			return i
+		}
+	}
+	return -1
+}
+
+func clip(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "..."
+	}
+	return string(b)
+}
+
+// word skips blanks and returns the next blank-delimited word and the rest.
+func word(s []byte) (w, rest []byte) {
+	s = trimBlank(s)
+	i := blankIndex(s)
+	if i < 0 {
+		return s, nil
+	}
+	return s[:i], s[i:]
+}
+
+// plainFloat is an allocation-free fast path for the common decimal forms
+// ("12", "0.25", "1.789e+09", "NaN", "+Inf"); false means "ask strconv".
+func plainFloat(s []byte) bool {
+	switch string(s) {
+	case "NaN", "+Inf", "-Inf", "Inf":
+		return true
+	}
+	digits, dot, exp := 0, false, false
+	for i, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.' && !dot && !exp:
+			dot = true
+		case (c == 'e' || c == 'E') && !exp && digits > 0:
+			exp = true
+			digits = 0
+		case (c == '+' || c == '-') && (i == 0 || s[i-1] == 'e' || s[i-1] == 'E'):
+		default:
+			return false
+		}
+	}
+	return digits > 0
+}
+
+func trimBlank(s []byte) []byte {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	return s
+}
+
+func blankIndex(s []byte) int {
+	for i, c := range s {
+		if c == ' ' || c == '\t' {
+			return i
+		}
+	}
+	return -1
+}
