@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvc-router/kvc-router/core/kvevents"
@@ -99,6 +101,7 @@ type Subscriber struct {
 	mu          sync.Mutex
 	connected   bool
 	lastSeq     int64 // -1 before the first message
+	lastHash    uint64
 	lastEvent   time.Time
 	rateEvents  uint64
 	rateStart   time.Time
@@ -196,6 +199,8 @@ func (s *Subscriber) session(ctx context.Context) error {
 	}
 	s.setConnected(true)
 	s.r.SetEventFeed(s.server, true)
+	// A new connection may be to a restarted publisher on the same port.
+	s.probe(ctx)
 
 	msgs := make(chan zmq4.Msg, 64)
 	errc := make(chan error, 1)
@@ -222,8 +227,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 		case err := <-errc:
 			return err
 		case <-idle.C:
-			// Silence: make sure the publisher is still the one we are
-			// connected to by reconnecting (a restart shows as seq 0).
+			// Silence. A lost final batch would go unnoticed until the
+			// next event, so ask the replay buffer for anything after
+			// the last seq; then reconnect, so that a publisher restarted
+			// on the same port is seen (its sequence restarts at 0).
+			s.probe(ctx)
 			return errors.New("idle")
 		case m := <-msgs:
 			if !idle.Stop() {
@@ -282,6 +290,75 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 	s.apply(seq, frames[2])
 }
 
+// probe asks the replay endpoint for every buffered batch from the last one
+// seen. The publisher that sent that batch still buffers it, byte for byte;
+// anything else means the engine restarted (clear, then take the new
+// publisher's whole buffer) or batches were lost beyond the buffer (clear).
+// Batches after the last one seen are applied: a lost final batch is
+// recovered without waiting for the next event.
+func (s *Subscriber) probe(ctx context.Context) {
+	s.mu.Lock()
+	last, lastHash := s.lastSeq, s.lastHash
+	s.mu.Unlock()
+	if s.ep.Replay == "" || last < 0 {
+		return
+	}
+	var (
+		verdict = "" // "same", "restart" or "lost"
+		missed  int
+	)
+	_, bad, err := Replay(ctx, s.ep.Replay, last, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
+		func(seq int64, payload []byte) {
+			switch {
+			case verdict == "" && seq == last && xxhash.Sum64(payload) == lastHash:
+				verdict = "same"
+			case verdict == "" && seq == last:
+				verdict = "restart"
+			case verdict == "":
+				verdict = "lost"
+			case verdict == "same":
+				missed++
+				s.apply(seq, payload)
+			}
+		})
+	s.mu.Lock()
+	s.badFrames += uint64(bad)
+	if missed > 0 {
+		s.gaps++
+		s.replays++
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return // replay unreachable: the next live batch decides
+	}
+	switch verdict {
+	case "same":
+	case "lost":
+		s.cfg.Logger.Warn("kv events: batches lost beyond the replay buffer, clearing index", "server", s.server, "after", last)
+		s.clear()
+		s.resetSeq()
+	default: // "restart", or nothing at all from `last` on
+		s.mu.Lock()
+		s.restarts++
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("kv events: engine restart detected, clearing its index", "server", s.server, "last_seq", last)
+		s.clear()
+		s.resetSeq()
+		_, bad, _ := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.apply)
+		s.mu.Lock()
+		s.replays++
+		s.badFrames += uint64(bad)
+		s.mu.Unlock()
+	}
+}
+
+// resetSeq forgets the sequence position, as for a new publisher.
+func (s *Subscriber) resetSeq() {
+	s.mu.Lock()
+	s.lastSeq, s.lastHash = -1, 0
+	s.mu.Unlock()
+}
+
 func (s *Subscriber) clear() {
 	if id, ok := s.r.ServerIndexID(s.server); ok {
 		_ = s.r.Index().Cleared(id)
@@ -300,6 +377,7 @@ func (s *Subscriber) apply(seq int64, payload []byte) {
 	now := time.Now()
 	s.mu.Lock()
 	s.lastSeq = seq
+	s.lastHash = xxhash.Sum64(payload)
 	s.lastEvent = now
 	s.rateEvents += uint64(len(s.batch.Events))
 	if s.rateStart.IsZero() {

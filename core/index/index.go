@@ -718,3 +718,33 @@ func (ix *Index) Status() Status {
 	st.Bytes = int64(len(ix.pages))*pageSize*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
 	return st
 }
+
+// Residency is one record as Snapshot reports it.
+type Residency struct {
+	Key uint64
+	// Engine is the engine hash bridged to the record (0 = speculative only).
+	Engine uint64
+	// Copies counts resident copies per tier.
+	Copies [NumTiers]int
+	// Speculative is true while an unexpired speculative entry exists.
+	Speculative bool
+}
+
+// Snapshot lists a server's records, for inspection and end-to-end checks
+// against an engine's true cache contents. It is O(records of the server).
+func (ix *Index) Snapshot(id ServerID) []Residency {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	s := ix.srv(id)
+	if s == nil {
+		return nil
+	}
+	now := ix.tick(ix.cfg.Now())
+	out := make([]Residency, 0, s.n)
+	for r := s.head; r != nilRec; r = ix.at(r).snext {
+		rc := ix.at(r)
+		out = append(out, Residency{Key: rc.key, Engine: rc.engine, Speculative: rc.spec > now,
+			Copies: [NumTiers]int{int(rc.cnt[0]), int(rc.cnt[1]), int(rc.cnt[2])}})
+	}
+	return out
+}

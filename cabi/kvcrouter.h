@@ -1,0 +1,169 @@
+/*
+ * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.
+ *
+ * Hand-maintained; cabi/main.go holds the implementation. Every function is
+ * thread-safe, never blocks on network I/O and never calls back into the
+ * host. Background work (metrics polling, KV-event subscriptions) runs in
+ * goroutines owned by the handle.
+ *
+ * Conventions
+ *   - Every function but kvr_abi_version and kvr_free returns a status code
+ *     (KVR_OK on success).
+ *   - `err`: when non-NULL, *err is set to NULL on entry and, on failure, to
+ *     a NUL-terminated UTF-8 message the caller frees with kvr_free.
+ *   - Every other char** output is likewise NULL on entry, set only on
+ *     success, and freed by the caller with kvr_free.
+ *   - Strings are passed as (pointer, length) pairs, need no NUL terminator,
+ *     must be valid UTF-8, and are copied; a negative length, or a NULL
+ *     pointer with a positive length, is KVR_INVALID_ARGUMENT.
+ *   - A Go panic inside any call is recovered and returned as KVR_INTERNAL;
+ *     the handle involved is then poisoned: later calls on it return
+ *     KVR_POISONED (close it and create a new one).
+ *   - One Go runtime per process: do not load a second Go c-shared library,
+ *     do not dlclose this one, and do not call it from a fork()ed child of
+ *     the process that loaded it.
+ */
+#ifndef KVCROUTER_H
+#define KVCROUTER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVR_ABI_VERSION 1
+
+/* Status codes. */
+#define KVR_OK 0
+#define KVR_INVALID_ARGUMENT 1 /* bad pointer, length, UTF-8, JSON, prompt size, payload */
+#define KVR_NOT_FOUND 2        /* server id not in the pool (push paths) */
+#define KVR_INVALID_STATE 3    /* closed or stale handle, disabled debug export */
+#define KVR_INTERNAL 4         /* a recovered Go panic */
+#define KVR_POISONED 5         /* the handle saw an earlier panic */
+#define KVR_NO_SERVERS 6       /* empty pool: "No available servers in load balancer" */
+#define KVR_INVALID_CONFIG 7   /* configuration rejected */
+
+/* Metrics flavors for kvr_update_metrics. */
+#define KVR_METRICS_VLLM 0
+#define KVR_METRICS_SGLANG 1
+
+/* A runtime/cgo.Handle value; 0 is never valid. */
+typedef uint64_t kvr_handle;
+
+/* ABI version of the loaded library (compare with KVR_ABI_VERSION). */
+int32_t kvr_abi_version(void);
+
+/* Frees any string returned by the library. NULL is a no-op. */
+void kvr_free(void *p);
+
+/*
+ * Creates a router from a JSON object (every key optional, unknown keys are
+ * errors):
+ *   {"router":     {"mode": "default" | "kvc_aware", "sticky_max_size": N,
+ *                   "strategies": [{"name", "weight", "params"}], ...},
+ *    "collectors": {"collectors": [{"name": "vllm_metrics" | "vllm_polling" |
+ *                   "sglang_metrics" | "vllm_zmq", "interval_ms", ...}]},
+ *    "max_procs":  N   (> 0 calls runtime.GOMAXPROCS for the whole process),
+ *    "log_level":  "debug" | "info" | "warn" | "error",
+ *    "push":       {"max_metrics_bytes": N, "max_event_bytes": N}}
+ * The pool starts empty. On success *out_handle is non-zero.
+ */
+int32_t kvr_router_new(const char *cfg_json, int64_t cfg_len, kvr_handle *out_handle, char **err);
+
+/* Stops the collectors and invalidates the handle. Closing twice, or using
+ * the handle afterwards, is KVR_INVALID_STATE. */
+int32_t kvr_router_close(kvr_handle h, char **err);
+
+/*
+ * Routes one request and counts it in flight on the chosen server.
+ *   request_id    sticky-session key (may be empty: no binding)
+ *   tokens        prompt token ids, borrowed for the duration of the call
+ *                 (NULL with n_tokens 0 means no prompt); n_tokens above
+ *                 max_prompt_tokens is KVR_INVALID_ARGUMENT
+ *   pin           -1, or the full_determinism index (hash % pool size,
+ *                 computed by the caller); used for new bindings only
+ *   lora          LoRA adapter name (part of the cache-key namespace), may be empty
+ *   known_generation  the pool generation the caller has mirrored, or -1
+ * Outputs (each optional, NULL = not wanted):
+ *   out_index       position of the chosen server in the pool order
+ *   out_generation  pool generation the index refers to (see kvr_servers)
+ *   out_server      the chosen server id (caller frees); set only when
+ *                   known_generation is -1 or differs from the generation,
+ *                   so a caller mirroring the pool pays for no string on
+ *                   the hot path and is never confused by a concurrent change
+ *   out_decision    decision details as JSON (caller frees)
+ * An empty pool is KVR_NO_SERVERS.
+ */
+int32_t kvr_acquire(kvr_handle h, const char *request_id, int64_t request_id_len,
+                    const int32_t *tokens, int64_t n_tokens, int64_t pin,
+                    const char *lora, int64_t lora_len, int64_t known_generation,
+                    int32_t *out_index, int64_t *out_generation,
+                    char **out_server, char **out_decision, char **err);
+
+/* Counts one request finished on a server. Unknown ids and zero counts are
+ * silent no-ops (*out_released = 0); otherwise *out_released = 1. */
+int32_t kvr_release(kvr_handle h, const char *server_id, int64_t server_id_len,
+                    int32_t *out_released, char **err);
+
+/* Adds servers (JSON array of non-empty id strings). New ids go to the end of
+ * the pool; re-added ids keep their place and their count resets to 0. */
+int32_t kvr_add_servers(kvr_handle h, const char *ids_json, int64_t len,
+                        int64_t *out_generation, char **err);
+
+/* Removes servers (JSON array of ids); unknown ids are ignored. */
+int32_t kvr_remove_servers(kvr_handle h, const char *ids_json, int64_t len,
+                           int64_t *out_generation, char **err);
+
+/* The pool in order, as a JSON array of ids, and its generation (bumped by
+ * every add/remove). */
+int32_t kvr_servers(kvr_handle h, char **out_json, int64_t *out_generation, char **err);
+
+/* In-flight count of one server (0 if unknown). */
+int32_t kvr_inflight(kvr_handle h, const char *server_id, int64_t server_id_len,
+                     int64_t *out, char **err);
+
+/* Sum of in-flight counts over the pool. */
+int32_t kvr_total_inflight(kvr_handle h, int64_t *out, char **err);
+
+/* Push path: one Prometheus text scrape for a server (KVR_METRICS_*).
+ * Malformed text is KVR_INVALID_ARGUMENT (the previous snapshot is kept);
+ * a server not in the pool is KVR_NOT_FOUND. */
+int32_t kvr_update_metrics(kvr_handle h, const char *server_id, int64_t server_id_len,
+                           const char *text, int64_t text_len, int32_t flavor, char **err);
+
+/* Push path: one raw msgpack KVEventBatch from a server. Malformed payloads
+ * are KVR_INVALID_ARGUMENT; a server not in the pool is KVR_NOT_FOUND. The
+ * first accepted payload marks the server as having an event feed. */
+int32_t kvr_update_events(kvr_handle h, const char *server_id, int64_t server_id_len,
+                          const void *payload, int64_t payload_len, char **err);
+
+/* Sets a server's KV-event publishers for the vllm_zmq collector:
+ * JSON array of {"endpoint": "tcp://host:port", "replay": "...", "topic": "..."}.
+ * Without a vllm_zmq collector configured it is KVR_INVALID_CONFIG. */
+int32_t kvr_set_kv_endpoints(kvr_handle h, const char *server_id, int64_t server_id_len,
+                             const char *endpoints_json, int64_t len, char **err);
+
+/* Status as JSON: {"abi_version", "generation", "pool": [ids],
+ * "router": {mode, strategy, servers: [{id, load: {inflight, ...}}], index, ...},
+ * "collectors": {...}, "panics": N}. */
+int32_t kvr_status(kvr_handle h, char **out_json, char **err);
+
+/* Drops every sticky binding. When out_json is non-NULL it receives
+ * {"cleared_entries": N, "server_loads": [{"id", "inflight"}]} in pool order. */
+int32_t kvr_clear_sticky(kvr_handle h, char **out_json, char **err);
+
+/* Forgets every cached prefix (after a weight update). */
+int32_t kvr_reset_cache(kvr_handle h, char **err);
+
+/* Test only: panics inside Go (kind 0 panic, 1 nil-map write, 2 nil
+ * dereference, 3 index out of range), poisoning h when h is a live handle.
+ * Disabled (KVR_INVALID_STATE) unless KVR_DEBUG_PANIC=1 was in the
+ * environment when the process started. */
+int32_t kvr_debug_panic(kvr_handle h, int32_t kind, char **err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCROUTER_H */

@@ -1,0 +1,114 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvc-router/kvc-router/core/collector"
+	"github.com/kvc-router/kvc-router/core/router"
+)
+
+// Status codes returned by every export (mirrored in kvcrouter.h).
+const (
+	codeOK              = 0
+	codeInvalidArgument = 1
+	codeNotFound        = 2
+	codeInvalidState    = 3
+	codeInternal        = 4 // a recovered Go panic
+	codePoisoned        = 5 // the handle saw an earlier panic
+	codeNoServers       = 6
+	codeInvalidConfig   = 7
+)
+
+// abiVersion is bumped on any incompatible change to kvcrouter.h.
+const abiVersion = 1
+
+// kvrError carries a status code with its message.
+type kvrError struct {
+	code int32
+	msg  string
+}
+
+func (e *kvrError) Error() string { return e.msg }
+
+func errf(code int32, format string, args ...any) error {
+	return &kvrError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// codeOf maps a Go error to a status code.
+func codeOf(err error) int32 {
+	var ke *kvrError
+	switch {
+	case err == nil:
+		return codeOK
+	case errors.As(err, &ke):
+		return ke.code
+	case errors.Is(err, router.ErrNoServers):
+		return codeNoServers
+	case errors.Is(err, router.ErrConfig):
+		return codeInvalidConfig
+	case errors.Is(err, router.ErrPromptTooLong):
+		return codeInvalidArgument
+	case errors.Is(err, collector.ErrConfig):
+		return codeInvalidConfig
+	case errors.Is(err, collector.ErrUnknownServer):
+		return codeNotFound
+	}
+	return codeInvalidArgument
+}
+
+// setErr stores a C copy of msg in *out when the caller asked for messages.
+func setErr(out **C.char, msg string) {
+	if out != nil {
+		*out = C.CString(msg)
+	}
+}
+
+// fail reports err through out and returns its status code.
+func fail(out **C.char, err error) C.int32_t {
+	setErr(out, err.Error())
+	return C.int32_t(codeOf(err))
+}
+
+// clearOut resets an optional output string so callers never see garbage.
+func clearOut(out **C.char) {
+	if out != nil {
+		*out = nil
+	}
+}
+
+var panics atomic.Uint64
+
+// recoverExport is deferred by every export. It turns a panic into
+// KVR_INTERNAL, poisons the handle involved (if any), and prints the stack
+// to stderr once per panic. It must be deferred directly so recover works.
+func recoverExport(name string, h C.uint64_t, code *C.int32_t, errOut **C.char) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	panics.Add(1)
+	msg := fmt.Sprintf("internal error: Go panic in %s: %v", name, p)
+	fmt.Fprintf(os.Stderr, "kvc-router: %s\n%s\n", msg, debug.Stack())
+	if inst, err := lookup(uint64(h)); err == nil {
+		inst.poison(msg)
+		msg += "; the router handle is poisoned: close it and create a new one"
+	}
+	if errOut != nil {
+		if *errOut != nil {
+			C.free(unsafe.Pointer(*errOut))
+		}
+		*errOut = C.CString(msg)
+	}
+	*code = codeInternal
+}

@@ -1,0 +1,453 @@
+"""ctypes binding to libkvcrouter.so.
+
+The library is loaded lazily, once per process, under a lock, from
+``$KVC_ROUTER_LIB`` when set or else from this package's directory. The loading
+PID is recorded: a child created by ``fork()`` after the load must not call into
+the parent's Go runtime (Go cannot survive fork), so every call from another
+PID raises :class:`~kvc_router.errors.ForkError` instead of hanging.
+
+``ctypes.CDLL`` releases the GIL around every foreign call; the library is
+thread-safe, so concurrent Python threads really run concurrently inside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import sys
+import threading
+from array import array
+from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
+from typing import Any, Optional, Sequence, Tuple
+
+from .errors import (
+    KVR_NOT_FOUND,
+    KVR_OK,
+    ForkError,
+    InvalidStateError,
+    NativeError,
+    error_for,
+)
+
+LIB_ENV = "KVC_ROUTER_LIB"
+LIB_NAME = "libkvcrouter.so"
+ABI_VERSION = 1
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+METRICS_FLAVORS = {"vllm": 0, "sglang": 1}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_pid: Optional[int] = None
+
+
+def library_path() -> str:
+    """Where the library is loaded from (without loading it)."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        if not os.path.isfile(env):
+            raise NativeError(f"{LIB_ENV}={env!r} does not name a file")
+        return env
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIB_NAME)
+    if os.path.isfile(here):
+        return here
+    raise NativeError(
+        f"{LIB_NAME} not found in {os.path.dirname(here)}; install the kvc-router wheel, "
+        f"build it with `pip install .`, or set {LIB_ENV} to its path"
+    )
+
+
+def _fork_error() -> ForkError:
+    return ForkError(
+        f"libkvcrouter was loaded by process {_pid} before fork(); process {os.getpid()} "
+        "cannot use it (Go does not survive fork). Create the balancer in the child "
+        "process, or start children with the 'spawn' method."
+    )
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    err = POINTER(c_void_p)
+    sig = {
+        "kvr_abi_version": ([], c_int32),
+        "kvr_free": ([c_void_p], None),
+        "kvr_router_new": ([c_char_p, c_int64, POINTER(c_uint64), err], c_int32),
+        "kvr_router_close": ([c_uint64, err], c_int32),
+        "kvr_acquire": (
+            [
+                c_uint64,
+                c_char_p,
+                c_int64,
+                c_void_p,
+                c_int64,
+                c_int64,
+                c_char_p,
+                c_int64,
+                c_int64,
+                POINTER(c_int32),
+                POINTER(c_int64),
+                err,
+                err,
+                err,
+            ],
+            c_int32,
+        ),
+        "kvr_release": ([c_uint64, c_char_p, c_int64, POINTER(c_int32), err], c_int32),
+        "kvr_add_servers": ([c_uint64, c_char_p, c_int64, POINTER(c_int64), err], c_int32),
+        "kvr_remove_servers": ([c_uint64, c_char_p, c_int64, POINTER(c_int64), err], c_int32),
+        "kvr_servers": ([c_uint64, err, POINTER(c_int64), err], c_int32),
+        "kvr_inflight": ([c_uint64, c_char_p, c_int64, POINTER(c_int64), err], c_int32),
+        "kvr_total_inflight": ([c_uint64, POINTER(c_int64), err], c_int32),
+        "kvr_update_metrics": ([c_uint64, c_char_p, c_int64, c_char_p, c_int64, c_int32, err], c_int32),
+        "kvr_update_events": ([c_uint64, c_char_p, c_int64, c_char_p, c_int64, err], c_int32),
+        "kvr_set_kv_endpoints": ([c_uint64, c_char_p, c_int64, c_char_p, c_int64, err], c_int32),
+        "kvr_status": ([c_uint64, err, err], c_int32),
+        "kvr_clear_sticky": ([c_uint64, err, err], c_int32),
+        "kvr_reset_cache": ([c_uint64, err], c_int32),
+        "kvr_debug_panic": ([c_uint64, c_int32, err], c_int32),
+    }
+    for name, (args, res) in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+
+
+def load() -> ctypes.CDLL:
+    """Returns the loaded library, loading it on first use (thread-safe)."""
+    lib = _lib
+    if lib is not None:
+        if _pid != os.getpid():
+            raise _fork_error()
+        return lib
+    return _load_locked()
+
+
+def _load_locked() -> ctypes.CDLL:
+    global _lib, _lib_path, _pid
+    with _lock:
+        if _lib is not None:
+            if _pid != os.getpid():
+                raise _fork_error()
+            return _lib
+        path = library_path()
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise NativeError(f"cannot load {path}: {e}") from e
+        try:
+            _declare(lib)
+        except AttributeError as e:
+            raise NativeError(f"{path} is not a compatible libkvcrouter: {e}") from e
+        version = lib.kvr_abi_version()
+        if version != ABI_VERSION:
+            raise NativeError(f"{path} has ABI version {version}; this package needs {ABI_VERSION}")
+        _lib, _lib_path, _pid = lib, path, os.getpid()
+        return lib
+
+
+def loaded_path() -> Optional[str]:
+    return _lib_path
+
+
+def take_string(lib: ctypes.CDLL, p: c_void_p) -> Optional[str]:
+    """Copies and frees a library-allocated string."""
+    if not p.value:
+        return None
+    try:
+        return ctypes.string_at(p.value).decode("utf-8", "replace")
+    finally:
+        lib.kvr_free(p.value)
+
+
+def _check(lib: ctypes.CDLL, code: int, err: c_void_p) -> None:
+    if code == KVR_OK:
+        return
+    msg = take_string(lib, err) or ""
+    raise error_for(code, msg)
+
+
+def _utf8(value: str, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not encodable as UTF-8: {e}") from None
+
+
+def pack_tokens(prompt_ids: Any) -> Tuple[Any, Optional[int], int]:
+    """Packs token ids as int32 without copying when the input already is.
+
+    Returns ``(keepalive, address, count)``; ``address`` is an int or a bytes
+    object (ctypes passes its buffer); keep ``keepalive`` referenced until the
+    foreign call returns. Accepts list/tuple of ints, ``array('i')`` (and
+    other integer arrays), 1-D numpy integer arrays and objects with
+    ``.tolist()`` (e.g. torch tensors).
+    """
+    if prompt_ids is None:
+        return None, None, 0
+    if isinstance(prompt_ids, array):
+        if prompt_ids.typecode == "i" and prompt_ids.itemsize == 4:
+            arr = prompt_ids
+        elif prompt_ids.typecode in "bBhHiIlLqQ":
+            arr = _int32_array(prompt_ids.tolist())
+        else:
+            raise TypeError(f"prompt_ids: array of typecode {prompt_ids.typecode!r} is not an integer array")
+    elif isinstance(prompt_ids, (list, tuple)):
+        n = len(prompt_ids)
+        if n == 0:
+            return None, None, 0
+        try:  # struct is about twice as fast as array('i', ...) for lists
+            packed = _pack_struct(n, prompt_ids)
+        except struct.error:
+            _int32_array(prompt_ids)  # raises the precise ValueError / TypeError
+            raise
+        return packed, packed, n
+    elif _is_numpy(prompt_ids):
+        return _pack_numpy(prompt_ids)
+    elif isinstance(prompt_ids, (str, bytes, bytearray, dict)):
+        raise TypeError(f"prompt_ids must be a sequence of int token ids, got {type(prompt_ids).__name__}")
+    elif hasattr(prompt_ids, "tolist"):
+        return pack_tokens(_flat_list(prompt_ids.tolist()))
+    else:
+        try:
+            arr = _int32_array(list(prompt_ids))
+        except TypeError:
+            raise TypeError(
+                f"prompt_ids must be a sequence of int token ids, got {type(prompt_ids).__name__}"
+            ) from None
+    n = len(arr)
+    if n == 0:
+        return None, None, 0
+    return arr, arr.buffer_info()[0], n
+
+
+def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
+    return struct.pack(f"={n}i", *values)
+
+
+def _flat_list(v: Any) -> Any:
+    if isinstance(v, list) and v and isinstance(v[0], list):
+        if len(v) == 1:
+            return v[0]
+        raise ValueError("prompt_ids must be one-dimensional")
+    return v
+
+
+def _int32_array(values: Sequence[Any]) -> array:
+    try:
+        return array("i", values)
+    except OverflowError:
+        bad = next((v for v in values if isinstance(v, int) and not INT32_MIN <= v <= INT32_MAX), None)
+        raise ValueError(f"prompt_ids: token id {bad} is outside the int32 range [{INT32_MIN}, {INT32_MAX}]") from None
+    except TypeError:
+        bad = next((v for v in values if not isinstance(v, int)), None)
+        raise TypeError(f"prompt_ids must contain only int token ids, found {type(bad).__name__} {bad!r}") from None
+
+
+def _is_numpy(x: Any) -> bool:
+    return type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") and "numpy" in sys.modules
+
+
+def _pack_numpy(a: Any) -> Tuple[Any, Optional[int], int]:
+    np = sys.modules["numpy"]
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1:
+        raise ValueError(f"prompt_ids must be one-dimensional, got shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"prompt_ids must be an integer array, got dtype {a.dtype}")
+    if a.size == 0:
+        return None, None, 0
+    if a.dtype != np.int32:
+        lo, hi = int(a.min()), int(a.max())
+        if lo < INT32_MIN or hi > INT32_MAX:
+            bad = lo if lo < INT32_MIN else hi
+            raise ValueError(f"prompt_ids: token id {bad} is outside the int32 range [{INT32_MIN}, {INT32_MAX}]")
+        a = a.astype(np.int32)
+    a = np.ascontiguousarray(a)
+    return a, a.ctypes.data, int(a.size)
+
+
+class Router:
+    """One native router handle. Thread-safe; not usable across fork()."""
+
+    def __init__(self, config: dict) -> None:
+        self._lib = load()
+        self._pid = os.getpid()
+        data = json.dumps(config).encode("utf-8")
+        h = c_uint64(0)
+        err = c_void_p()
+        _check(self._lib, self._lib.kvr_router_new(data, len(data), byref(h), byref(err)), err)
+        self.handle = h.value
+        self.closed = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _h(self) -> int:
+        if self._pid != os.getpid():
+            raise _fork_error()
+        if self.closed:
+            raise InvalidStateError("the router is closed", 3)
+        return self.handle
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        h = self._h()
+        self.closed = True
+        err = c_void_p()
+        _check(self._lib, self._lib.kvr_router_close(h, byref(err)), err)
+
+    def close_in_owner(self) -> None:
+        """Closes unless this is a forked child (used by finalizers)."""
+        if not self.closed and self._pid == os.getpid():
+            try:
+                self.close()
+            except NativeError:
+                pass
+
+    def _json_out(self, fn: Any, *args: Any) -> Any:
+        out, err = c_void_p(), c_void_p()
+        _check(self._lib, fn(self._h(), *args, byref(out), byref(err)), err)
+        text = take_string(self._lib, out)
+        return None if text is None else json.loads(text)
+
+    # -- hot path ----------------------------------------------------------
+
+    def acquire(
+        self, request_id: bytes, addr: Optional[int], n: int, pin: int, known_gen: int, lora: bytes = b""
+    ) -> Tuple[int, int, Optional[str]]:
+        """Routes a request; returns (pool index, pool generation, server id).
+
+        The server id is only returned (non-None) when the generation differs
+        from ``known_gen``; otherwise the caller's mirror of the pool names it.
+        """
+        idx, gen, sid, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_acquire(
+            self._h(),
+            request_id,
+            len(request_id),
+            addr,
+            n,
+            pin,
+            lora,
+            len(lora),
+            known_gen,
+            byref(idx),
+            byref(gen),
+            byref(sid),
+            None,
+            byref(err),
+        )
+        if code:
+            _check(self._lib, code, err)
+        return idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+
+    def acquire_detail(self, request_id: bytes, addr: Optional[int], n: int, pin: int = -1, lora: bytes = b"") -> dict:
+        """Routes a request; returns the decision (server, reason, score, hits...)."""
+        idx, gen, out, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_acquire(
+            self._h(),
+            request_id,
+            len(request_id),
+            addr,
+            n,
+            pin,
+            lora,
+            len(lora),
+            -1,
+            byref(idx),
+            byref(gen),
+            None,
+            byref(out),
+            byref(err),
+        )
+        _check(self._lib, code, err)
+        d = json.loads(take_string(self._lib, out) or "{}")
+        d["index"], d["generation"] = idx.value, gen.value
+        return d
+
+    def release(self, server_id: bytes) -> bool:
+        released, err = c_int32(0), c_void_p()
+        code = self._lib.kvr_release(self._h(), server_id, len(server_id), byref(released), byref(err))
+        if code:
+            _check(self._lib, code, err)
+        return bool(released.value)
+
+    # -- control plane -----------------------------------------------------
+
+    def add_servers(self, ids: Sequence[str]) -> int:
+        data = json.dumps(list(ids)).encode("utf-8")
+        gen, err = c_int64(0), c_void_p()
+        _check(self._lib, self._lib.kvr_add_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
+        return gen.value
+
+    def remove_servers(self, ids: Sequence[str]) -> int:
+        data = json.dumps(list(ids)).encode("utf-8")
+        gen, err = c_int64(0), c_void_p()
+        _check(self._lib, self._lib.kvr_remove_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
+        return gen.value
+
+    def servers(self) -> Tuple[list, int]:
+        out, gen, err = c_void_p(), c_int64(0), c_void_p()
+        _check(self._lib, self._lib.kvr_servers(self._h(), byref(out), byref(gen), byref(err)), err)
+        return json.loads(take_string(self._lib, out) or "[]"), gen.value
+
+    def inflight(self, server_id: bytes) -> int:
+        out, err = c_int64(0), c_void_p()
+        _check(self._lib, self._lib.kvr_inflight(self._h(), server_id, len(server_id), byref(out), byref(err)), err)
+        return out.value
+
+    def total_inflight(self) -> int:
+        out, err = c_int64(0), c_void_p()
+        _check(self._lib, self._lib.kvr_total_inflight(self._h(), byref(out), byref(err)), err)
+        return out.value
+
+    def update_metrics(self, server_id: bytes, text: bytes, flavor: int) -> bool:
+        err = c_void_p()
+        code = self._lib.kvr_update_metrics(self._h(), server_id, len(server_id), text, len(text), flavor, byref(err))
+        if code == KVR_NOT_FOUND:
+            take_string(self._lib, err)
+            return False
+        _check(self._lib, code, err)
+        return True
+
+    def update_events(self, server_id: bytes, payload: bytes) -> bool:
+        err = c_void_p()
+        code = self._lib.kvr_update_events(self._h(), server_id, len(server_id), payload, len(payload), byref(err))
+        if code == KVR_NOT_FOUND:
+            take_string(self._lib, err)
+            return False
+        _check(self._lib, code, err)
+        return True
+
+    def set_kv_endpoints(self, server_id: bytes, endpoints: list) -> None:
+        data = json.dumps(endpoints).encode("utf-8")
+        err = c_void_p()
+        _check(
+            self._lib,
+            self._lib.kvr_set_kv_endpoints(self._h(), server_id, len(server_id), data, len(data), byref(err)),
+            err,
+        )
+
+    def status(self) -> dict:
+        return self._json_out(self._lib.kvr_status)
+
+    def clear_sticky(self) -> dict:
+        return self._json_out(self._lib.kvr_clear_sticky)
+
+    def reset_cache(self) -> None:
+        err = c_void_p()
+        _check(self._lib, self._lib.kvr_reset_cache(self._h(), byref(err)), err)
+
+
+def debug_panic(kind: int, handle: int = 0) -> None:
+    """Test hook: panics inside Go (needs KVR_DEBUG_PANIC=1 at process start)."""
+    lib = load()
+    err = c_void_p()
+    _check(lib, lib.kvr_debug_panic(handle, kind, byref(err)), err)

@@ -1,0 +1,340 @@
+"""``KVCAwareBalancer``: a drop-in for verl's ``GlobalRequestLoadBalancer``.
+
+A plain class with synchronous methods only; verl turns it into a Ray actor
+with ``ray.remote(KVCAwareBalancer).remote(servers=..., max_cache_size=...)``.
+The routing state lives in libkvcrouter (loaded lazily in ``__init__``, i.e. in
+the actor process); this class keeps the server handles and mirrors the pool
+order so the hot path returns an integer index instead of a string.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from . import _native
+from .config import RouterConfig, load_router_config, parse_endpoint
+from .errors import ConfigError, NativeError
+
+logger = logging.getLogger("kvc_router")
+
+#: verl's DEFAULT_ROUTING_CACHE_SIZE.
+DEFAULT_ROUTING_CACHE_SIZE = 10000
+
+
+class KVCAwareBalancer:
+    """Routes requests to servers; same methods and semantics as verl's balancer.
+
+    Parameters
+    ----------
+    servers:
+        ``{server_id: handle}`` in rank order; may be empty. Handles are opaque
+        (``None`` is fine); a handle offering ``get_kv_events_endpoints()`` is
+        asked for its KV-event publishers when the ``vllm_zmq`` collector runs.
+    max_cache_size:
+        Sticky LRU capacity (verl's ``DEFAULT_ROUTING_CACHE_SIZE`` = 10000),
+        unless the router config sets ``sticky_max_size``.
+    full_determinism:
+        New bindings go to ``list(servers)[hash(request_id) % len(servers)]``
+        (CPython ``str`` hash, as verl does), ignoring load.
+    router_config:
+        ``None`` (verl's default behaviour), ``"kvc_aware"``, a dict, an
+        OmegaConf ``DictConfig``, a YAML path or a :class:`RouterConfig`; see
+        :mod:`kvc_router.config`.
+    """
+
+    def __init__(
+        self,
+        servers: Optional[Mapping[str, Any]] = None,
+        max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE,
+        full_determinism: bool = False,
+        router_config: Any = None,
+    ) -> None:
+        if isinstance(max_cache_size, bool) or not isinstance(max_cache_size, int) or max_cache_size < 1:
+            raise ConfigError(
+                f"max_cache_size must be a positive integer, got {max_cache_size!r}",
+                key="max_cache_size",
+                allowed="[1, inf)",
+            )
+        if not isinstance(full_determinism, bool):
+            raise ConfigError(
+                f"full_determinism must be true or false, got {full_determinism!r}",
+                key="full_determinism",
+                allowed=(True, False),
+            )
+        self._config: RouterConfig = load_router_config(router_config)
+        self._full_determinism = full_determinism
+        self._flavor = _native.METRICS_FLAVORS[self._config.metrics_flavor]
+        self._zmq = "vllm_zmq" in self._config.collector_names
+        self._uses_prompt = self._config.type == "kvc_aware"
+        self._handles: Dict[str, Any] = {}
+        # (pool order, handles, generation): replaced as a whole on every
+        # membership change, read without locking on the hot path.
+        self._view: Tuple[Tuple[str, ...], Dict[str, Any], int] = ((), {}, -1)
+        self._lock = threading.Lock()  # serialises pool changes (threaded actors)
+        self._router = _native.Router(self._config.native(sticky_default=max_cache_size))
+        self._finalizer = weakref.finalize(self, self._router.close_in_owner)
+        self._refresh()
+        if servers:
+            self.add_servers(servers)
+
+    # -- verl's interface ----------------------------------------------------
+
+    def acquire_server(self, request_id: str, prompt_ids: Any = None) -> Tuple[str, Any]:
+        """Routes a request; returns ``(server_id, handle)``.
+
+        Raises :class:`~kvc_router.errors.NoServerError` (a ``RuntimeError``
+        with verl's exact text) when the pool is empty.
+        """
+        rid = _native._utf8(request_id, "request_id")
+        # Default mode never reads the prompt (as verl's balancer ignores it).
+        keep, addr, n = _native.pack_tokens(prompt_ids) if self._uses_prompt else (None, None, 0)
+        pin = -1
+        if self._full_determinism:
+            size = len(self._view[0])
+            if size:
+                pin = hash(request_id) % size
+        pool, handles, known = self._view
+        idx, gen, sid = self._router.acquire(rid, addr, n, pin, known)
+        del keep
+        if sid is None:
+            sid = pool[idx]
+            return sid, handles.get(sid)
+        return sid, self._handles.get(sid)  # the pool changed concurrently
+
+    def release_server(self, server_id: str, **kwargs: Any) -> None:
+        """Counts one request finished; unknown ids and zero counts are ignored."""
+        sid = _id_bytes(server_id)
+        if sid is not None:
+            self._router.release(sid)
+
+    def add_servers(self, servers: Mapping[str, Any]) -> None:
+        """Adds servers (``{id: handle}``); re-adding resets the count to 0."""
+        items = _server_items(servers)
+        if not items:
+            return
+        with self._lock:
+            self._router.add_servers([sid for sid, _ in items])
+            for sid, handle in items:
+                self._handles[sid] = handle
+            self._refresh()
+        logger.info("[KVCAwareBalancer] added %d servers", len(items))
+        if self._zmq:
+            for sid, handle in items:
+                self._configure_events(sid, handle)
+
+    def remove_servers(self, server_ids: Iterable[str]) -> None:
+        """Removes servers; unknown ids are ignored; sticky bindings drop lazily."""
+        if isinstance(server_ids, str):
+            server_ids = [server_ids]
+        ids = [s for s in server_ids if isinstance(s, str)]
+        if not ids:
+            return
+        with self._lock:
+            self._router.remove_servers(ids)
+            for sid in ids:
+                self._handles.pop(sid, None)
+            self._refresh()
+
+    def get_all_servers(self) -> List[str]:
+        """Active pool ids in insertion order."""
+        self._router._h()
+        return list(self._view[0])
+
+    def get_inflight_count(self, server_id: str) -> int:
+        sid = _id_bytes(server_id)
+        return 0 if sid is None else self._router.inflight(sid)
+
+    def get_total_inflight(self) -> int:
+        return self._router.total_inflight()
+
+    def get_status(self) -> Dict[str, Any]:
+        """verl's keys (``servers``, ``total_inflight``, ``active_servers``,
+        ``registered_handles``) plus ``router``: the native status (mode,
+        strategy, per-server load, index, collectors, counters)."""
+        doc = self._router.status()
+        rs = doc["router"]
+        servers = {s["id"]: s["load"]["inflight"] for s in rs["servers"]}
+        router = dict(rs)
+        router["collectors"] = doc.get("collectors")
+        router["full_determinism"] = self._full_determinism
+        router["generation"] = doc.get("generation")
+        router["panics"] = doc.get("panics", 0)
+        router["library"] = _native.loaded_path()
+        return {
+            "servers": servers,
+            "total_inflight": sum(servers.values()),
+            "active_servers": len(servers),
+            "registered_handles": list(self._handles),
+            "router": router,
+        }
+
+    def clear_sticky_cache(self) -> Dict[str, Any]:
+        """Drops every sticky binding; in-flight counts are unchanged."""
+        doc = self._router.clear_sticky()
+        return {
+            "cleared_entries": doc["cleared_entries"],
+            "server_loads": {s["id"]: s["inflight"] for s in doc["server_loads"]},
+        }
+
+    # -- extras ----------------------------------------------------------------
+
+    def reset_prefix_index(self) -> None:
+        """Forgets every cached prefix (call after a weight update)."""
+        self._router.reset_cache()
+
+    def update_metrics(self, server_id: str, text: Any, flavor: Optional[str] = None) -> bool:
+        """Push mode: one Prometheus text scrape of a server.
+
+        Returns False when the server is not in the pool. Malformed text raises
+        :class:`~kvc_router.errors.InvalidArgumentError` (a ``ValueError``) and
+        the previous snapshot is kept.
+        """
+        sid = _native._utf8(server_id, "server_id")
+        if isinstance(text, str):
+            body = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            body = bytes(text)
+        else:
+            raise TypeError(f"metrics text must be str or bytes, got {type(text).__name__}")
+        fl = self._flavor
+        if flavor is not None:
+            if flavor not in _native.METRICS_FLAVORS:
+                raise ConfigError(
+                    f"flavor: {flavor!r} (allowed: 'vllm', 'sglang')", key="flavor", allowed=("vllm", "sglang")
+                )
+            fl = _native.METRICS_FLAVORS[flavor]
+        return self._router.update_metrics(sid, body, fl)
+
+    def update_kv_events(self, server_id: str, payload: Any) -> bool:
+        """Push mode: one raw msgpack KVEventBatch (vLLM's ZMQ payload frame).
+
+        Returns False when the server is not in the pool; a malformed payload
+        raises :class:`~kvc_router.errors.InvalidArgumentError`.
+        """
+        sid = _native._utf8(server_id, "server_id")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        return self._router.update_events(sid, bytes(payload))
+
+    def acquire_server_detail(self, request_id: str, prompt_ids: Any = None) -> Dict[str, Any]:
+        """Like :meth:`acquire_server` but returns the decision details
+        (server, reason, score, load, hit blocks per tier, ...)."""
+        rid = _native._utf8(request_id, "request_id")
+        keep, addr, n = _native.pack_tokens(prompt_ids)
+        pin = -1
+        if self._full_determinism and self._view[0]:
+            pin = hash(request_id) % len(self._view[0])
+        d = self._router.acquire_detail(rid, addr, n, pin)
+        del keep
+        return d
+
+    def close(self) -> None:
+        """Stops the collectors and frees the native router. Idempotent."""
+        self._finalizer.detach()
+        if self._router.closed:
+            return
+        self._router.close()
+
+    def __enter__(self) -> KVCAwareBalancer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Re-reads the native pool order; callers hold ``_lock``."""
+        pool, gen = self._router.servers()
+        self._view = (tuple(pool), dict(self._handles), gen)
+
+    def _configure_events(self, sid: str, handle: Any) -> None:
+        """Gives the vllm_zmq collector a server's KV-event publishers: from the
+        config when listed there, else from ``handle.get_kv_events_endpoints()``."""
+        c = self._config.collector
+        if sid in c.endpoints or not c.use_handle_endpoints or handle is None:
+            return
+        eps = endpoints_from_handle(handle, c.handle_timeout_ms / 1000.0, c.topic)
+        if not eps:
+            return
+        try:
+            self._router.set_kv_endpoints(sid.encode("utf-8"), [e.native() for e in eps])
+        except NativeError as e:
+            logger.warning("[KVCAwareBalancer] server %s: KV-event endpoints rejected: %s", sid, e)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("KVCAwareBalancer instances cannot be pickled; create one per process (Ray actor)")
+
+
+def _id_bytes(server_id: Any) -> Optional[bytes]:
+    """UTF-8 bytes of a server id, or None for values no pool member can have."""
+    if not isinstance(server_id, str):
+        return None
+    try:
+        return server_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def _server_items(servers: Any) -> List[Tuple[str, Any]]:
+    if isinstance(servers, Mapping):
+        items = list(servers.items())
+    elif isinstance(servers, str):
+        items = [(servers, None)]
+    else:
+        try:
+            items = [(s, None) for s in servers]
+        except TypeError:
+            raise TypeError(f"servers must be a dict of server id -> handle, got {type(servers).__name__}") from None
+    for sid, _ in items:
+        if not isinstance(sid, str):
+            raise TypeError(f"server ids must be str, got {type(sid).__name__} {sid!r}")
+        if not sid:
+            raise ValueError("server ids must be non-empty strings")
+    return items
+
+
+def endpoints_from_handle(handle: Any, timeout_s: float = 5.0, topic: str = "") -> list:
+    """Asks a server handle for its KV-event publishers.
+
+    Works with plain objects and Ray actor handles (``.remote()`` then
+    ``ray.get`` with a timeout). The method returns ``[endpoint, replay,
+    publisher, topic]`` (or a list of those, one per DP rank); missing
+    methods, errors and non-zmq publishers give ``[]``.
+    """
+    try:
+        method = getattr(handle, "get_kv_events_endpoints", None)
+    except Exception:  # noqa: BLE001 - handles are arbitrary objects
+        return []
+    if method is None:
+        return []
+    try:
+        if hasattr(method, "remote"):
+            import ray
+
+            result = ray.get(method.remote(), timeout=timeout_s)
+        else:
+            result = method()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("[KVCAwareBalancer] get_kv_events_endpoints() failed: %s", e)
+        return []
+    if not result:
+        return []
+    entries = result if isinstance(result[0], (list, tuple)) else [result]
+    out = []
+    for entry in entries:
+        entry = list(entry) + [None] * 4
+        endpoint, replay, publisher, t = entry[:4]
+        if not endpoint or (publisher not in (None, "zmq")):
+            continue
+        try:
+            out.append(parse_endpoint({"endpoint": endpoint, "replay": replay, "topic": t or topic}, "endpoint"))
+        except ConfigError as e:
+            logger.warning("[KVCAwareBalancer] ignoring KV-event endpoint %r: %s", endpoint, e)
+    return out
+
+
+__all__ = ["KVCAwareBalancer", "DEFAULT_ROUTING_CACHE_SIZE", "endpoints_from_handle"]

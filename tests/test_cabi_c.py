@@ -1,0 +1,175 @@
+"""The C ABI from C: a program compiled with `cc` against cabi/kvcrouter.h and
+linked to the built library, plus the exported-symbol and glibc checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import REPO
+from kvc_router import _native
+
+HEADER_DIR = os.path.join(REPO, "cabi")
+
+C_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include "kvcrouter.h"
+
+static int fails = 0;
+#define CHECK(cond, what) do { if (!(cond)) { printf("FAIL %s (line %d)\n", what, __LINE__); fails++; } } while (0)
+
+static int expect(int32_t got, int32_t want, char *err, const char *needle, const char *what) {
+    int ok = got == want && (needle == NULL || (err != NULL && strstr(err, needle) != NULL));
+    if (!ok) { printf("FAIL %s: code %d want %d, err=%s\n", what, got, want, err ? err : "(null)"); fails++; }
+    kvr_free(err);
+    return ok;
+}
+
+#define EXPECT(call, want, e, needle, what) do { int32_t c_ = (call); expect(c_, want, e, needle, what); e = NULL; } while (0)
+
+int main(void) {
+    char *nothing = NULL;
+    char *err = NULL, *json = NULL, *server = NULL;
+    kvr_handle h = 0;
+    int32_t idx = -1, released = 0;
+    int64_t gen = 0, n = 0;
+
+    CHECK(kvr_abi_version() == KVR_ABI_VERSION, "abi version");
+    const char *bad = "{\"router\": {\"mode\": \"fast\"}}";
+    EXPECT(kvr_router_new(bad, (int64_t)strlen(bad), &h, &err), KVR_INVALID_CONFIG, err, "allowed: default, kvc_aware", "bad mode");
+    CHECK(h == 0, "no handle on error");
+    EXPECT(kvr_router_new("{", 1, &h, &err), KVR_INVALID_CONFIG, err, "invalid config JSON", "malformed JSON");
+    EXPECT(kvr_router_new(NULL, 4, &h, &err), KVR_INVALID_ARGUMENT, err, "NULL with length 4", "null config");
+
+    const char *cfg = "{\"router\": {\"mode\": \"kvc_aware\", \"max_prompt_tokens\": 4096}}";
+    EXPECT(kvr_router_new(cfg, (int64_t)strlen(cfg), &h, &err), KVR_OK, err, NULL, "new");
+    CHECK(h != 0, "handle");
+
+    int32_t tokens[64];
+    for (int i = 0; i < 64; i++) tokens[i] = i + 1;
+    EXPECT(kvr_acquire(h, "r", 1, tokens, 64, -1, NULL, 0, -1, &idx, &gen, &server, NULL, &err),
+           KVR_NO_SERVERS, err, "No available servers in load balancer", "empty pool");
+
+    const char *ids = "[\"10.0.0.1:8000\", \"10.0.0.2:8000\"]";
+    EXPECT(kvr_add_servers(h, ids, (int64_t)strlen(ids), &gen, &err), KVR_OK, err, NULL, "add");
+    EXPECT(kvr_acquire(h, "r", 1, tokens, 64, -1, NULL, 0, -1, &idx, &gen, &server, &json, &err), KVR_OK, err, NULL, "acquire");
+    CHECK(idx == 0 && server != NULL && strcmp(server, "10.0.0.1:8000") == 0, "acquire result");
+    CHECK(json != NULL && strstr(json, "\"reason\":\"scored\"") != NULL, "decision json");
+    kvr_free(json); json = NULL;
+    /* A known generation suppresses the string. */
+    kvr_free(server); server = NULL;
+    EXPECT(kvr_acquire(h, "r", 1, tokens, 64, -1, NULL, 0, gen, &idx, &gen, &server, NULL, &err), KVR_OK, err, NULL, "sticky");
+    CHECK(server == NULL && idx == 0, "no string when generation is known");
+    EXPECT(kvr_acquire(h, "p", 1, NULL, 0, 1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_OK, err, NULL, "pinned");
+    CHECK(idx == 1, "pin selects index 1");
+
+    EXPECT(kvr_acquire(h, NULL, 3, tokens, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "request_id is NULL", "null id");
+    EXPECT(kvr_acquire(h, "r", -1, tokens, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "negative", "negative id length");
+    EXPECT(kvr_acquire(h, "\xff\xfe", 2, tokens, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "UTF-8", "invalid UTF-8");
+    EXPECT(kvr_acquire(h, "r", 1, NULL, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "token array is NULL", "null tokens");
+    EXPECT(kvr_acquire(h, "r", 1, tokens, -64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "negative", "negative tokens");
+    EXPECT(kvr_acquire(h, "r", 1, tokens, 4097, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "max_prompt_tokens (4096)", "oversized");
+    EXPECT(kvr_acquire(h, "r", 1, tokens, 1, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, NULL), KVR_OK, nothing, NULL, "err may be NULL");
+
+    EXPECT(kvr_release(h, "10.0.0.1:8000", 13, &released, &err), KVR_OK, err, NULL, "release");
+    CHECK(released == 1, "released");
+    EXPECT(kvr_release(h, "nope", 4, &released, &err), KVR_OK, err, NULL, "release unknown");
+    CHECK(released == 0, "unknown is a no-op");
+    EXPECT(kvr_inflight(h, "10.0.0.1:8000", 13, &n, &err), KVR_OK, err, NULL, "inflight");
+    CHECK(n == 2, "inflight count");
+    EXPECT(kvr_total_inflight(h, &n, &err), KVR_OK, err, NULL, "total");
+    CHECK(n == 3, "total inflight");
+    EXPECT(kvr_total_inflight(h, NULL, &err), KVR_INVALID_ARGUMENT, err, "out is NULL", "null out");
+
+    const char *metrics = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 2.0\n";
+    EXPECT(kvr_update_metrics(h, "10.0.0.2:8000", 13, metrics, (int64_t)strlen(metrics), KVR_METRICS_VLLM, &err), KVR_OK, err, NULL, "metrics");
+    EXPECT(kvr_update_metrics(h, "10.0.0.9:8000", 13, metrics, (int64_t)strlen(metrics), KVR_METRICS_VLLM, &err), KVR_NOT_FOUND, err, "not in the pool", "metrics unknown server");
+    EXPECT(kvr_update_metrics(h, "10.0.0.2:8000", 13, "x{", 2, KVR_METRICS_VLLM, &err), KVR_INVALID_ARGUMENT, err, NULL, "bad metrics");
+    EXPECT(kvr_update_metrics(h, "10.0.0.2:8000", 13, metrics, 10, 7, &err), KVR_INVALID_ARGUMENT, err, "flavor", "bad flavor");
+    const unsigned char junk[3] = {0xc1, 0xc1, 0xc1};
+    EXPECT(kvr_update_events(h, "10.0.0.2:8000", 13, junk, 3, &err), KVR_INVALID_ARGUMENT, err, "KV events", "bad events");
+    EXPECT(kvr_set_kv_endpoints(h, "10.0.0.2:8000", 13, "[]", 2, &err), KVR_INVALID_CONFIG, err, "no vllm_zmq", "endpoints without zmq");
+
+    EXPECT(kvr_status(h, &json, &err), KVR_OK, err, NULL, "status");
+    CHECK(json && strstr(json, "\"mode\":\"kvc_aware\"") && strstr(json, "\"pool\":[\"10.0.0.1:8000\",\"10.0.0.2:8000\"]"), "status json");
+    kvr_free(json); json = NULL;
+    EXPECT(kvr_servers(h, &json, &gen, &err), KVR_OK, err, NULL, "servers");
+    CHECK(json && strcmp(json, "[\"10.0.0.1:8000\",\"10.0.0.2:8000\"]") == 0, "servers json");
+    kvr_free(json); json = NULL;
+    EXPECT(kvr_clear_sticky(h, &json, &err), KVR_OK, err, NULL, "clear sticky");
+    CHECK(json && strstr(json, "\"cleared_entries\":2") && strstr(json, "{\"id\":\"10.0.0.1:8000\",\"inflight\":2}"), "clear json");
+    kvr_free(json); json = NULL;
+    EXPECT(kvr_reset_cache(h, &err), KVR_OK, err, NULL, "reset");
+    EXPECT(kvr_remove_servers(h, "[\"10.0.0.1:8000\"]", 17, &gen, &err), KVR_OK, err, NULL, "remove");
+    EXPECT(kvr_add_servers(h, "[1]", 3, &gen, &err), KVR_INVALID_ARGUMENT, err, "JSON array of strings", "bad ids");
+    EXPECT(kvr_debug_panic(h, 0, &err), KVR_INVALID_STATE, err, "disabled", "debug panic disabled");
+
+    EXPECT(kvr_router_close(h, &err), KVR_OK, err, NULL, "close");
+    EXPECT(kvr_router_close(h, &err), KVR_INVALID_STATE, err, "invalid or closed", "double close");
+    EXPECT(kvr_total_inflight(h, &n, &err), KVR_INVALID_STATE, err, "invalid or closed", "use after close");
+    EXPECT(kvr_total_inflight(0, &n, &err), KVR_INVALID_ARGUMENT, err, "invalid handle 0", "handle 0");
+    kvr_free(NULL);
+    printf(fails ? "FAILED %d\n" : "ALL OK\n", fails);
+    return fails != 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib_path():
+    return _native.library_path()
+
+
+def test_c_program(tmp_path, lib_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    src = tmp_path / "abi_test.c"
+    src.write_text(C_PROGRAM)
+    exe = tmp_path / "abi_test"
+    libdir = os.path.dirname(lib_path)
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-Wall",
+            "-Werror",
+            "-I",
+            HEADER_DIR,
+            str(src),
+            "-o",
+            str(exe),
+            lib_path,
+            f"-Wl,-rpath,{libdir}",
+        ],
+        check=True,
+    )
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ALL OK"), out.stdout + out.stderr
+
+
+def _exports(lib_path):
+    out = subprocess.run(["nm", "-D", "--defined-only", lib_path], capture_output=True, text=True, check=True).stdout
+    return sorted({line.split()[-1] for line in out.splitlines() if line.strip()})
+
+
+def test_only_kvr_symbols_exported(lib_path):
+    if not shutil.which("nm"):
+        pytest.skip("no nm")
+    exports = _exports(lib_path)
+    assert exports and all(s.startswith("kvr_") for s in exports), [s for s in exports if not s.startswith("kvr_")]
+    with open(os.path.join(HEADER_DIR, "kvcrouter.h")) as f:
+        declared = sorted(set(re.findall(r"^\S.*?\b(kvr_\w+)\(", f.read(), re.M)))
+    assert exports == declared
+
+
+def test_glibc_requirement_matches_wheel_tag(lib_path):
+    if not shutil.which("objdump"):
+        pytest.skip("no objdump")
+    out = subprocess.run(["objdump", "-T", lib_path], capture_output=True, text=True, check=True).stdout
+    versions = sorted({tuple(map(int, v)) for v in re.findall(r"GLIBC_(\d+)\.(\d+)", out)})
+    assert versions and versions[-1] <= (2, 34), versions[-1]

@@ -1,0 +1,274 @@
+"""Configuration: the upstream block loads verbatim in every accepted shape,
+packaged defaults, translation to the native JSON, and ConfigError cases."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvc_router import ConfigError, KVCAwareBalancer, load_router_config
+from kvc_router.config import KVCAwareStrategyConfig, LeastInflightStrategyConfig, packaged_config_path
+
+UPSTREAM_YAML = """\
+router:
+  type: kvc_aware
+  config:
+    strategies:
+      - _target_: verl.workers.rollout.llm_router.config.strategy.KVCAwareStrategyConfig
+        alpha: 0.7
+        load_threshold: 0.9
+        layer_weights: {gpu: 0.7, cpu: 0.2, ssd: 0.1}
+        collector_names: [vllm_polling]
+        weight: 1.0
+    sticky_max_size: 10000
+"""
+
+
+@pytest.fixture
+def upstream():
+    import yaml
+
+    return yaml.safe_load(UPSTREAM_YAML)
+
+
+def _check_upstream(cfg):
+    assert cfg.type == "kvc_aware"
+    assert cfg.sticky_max_size == 10000
+    (s,) = cfg.strategies
+    assert isinstance(s, KVCAwareStrategyConfig)
+    assert (s.alpha, s.load_threshold, s.weight) == (0.7, 0.9, 1.0)
+    assert dict(s.layer_weights) == {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}
+    assert cfg.collector_names == ("vllm_metrics",)
+    native = cfg.native()
+    assert native["router"]["mode"] == "kvc_aware"
+    assert native["router"]["strategies"] == [
+        {
+            "name": "kvc_aware",
+            "weight": 1.0,
+            "params": {"alpha": 0.7, "load_threshold": 0.9, "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}},
+        }
+    ]
+    assert native["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
+
+
+def test_upstream_block_every_shape(upstream, tmp_path):
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "router.yaml"
+    path.write_text(UPSTREAM_YAML)
+    for source in (
+        upstream,
+        upstream["router"],
+        upstream["router"]["config"],
+        str(path),
+        path,
+        OmegaConf.create(upstream),
+        OmegaConf.create(upstream)["router"],
+    ):
+        _check_upstream(load_router_config(source))
+
+
+def test_packaged_defaults():
+    d = load_router_config(None)
+    assert d.type == "default" and d.collector_names == ()
+    assert d.native(sticky_default=123)["router"] == {
+        "mode": "default",
+        "sticky_max_size": 123,
+        "strategies": [{"name": "least_inflight", "weight": 1.0}],
+    }
+    k = load_router_config("kvc_aware")
+    assert k.type == "kvc_aware" and k.collector_names == ("vllm_metrics",)
+    assert load_router_config({"type": "kvc_aware"}) == k
+    assert load_router_config({"router": {"type": "default"}}) == d
+    assert packaged_config_path("kvc_aware").endswith("configs/kvc_aware.yaml")
+
+
+def test_full_translation():
+    cfg = load_router_config(
+        {
+            "type": "kvc_aware",
+            "config": {
+                "strategies": [
+                    {"name": "kvc_aware", "alpha": 0.5, "collector_names": ["vllm_zmq", "vllm_metrics"]},
+                    {"_target_": "kvc_router.config.LeastInflightStrategyConfig", "weight": 0.5},
+                ],
+                "block_size": 32,
+                "model": "m",
+                "speculate": False,
+                "max_prompt_tokens": 65536,
+                "max_procs": 2,
+                "servers": {"a:1": {"block_size": 16, "events": False}},
+                "index": {"max_entries": 1000},
+                "load": {"max_num_seqs": 64},
+                "collector": {
+                    "interval_ms": 250,
+                    "unhealthy_after": 5,
+                    "urls": {"a:1": "http://a:1/m"},
+                    "endpoints": {"a:1": ["a:5557", {"endpoint": "tcp://a:5558", "replay": "a:5559"}]},
+                    "topic": "kv-event",
+                    "replay_timeout_ms": 100,
+                },
+            },
+        }
+    )
+    assert isinstance(cfg.strategies[1], LeastInflightStrategyConfig)
+    n = cfg.native()
+    r = n["router"]
+    assert r["block_size"] == 32 and r["model"] == "m" and r["speculate"] is False
+    assert r["servers"] == {"a:1": {"block_size": 16, "events": False}}
+    assert r["load"] == {"max_num_seqs": 64, "unhealthy_after": 5} and r["index"] == {"max_entries": 1000}
+    assert n["max_procs"] == 2
+    zmq, met = n["collectors"]["collectors"]
+    assert zmq == {
+        "name": "vllm_zmq",
+        "replay_timeout_ms": 100,
+        "endpoints": {
+            "a:1": [
+                {"endpoint": "tcp://a:5557", "topic": "kv-event"},
+                {"endpoint": "tcp://a:5558", "replay": "tcp://a:5559", "topic": "kv-event"},
+            ]
+        },
+    }
+    assert met == {"name": "vllm_metrics", "interval_ms": 250, "urls": {"a:1": "http://a:1/m"}}
+    # The library accepts it.
+    KVCAwareBalancer({"a:1": None}, router_config=cfg).close()
+
+
+def _mut(upstream, path, value):
+    u = copy.deepcopy(upstream)
+    node = u
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return u
+
+
+S0 = ("router", "config", "strategies", 0)
+
+
+@pytest.mark.parametrize(
+    "path, value, key, match",
+    [
+        (S0 + ("_target_",), "os.system", "router.config.strategies[0]._target_", "not an allowed strategy"),
+        (S0 + ("_target_",), "builtins.eval", "router.config.strategies[0]._target_", "allowed: "),
+        (S0 + ("alpha",), 1.5, "router.config.strategies[0].alpha", r"in \[0.0, 1.0\]"),
+        (S0 + ("alpha",), "0.7", "router.config.strategies[0].alpha", "must be a number"),
+        (S0 + ("alpha",), True, "router.config.strategies[0].alpha", "must be a number"),
+        (S0 + ("load_threshold",), 0, "router.config.strategies[0].load_threshold", r"\(0.0, 1.0\]"),
+        (S0 + ("weight",), -1.0, "router.config.strategies[0].weight", "must be in"),
+        (
+            S0 + ("layer_weights",),
+            {"gpu": 0.5, "nvme": 0.5},
+            "router.config.strategies[0].layer_weights.nvme",
+            "allowed: 'gpu', 'cpu', 'ssd'",
+        ),
+        (S0 + ("layer_weights",), [0.7], "router.config.strategies[0].layer_weights", "mapping"),
+        (
+            S0 + ("collector_names",),
+            ["vllm_pollin"],
+            "router.config.strategies[0].collector_names[0]",
+            "allowed: 'vllm_metrics', 'vllm_polling', 'sglang_metrics', 'vllm_zmq'",
+        ),
+        (S0 + ("colector_names",), [], "router.config.strategies[0].colector_names", "unknown key"),
+        (("router", "config", "sticky_max_size"), -5, "router.config.sticky_max_size", "must be in"),
+        (("router", "config", "sticky_max_size"), 10.5, "router.config.sticky_max_size", "must be an integer"),
+        (("router", "config", "strategies"), [], "router.config.strategies", "at least one strategy"),
+        (("router", "config", "strategies"), "kvc_aware", "router.config.strategies", "must be a list"),
+        (("router", "config", "cache_size"), 1, "router.config.cache_size", "unknown key"),
+        (("router", "type"), "round_robin", "router.type", "allowed: 'default', 'kvc_aware'"),
+        (("router", "config", "collector"), {"interval_ms": -1}, "router.config.collector.interval_ms", "must be in"),
+        (
+            ("router", "config", "collector"),
+            {"endpoints": {"s": "http://x:1"}},
+            "router.config.collector.endpoints['s'][0]",
+            "allowed schemes",
+        ),
+        (("router", "config", "max_prompt_tokens"), 0, "router.config.max_prompt_tokens", "must be in"),
+        (("router", "config", "metrics_flavor"), "tgi", "router.config.metrics_flavor", "'vllm', 'sglang'"),
+        (("router", "extra"), 1, "router.extra", "unknown key"),
+    ],
+)
+def test_config_errors(upstream, path, value, key, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_router_config(_mut(upstream, path, value))
+    assert info.value.key == key
+    assert key in str(info.value)
+
+
+def test_other_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="neither a router type"):
+        load_router_config("kvc")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_router_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("router: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_router_config(str(bad))
+    with pytest.raises(ConfigError, match="must be a dict"):
+        load_router_config(42)
+    with pytest.raises(ConfigError, match="type 'default' routes by least in-flight only"):
+        load_router_config({"type": "default", "config": {"strategies": [{"name": "kvc_aware"}]}})
+    with pytest.raises(ConfigError, match="contradicts"):
+        load_router_config(
+            {"strategies": [{"name": "least_inflight", "_target_": "kvc_router.config.KVCAwareStrategyConfig"}]}
+        )
+    with pytest.raises(ConfigError, match="needs '_target_'"):
+        load_router_config({"strategies": [{"alpha": 0.5}]})
+    for kwargs, key in [
+        ({"max_cache_size": -1}, "max_cache_size"),
+        ({"max_cache_size": 0}, "max_cache_size"),
+        ({"max_cache_size": "10"}, "max_cache_size"),
+        ({"full_determinism": 1}, "full_determinism"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            KVCAwareBalancer({}, **kwargs)
+        assert info.value.key == key
+
+
+def test_sticky_size_precedence():
+    b = KVCAwareBalancer({"s0": None}, max_cache_size=7)
+    assert b.get_status()["router"]["sticky_max_size"] == 7
+    b.close()
+    b = KVCAwareBalancer(
+        {"s0": None}, max_cache_size=7, router_config={"strategies": [{"name": "kvc_aware"}], "sticky_max_size": 9}
+    )
+    assert b.get_status()["router"]["sticky_max_size"] == 9
+    b.close()
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=6))
+_keys = st.sampled_from(
+    [
+        "router",
+        "type",
+        "config",
+        "strategies",
+        "_target_",
+        "alpha",
+        "weight",
+        "collector",
+        "sticky_max_size",
+        "layer_weights",
+        "gpu",
+        "name",
+        "collector_names",
+        "endpoints",
+        "x",
+    ]
+)
+_trees = st.recursive(
+    _scalars, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(_keys, c, max_size=4)), max_leaves=12
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_trees)
+def test_arbitrary_input_never_crashes(tree):
+    try:
+        cfg = load_router_config(tree) if isinstance(tree, dict) else None
+    except ConfigError:
+        return
+    if cfg is not None:
+        cfg.native()

@@ -1,0 +1,256 @@
+"""kvc_aware routing through Ray: pushed metrics and KV events steer a prompt
+to the server holding its prefix; overload breaks stickiness; a removed server
+is never returned; real HTTP polling and a real ZMQ subscription feed it too."""
+
+from __future__ import annotations
+
+import http.server
+import random
+import struct
+import threading
+import time
+
+import pytest
+from conftest import KVC_NO_COLLECTORS
+from vllm_fixtures import block_stored, event_batch, metrics_text
+
+SERVERS = {"s0": None, "s1": None, "s2": None}
+
+
+def prompt(seed, n=512):
+    rng = random.Random(seed)
+    return [rng.randrange(1, 150_000) for _ in range(n)]
+
+
+def push_idle_metrics(ray, lb, ids):
+    ray.get([lb.update_metrics.remote(sid, metrics_text()) for sid in ids])
+
+
+@pytest.fixture
+def kvc_lb(ray_cluster, make_actor):
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=KVC_NO_COLLECTORS)
+    push_idle_metrics(ray_cluster, lb, SERVERS)
+    return lb
+
+
+def test_prompt_goes_to_prefix_holder(ray_cluster, kvc_lb):
+    ray, lb = ray_cluster, kvc_lb
+    p = prompt(1)
+    assert ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
+    sid, _ = ray.get(lb.acquire_server.remote(request_id="grpo-0", prompt_ids=p))
+    assert sid == "s2"
+    # A GRPO sibling (new request id, same prompt) follows it.
+    assert ray.get(lb.acquire_server.remote(request_id="grpo-1", prompt_ids=p))[0] == "s2"
+    # An unrelated prompt is placed by load, away from the busy holder.
+    assert ray.get(lb.acquire_server.remote(request_id="other", prompt_ids=prompt(2)))[0] != "s2"
+    d = ray.get(lb.acquire_server_detail.remote(request_id="grpo-2", prompt_ids=p))
+    assert (
+        d["server"] == "s2" and d["hit_blocks"][0] >= 24 and d["hittable_blocks"] == 31
+    )  # the last token is never a cache hit
+    status = ray.get(lb.get_status.remote())
+    assert status["router"]["mode"] == "kvc_aware"
+    assert status["router"]["collectors"]["push_events"]["stored_blocks"] == 24
+
+
+def test_prompt_ids_containers(ray_cluster, kvc_lb):
+    import array
+
+    import numpy as np
+
+    ray, lb = ray_cluster, kvc_lb
+    p = prompt(3, 256)
+    ray.get(lb.update_kv_events.remote("s1", event_batch(block_stored(p))))
+    for i, form in enumerate(
+        [p, tuple(p), array.array("i", p), np.asarray(p, dtype=np.int64), np.asarray(p, dtype=np.int32)]
+    ):
+        assert ray.get(lb.acquire_server.remote(request_id=f"c{i}", prompt_ids=form))[0] == "s1"
+
+
+def test_overload_breaks_stickiness(ray_cluster, kvc_lb):
+    ray, lb = ray_cluster, kvc_lb
+    p = prompt(4)
+    ray.get(lb.update_kv_events.remote("s1", event_batch(block_stored(p))))
+    assert ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0] == "s1"
+    assert ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0] == "s1"  # sticky
+    # s1 saturates: full KV cache and a long queue.
+    ray.get(lb.update_metrics.remote("s1", metrics_text(running=256, waiting=512, kv_usage=1.0)))
+    moved = ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0]
+    assert moved != "s1"
+    counters = ray.get(lb.get_status.remote())["router"]["counters"]
+    assert counters["sticky_broken"] == 1
+    # The new binding sticks.
+    assert ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0] == moved
+
+
+def test_default_mode_ignores_overload(ray_cluster, make_actor):
+    ray = ray_cluster
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, full_determinism=False)
+    assert ray.get(lb.acquire_server.remote(request_id="conv"))[0] == "s0"
+    ray.get(lb.update_metrics.remote("s0", metrics_text(running=256, waiting=512, kv_usage=1.0)))
+    assert ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=[1, 2, 3]))[0] == "s0"
+
+
+def test_removed_server_never_returned(ray_cluster, kvc_lb):
+    ray, lb = ray_cluster, kvc_lb
+    p = prompt(5)
+    ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p))))
+    assert ray.get(lb.acquire_server.remote(request_id="bound", prompt_ids=p))[0] == "s2"
+    ray.get(lb.remove_servers.remote(server_ids=["s2"]))
+    got = ray.get([lb.acquire_server.remote(request_id=f"r{i % 7}", prompt_ids=p) for i in range(40)])
+    got += ray.get([lb.acquire_server.remote(request_id="bound", prompt_ids=p) for _ in range(5)])
+    assert {sid for sid, _ in got} <= {"s0", "s1"}
+    assert ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p)))) is False
+    assert ray.get(lb.update_metrics.remote("s2", metrics_text())) is False
+    assert "s2" not in ray.get(lb.get_status.remote())["servers"]
+
+
+def test_reset_prefix_index(ray_cluster, kvc_lb):
+    ray, lb = ray_cluster, kvc_lb
+    p = prompt(6)
+    ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p))))
+    ray.get(lb.reset_prefix_index.remote())
+    d = ray.get(lb.acquire_server_detail.remote(request_id="after-reset", prompt_ids=p))
+    assert d["hit_blocks"] == [0, 0, 0]
+    assert d["server"] == "s0"
+
+
+def test_malformed_pushes_keep_serving(ray_cluster, kvc_lb):
+    ray, lb = ray_cluster, kvc_lb
+    bad = [
+        ("metrics", 'vllm:num_requests_running{engine="0" 3.0\n'),
+        ("metrics", '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} abc\n'),
+        ("events", b"\xc1\xc1\xc1"),
+        ("events", b"\x93\x01"),  # truncated array
+        ("events", event_batch(["BlockStored", [1, 2], None, [1] * 16, 16, None, "GPU"])[:-3]),
+    ]
+    for kind, payload in bad:
+        call = (
+            lb.update_metrics.remote("s0", payload) if kind == "metrics" else lb.update_kv_events.remote("s0", payload)
+        )
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(call)
+        assert isinstance(info.value, ValueError), info.value
+        assert "s0" in str(info.value)
+    assert ray.get(lb.acquire_server.remote(request_id="still-ok", prompt_ids=[1, 2, 3]))[0] in SERVERS
+
+
+# ---------------------------------------------------------------------------
+# Live collectors: HTTP /metrics polling and a ZMQ KV-event subscription.
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    body = metrics_text(running=1).encode()
+
+    def do_GET(self):  # noqa: N802
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+UPSTREAM_BLOCK = {
+    "router": {
+        "type": "kvc_aware",
+        "config": {
+            "strategies": [
+                {
+                    "_target_": "verl.workers.rollout.llm_router.config.strategy.KVCAwareStrategyConfig",
+                    "alpha": 0.7,
+                    "load_threshold": 0.9,
+                    "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
+                    "collector_names": ["vllm_polling"],
+                    "weight": 1.0,
+                }
+            ],
+            "sticky_max_size": 10000,
+        },
+    }
+}
+
+
+def _wait(pred, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    return pred()
+
+
+def test_upstream_block_polls_metrics(ray_cluster, make_actor, metrics_server):
+    ray = ray_cluster
+    lb = make_actor(servers={metrics_server: None}, max_cache_size=10000, router_config=UPSTREAM_BLOCK)
+
+    def scraped():
+        st = ray.get(lb.get_status.remote())["router"]
+        return st["servers"][0]["load"]["has_metrics"] and st
+
+    st = _wait(scraped)
+    assert st, "the vllm_polling collector never scraped the metrics server"
+    assert st["servers"][0]["running"] == 1
+    targets = st["collectors"]["collectors"]["vllm_metrics"]
+    assert targets[0]["server"] == metrics_server and targets[0]["scrapes"] >= 1
+    assert ray.get(lb.acquire_server.remote(request_id="r", prompt_ids=[1] * 32))[0] == metrics_server
+
+
+def test_zmq_events_from_ray_handle(ray_cluster, make_actor):
+    zmq = pytest.importorskip("zmq")
+    ray = ray_cluster
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+
+    @ray.remote(num_cpus=0)
+    class FakeVLLMServer:
+        def get_kv_events_endpoints(self):
+            return [f"127.0.0.1:{port}", None, "zmq", "kv-event"]
+
+    handle = FakeVLLMServer.remote()
+    cfg = {
+        "type": "kvc_aware",
+        "config": {
+            "strategies": [{"_target_": "kvc_router.config.KVCAwareStrategyConfig", "collector_names": ["vllm_zmq"]}],
+        },
+    }
+    lb = make_actor(servers={"s0": None, "s1": handle}, max_cache_size=10000, router_config=cfg)
+    push_idle_metrics(ray, lb, ["s0", "s1"])
+    p = prompt(7)
+    payload = event_batch(block_stored(p))
+    seq = 0
+
+    def applied():
+        nonlocal seq
+        pub.send_multipart([b"kv-event", struct.pack(">Q", seq), payload])
+        seq += 1
+        st = ray.get(lb.get_status.remote())["router"]
+        subs = st["collectors"]["collectors"].get("vllm_zmq") or []
+        return any(s["events"]["stored_blocks"] > 0 for s in subs) and subs
+
+    try:
+        subs = _wait(applied)
+        assert subs, "the vllm_zmq collector never applied a published batch"
+        assert subs[0]["server"] == "s1" and subs[0]["endpoint"] == f"tcp://127.0.0.1:{port}"
+        push_idle_metrics(ray, lb, ["s0", "s1"])
+        assert ray.get(lb.acquire_server.remote(request_id="z", prompt_ids=p))[0] == "s1"
+    finally:
+        ray.kill(lb)
+        pub.close(linger=0)
+        ray.kill(handle)
