@@ -41,7 +41,7 @@ func stored(hashes []uint64, parent *uint64, tokens []int32, medium, lora string
 
 func hit(t *testing.T, r *router.Router, tokens []int32, lora string) (string, int) {
 	t.Helper()
-	d, err := r.Acquire(router.Request{ID: "", Tokens: tokens, Pin: -1, Lora: lora})
+	d, err := r.Acquire(router.Request{Tokens: tokens, Pin: -1, Lora: lora, Probe: true})
 	if err != nil {
 		t.Fatal(err)
 	}

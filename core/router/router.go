@@ -50,6 +50,10 @@ type Request struct {
 	Pin int
 	// Lora names the adapter, part of the key namespace.
 	Lora string
+	// Probe neither reads nor writes a sticky binding (what-if queries,
+	// tests). Every other request, even with an empty ID, is bound as
+	// verl binds it.
+	Probe bool
 }
 
 // Decision explains one routing choice.
@@ -376,7 +380,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 		r.keys[k] = r.keys[k][:0]
 	}
 	var bound *server
-	if req.ID != "" && r.sticky.Contains(req.ID) {
+	if !req.Probe && r.sticky.Contains(req.ID) {
 		sid, _ := r.sticky.Get(req.ID) // a read refreshes recency, as cachetools does
 		if s, ok := r.byID[sid]; ok {
 			bound = s
@@ -395,7 +399,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	}
 	if bound == nil && req.Pin >= 0 {
 		s := r.pool[req.Pin%len(r.pool)]
-		r.bind(req.ID, s.id)
+		r.bind(req, s.id)
 		r.counters.Pinned++
 		if r.speculate {
 			r.speculateOn(s, req, 0)
@@ -429,14 +433,14 @@ func (r *Router) decide(req *Request) (Decision, error) {
 		r.counters.Scored++
 	}
 	d := r.decision(best, reason, n)
-	r.bind(req.ID, d.Server)
+	r.bind(req, d.Server)
 	r.speculateOn(r.byID[d.Server], req, r.cands[best].Hit.Blocks)
 	return d, nil
 }
 
-func (r *Router) bind(reqID, server string) {
-	if reqID != "" {
-		r.sticky.Add(reqID, server)
+func (r *Router) bind(req *Request, server string) {
+	if !req.Probe {
+		r.sticky.Add(req.ID, server)
 	}
 }
 

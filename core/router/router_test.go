@@ -454,3 +454,17 @@ func TestStatusReportsState(t *testing.T) {
 		t.Fatalf("index %+v", st.Index)
 	}
 }
+
+func TestEmptyRequestIDIsBoundLikeVerl(t *testing.T) {
+	r := mustNew(t, Config{}, "s0", "s1")
+	if s := acq(t, r, ""); s != "s0" {
+		t.Fatal(s)
+	}
+	if s := acq(t, r, ""); s != "s0" {
+		t.Fatalf("empty id not sticky: %s", s)
+	}
+	d, _ := r.Acquire(Request{Pin: -1, Probe: true})
+	if d.Server != "s1" || r.Status().StickySize != 1 {
+		t.Fatalf("probe must neither read nor write bindings: %+v", d)
+	}
+}
