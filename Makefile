@@ -14,7 +14,7 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py bench demo fuzz lint venv clean
+.PHONY: help build lib wheel test test-go test-py bench demo overhead gpu-validate fuzz lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -23,6 +23,8 @@ help:
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
+	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
+	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
 	@echo "lint   - gofmt, go vet, ruff"
 
@@ -68,10 +70,14 @@ $(VENV)/.stamp: pyproject.toml setup.py
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./core/...
 
-demo:
-	@if [ ! -f scripts/demo.py ]; then echo "demo: not landed yet (issue 6)"; exit 1; fi
-	$(MAKE) build venv
-	$(PY) scripts/demo.py
+demo: venv build $(PYLIB)
+	$(PY) scripts/demo.py $(DEMO_ARGS)
+
+overhead: venv build $(PYLIB)
+	$(PY) scripts/overhead.py
+
+gpu-validate: venv build $(PYLIB)
+	bash scripts/gpu-validate.sh $(GPU_VALIDATE_ARGS)
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
