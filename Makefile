@@ -3,6 +3,7 @@ SHELL      := /bin/bash
 GO         ?= go
 PYTHON     ?= python3
 VENV       ?= .venv
+VENV_VERL  ?= .venv-verl
 PY         := $(VENV)/bin/python
 BIN        := bin
 LIB        := build/libkvcrouter.so
@@ -14,13 +15,14 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py bench demo overhead gpu-validate fuzz lint venv clean
+.PHONY: help build lib wheel test test-go test-py test-verl bench demo overhead gpu-validate fuzz lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
 	@echo "lib    - $(LIB) (cgo c-shared) and its header"
 	@echo "wheel  - the kvc-router platform wheel into dist/"
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
+	@echo "test-verl    - a separate venv with the published verl 0.9.1 (CPU) + tests/verl"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
@@ -58,6 +60,11 @@ test-go:
 
 test-py: venv $(PYLIB) build
 	$(PY) -m pytest -q tests
+
+# verl 0.9.1 from PyPI in its own venv (torch is PyPI's CUDA build; no GPU is used).
+test-verl: $(PYLIB) build
+	VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
+	$(VENV_VERL)/bin/python -m pytest -q tests/verl
 
 venv: $(VENV)/.stamp
 

@@ -5,6 +5,9 @@
   the linker version script cabi/kvcrouter.map, writing
   python/kvc_router/libkvcrouter.so. Set ``KVC_ROUTER_SKIP_GO_BUILD=1`` to
   package an existing library instead (it must already be there).
+* ``kvc_router_verl.pth`` goes to the root of the wheel (site-packages once
+  installed): it imports ``_kvc_router_verl_boot``, the verl post-import hook
+  (see python/kvc_router/verl_hook.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
 * The wheel is ``py3-none-<platform>``: one wheel serves every CPython (ctypes,
   no CPython ABI). On Linux the platform tag is ``manylinux_2_<N>_<arch>``
   where 2.<N> is the newest GLIBC_ symbol version the built library needs
@@ -94,10 +97,24 @@ def platform_tag() -> str:
     return get_platform().replace("-", "_").replace(".", "_")  # pragma: no cover
 
 
+PTH = os.path.join(ROOT, "python", "kvc_router_verl.pth")
+
+
 class BuildPyWithGo(build_py):
     def run(self) -> None:
         build_library()
         super().run()
+        # The verl post-import hook: a .pth at the root of site-packages
+        # (imports _kvc_router_verl_boot). Editable installs do not get it;
+        # `python -m kvc_router.verl_hook install` writes it by hand.
+        if not getattr(self, "editable_mode", False):
+            self.copy_file(PTH, os.path.join(self.build_lib, os.path.basename(PTH)))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        outputs = super().get_outputs(include_bytecode)
+        if not getattr(self, "editable_mode", False):
+            outputs.append(os.path.join(self.build_lib, os.path.basename(PTH)))
+        return outputs
 
 
 class PlatformWheel(bdist_wheel):

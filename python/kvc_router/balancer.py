@@ -43,6 +43,12 @@ class KVCAwareBalancer:
         ``None`` (verl's default behaviour), ``"kvc_aware"``, a dict, an
         OmegaConf ``DictConfig``, a YAML path or a :class:`RouterConfig`; see
         :mod:`kvc_router.config`.
+
+    verl >= 0.9.1's ``rollout.router_config_path`` route creates the actor
+    with ``ray.remote(cls).remote(servers, yaml_dict)``: a mapping given as the
+    second positional argument is taken as ``router_config`` (its
+    ``router_class`` key is ignored; a YAML naming only the class selects the
+    packaged ``kvc_aware`` defaults).
     """
 
     def __init__(
@@ -52,6 +58,11 @@ class KVCAwareBalancer:
         full_determinism: bool = False,
         router_config: Any = None,
     ) -> None:
+        if router_config is None and _is_mapping(max_cache_size):
+            # ray.remote(cls).remote(servers, yaml_config): verl's plugin route.
+            router_config, max_cache_size = max_cache_size, DEFAULT_ROUTING_CACHE_SIZE
+            if "router_class" in router_config and len(router_config) == 1:
+                router_config = "kvc_aware"
         if isinstance(max_cache_size, bool) or not isinstance(max_cache_size, int) or max_cache_size < 1:
             raise ConfigError(
                 f"max_cache_size must be a positive integer, got {max_cache_size!r}",
@@ -104,8 +115,18 @@ class KVCAwareBalancer:
             return sid, handles.get(sid)
         return sid, self._handles.get(sid)  # the pool changed concurrently
 
-    def release_server(self, server_id: str, **kwargs: Any) -> None:
-        """Counts one request finished; unknown ids and zero counts are ignored."""
+    def require_acquire_fields(self) -> List[str]:
+        """verl >= 0.9.1: ``generate()`` kwargs the client must send with
+        ``acquire_server`` (only ``prompt_ids``, and only in kvc_aware mode)."""
+        return ["prompt_ids"] if self._uses_prompt else []
+
+    def require_release_fields(self) -> List[str]:
+        """verl >= 0.9.1: release counts by server id; nothing else is needed."""
+        return []
+
+    def release_server(self, server_id: str, request_id: Optional[str] = None, **kwargs: Any) -> None:
+        """Counts one request finished; unknown ids and zero counts are ignored.
+        ``request_id`` (verl >= 0.9.1) and other keywords are accepted and unused."""
         sid = _id_bytes(server_id)
         if sid is not None:
             self._router.release(sid)
@@ -162,7 +183,14 @@ class KVCAwareBalancer:
         router["full_determinism"] = self._full_determinism
         router["generation"] = doc.get("generation")
         router["panics"] = doc.get("panics", 0)
+        router["goroutines"] = doc.get("goroutines", 0)
         router["library"] = _native.loaded_path()
+        if self._uses_prompt:
+            router["index_mode"] = (
+                "approximate: no KV-event stream; cached prefixes are predicted from this balancer's own routing"
+                if rs.get("approximate")
+                else "exact: prefixes come from the servers' KV-cache events"
+            )
         return {
             "servers": servers,
             "total_inflight": sum(servers.values()),
@@ -267,6 +295,13 @@ class KVCAwareBalancer:
 
     def __reduce__(self) -> Any:
         raise TypeError("KVCAwareBalancer instances cannot be pickled; create one per process (Ray actor)")
+
+
+def _is_mapping(obj: Any) -> bool:
+    if isinstance(obj, Mapping):
+        return True
+    mod = type(obj).__module__ or ""
+    return mod.startswith("omegaconf") and type(obj).__name__ == "DictConfig"
 
 
 def _id_bytes(server_id: Any) -> Optional[bytes]:

@@ -174,6 +174,11 @@ class RouterConfig:
     servers: Mapping[str, ServerOverride] = field(default_factory=dict)
     index: Mapping[str, int] = field(default_factory=dict)
     load: Mapping[str, int] = field(default_factory=dict)
+    # Integration keys, read by kvc_router.verl_hook and ignored by the
+    # balancer itself: how verl launches the rollout servers.
+    kv_events: str = "off"
+    kv_events_base_port: int = 0
+    enable_server_metrics: bool = False
 
     @property
     def collector_names(self) -> Tuple[str, ...]:
@@ -322,6 +327,12 @@ def _parse_any(data: Any) -> RouterConfig:
     data = _plain(data)
     if not isinstance(data, Mapping):
         raise ConfigError(f"router config must be a mapping, got {type(data).__name__}", key="router_config")
+    if "router_class" in data:
+        # verl >= 0.9.1 ``rollout.router_config_path``: the whole YAML reaches
+        # the constructor; ``router_class`` only told verl which class to load.
+        data = {k: v for k, v in data.items() if k != "router_class"}
+        if not data:
+            return load_router_config(packaged_config_path(_KVC))
     if "router" in data:
         extra = sorted(set(data) - {"router"})
         if extra:
@@ -372,7 +383,15 @@ _INNER_KEYS = (
     "servers",
     "index",
     "load",
+    "kv_events",
+    "kv_events_base_port",
+    "enable_server_metrics",
 )
+
+#: ``kv_events`` values: ``auto`` gives every vLLM replica its own KV-event
+#: publisher through verl's engine kwargs (kvc_router.verl_hook); ``off``
+#: leaves the servers alone (approximate mode unless endpoints are listed).
+KV_EVENTS_MODES = ("off", "auto")
 
 
 def _parse_inner(cfg: Any, prefix: str, rtype: str) -> RouterConfig:
@@ -415,7 +434,22 @@ def _parse_inner(cfg: Any, prefix: str, rtype: str) -> RouterConfig:
         servers=_parse_servers(_plain(cfg.get("servers")), p("servers")),
         index=_parse_int_map(cfg.get("index"), p("index"), ("max_entries", "spec_ttl_ms", "approx_ttl_ms")),
         load=_parse_int_map(cfg.get("load"), p("load"), ("stale_after_ms", "max_num_seqs", "unhealthy_after")),
+        kv_events=_parse_kv_events(cfg.get("kv_events"), p("kv_events")),
+        kv_events_base_port=_opt_int(cfg, "kv_events_base_port", prefix, lo=0, hi=65535) or 0,
+        enable_server_metrics=bool(_opt_bool(cfg, "enable_server_metrics", prefix)),
     )
+
+
+def _parse_kv_events(value: Any, key: str) -> str:
+    if value is None:
+        return "off"
+    if value is False:  # YAML `off` is the boolean false
+        return "off"
+    if value not in KV_EVENTS_MODES:
+        raise ConfigError(
+            f"{key}: {value!r} (allowed: {allowed_text(KV_EVENTS_MODES)})", key=key, allowed=KV_EVENTS_MODES
+        )
+    return value
 
 
 def _parse_strategies(value: Any, key: str) -> List[Any]:
@@ -734,5 +768,6 @@ __all__ = [
     "COLLECTOR_NAMES",
     "load_router_config",
     "packaged_config_path",
+    "KV_EVENTS_MODES",
     "parse_endpoint",
 ]

@@ -1,0 +1,346 @@
+"""verl 0.9.1 (published wheel) + kvc-router's post-import hook, end to end:
+verl's LLMServerManager / LLMServerClient / CheckpointEngineManager drive
+simulated vLLM servers (vllm-sim: real HTTP, /metrics, ZMQ KV events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+from verl_sim import AgentLoopWorkerStandIn, SimActorWorkers, SimLLMServerManager, _http
+
+KVC_EVENTS = [
+    "+actor_rollout_ref.rollout.router.type=kvc_aware",
+    "+actor_rollout_ref.rollout.router.config.kv_events=auto",
+    "+actor_rollout_ref.rollout.router.config.enable_server_metrics=true",
+    "+actor_rollout_ref.rollout.router.config.kv_events_base_port=0",
+    "+actor_rollout_ref.rollout.router.config.strategies=[{_target_:kvc_router.config.KVCAwareStrategyConfig,"
+    "collector_names:[vllm_metrics]}]",
+    "+actor_rollout_ref.rollout.router.config.collector.interval_ms=50",
+]
+
+
+def prompt(seed, n=256):
+    rng = random.Random(seed)
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+def lb_classes(lb):
+    return ray.get(
+        lb.__ray_call__.remote(lambda self: [f"{c.__module__}.{c.__qualname__}" for c in type(self).__mro__])
+    )
+
+
+def wait_for(pred, timeout=20.0, every=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def free_base_port():
+    """A base for the kv_events port block (2 replicas x 2 ports)."""
+    from verl_sim import free_port
+
+    for _ in range(50):
+        base = free_port()
+        if base + 8 < 65535:
+            return base
+    raise RuntimeError("no port")
+
+
+@pytest.fixture
+def manager(verl_ray, compose):
+    made = []
+
+    def make(*overrides):
+        overrides = list(overrides)
+        if any("kv_events_base_port=0" in o for o in overrides):
+            overrides = [
+                o.replace("kv_events_base_port=0", f"kv_events_base_port={free_base_port()}") for o in overrides
+            ]
+        config = compose(*overrides)
+        m = SimLLMServerManager.create(config)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.shutdown()
+        ray.kill(m.global_load_balancer)
+
+
+def generate(client, rid, ids, max_tokens=8):
+    return asyncio.run(client.generate(rid, prompt_ids=ids, sampling_params={"max_tokens": max_tokens}))
+
+
+def server_logs(m):
+    return {sid: ray.get(r._server_handle.get_log.remote()) for sid, r in zip(m.server_addresses, m.rollout_replicas)}
+
+
+# -- the hook itself ---------------------------------------------------------
+
+
+def _probe(env):
+    code = (
+        "import sys, json; import verl.workers.rollout.llm_server as m; from verl.utils import config as c; "
+        "print(json.dumps([any(type(f).__name__=='VerlImportWatcher' for f in sys.meta_path), "
+        "getattr(c.omega_conf_to_dataclass,'_kvc_router_patched',False), "
+        "getattr(m.LLMServerManager._init_global_load_balancer,'_kvc_router_patched',False)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_hook_installed_by_pth_and_switchable():
+    env = dict(os.environ)
+    env.pop("KVC_ROUTER_VERL_HOOK", None)
+    assert _probe(env) == [True, True, True]
+    assert _probe(dict(env, KVC_ROUTER_VERL_HOOK="0")) == [False, False, False]
+
+
+def test_router_block_passes_rollout_config_conversion(compose):
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import RolloutConfig
+
+    cfg = compose("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    rc = cfg.actor_rollout_ref.rollout
+    obj = omega_conf_to_dataclass(rc)  # what RolloutReplica / AgentLoopWorker do
+    assert isinstance(obj, RolloutConfig) and not hasattr(obj, "router")
+    assert rc.router.type == "kvc_aware"  # the DictConfig keeps its block
+    plain = {"name": "vllm", "router": {"type": "kvc_aware"}}
+    assert isinstance(omega_conf_to_dataclass(plain, dataclass_type=RolloutConfig), RolloutConfig)
+
+
+# -- (a) no router block: verl's own balancer --------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides", [[], ["+actor_rollout_ref.rollout.router.type=default"]], ids=["absent", "default"]
+)
+def test_a_without_router_block_verl_balancer(manager, overrides):
+    m = manager(*overrides)
+    assert lb_classes(m.global_load_balancer)[0] == "verl.workers.rollout.router.GlobalRequestLoadBalancer"
+    for r in m.rollout_replicas:
+        assert "kv_events_config" not in (r.config.engine_kwargs.get("vllm") or {})
+    client = m.get_client()
+    generate(client, "t0", prompt(1))
+    generate(client, "t0", prompt(1) + [5] * 40)
+    logs = server_logs(m)
+    assert sorted(len(v) for v in logs.values()) == [0, 2]  # sticky on verl's balancer too
+    status = ray.get(m.global_load_balancer.get_status.remote())
+    assert set(status) == {"servers", "total_inflight", "active_servers", "registered_handles"}
+
+
+# -- (b) kvc_aware through verl's manager and client -------------------------
+
+
+def test_b_kvc_aware_with_kv_events(manager):
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+    from verl.workers.config import CheckpointEngineConfig
+
+    m = manager(*KVC_EVENTS)
+    lb = m.global_load_balancer
+    assert "kvc_router.balancer.KVCAwareBalancer" in lb_classes(lb)
+    assert ray.get(lb.require_acquire_fields.remote()) == ["prompt_ids"]
+    s0, s1 = m.server_addresses
+
+    # Each replica got its own kv_events_config (and log stats on) through
+    # verl's engine kwargs, and the server launched with it.
+    kvs = []
+    for r in m.rollout_replicas:
+        args = ray.get(r._server_handle.get_launch_args.remote())
+        assert args["disable_log_stats"] is False
+        kvs.append(args["kv_events_config"])
+    assert len({k["endpoint"] for k in kvs} | {k["replay_endpoint"] for k in kvs}) == 4
+    assert [k["topic"] for k in kvs] == ["kvc-router.replica-0", "kvc-router.replica-1"]
+
+    # The balancer subscribed to both publishers.
+    def subscribed():
+        st = ray.get(lb.get_status.remote())["router"]
+        subs = st["collectors"]["collectors"].get("vllm_zmq") or []
+        return len(subs) == 2 and st
+
+    st = wait_for(subscribed)
+    assert st, ray.get(lb.get_status.remote())["router"]["collectors"]
+    assert {s["server"] for s in st["collectors"]["collectors"]["vllm_zmq"]} == {s0, s1}
+
+    client = m.get_client()
+    # prompt_ids reach acquire_server; a multi-turn request id stays on one server.
+    ids = prompt(10)
+    sent = 0
+    for turn in range(3):
+        out = generate(client, "traj-1", ids)
+        sent += len(ids)
+        ids = ids + list(out.token_ids) + [9, 9, 9, turn]
+    logs = server_logs(m)
+    holder = next(sid for sid, v in logs.items() if any(e["request_id"] for e in v))
+    assert len(logs[holder]) == 3 and all(len(v) == 0 for sid, v in logs.items() if sid != holder)
+    assert logs[holder][2]["cached"] > 0  # the server reused the previous turns
+    st = ray.get(lb.get_status.remote())["router"]
+    assert st["counters"]["prompt_tokens"] == sent
+    assert st["counters"]["sticky_hits"] == 2
+
+    # A prefix placed on the *other* server behind the balancer's back
+    # (directly over HTTP) is learnt from its KV events; a new request with
+    # that prefix goes there, and vLLM reports the hit.
+    other = s1 if holder == s0 else s0
+    q = prompt(20)
+    _http(f"http://{other}/v1/completions", {"model": "sim/llama-8b", "prompt": q, "max_tokens": 1})
+    idx = [s["name"] for s in st["index"]["servers"]].index(other)
+
+    def stored():
+        return ray.get(lb.get_status.remote())["router"]["index"]["servers"][idx]["stored_blocks"] > 0
+
+    assert wait_for(stored), "no KV events from the prefix holder"
+    generate(client, "grpo-0", q + [1, 2, 3])
+    generate(client, "grpo-1", q + [4, 5, 6])  # a GRPO sibling
+    logs = server_logs(m)
+    grpo = [e for e in logs[other] if e["request_id"]]
+    assert len(grpo) == 2 and all(e["cached"] >= 240 for e in grpo)
+    st = ray.get(lb.get_status.remote())["router"]
+    assert not st["index"]["servers"][idx]["approximate"]
+    assert st["index_mode"].startswith("exact")
+
+    # Weight update through verl's CheckpointEngineManager ('naive' backend):
+    # vLLM's reset_prefix_cache -> AllBlocksCleared, and reset_prefix_index().
+    workers = SimActorWorkers(m.rollout_replicas)
+    cem = CheckpointEngineManager(CheckpointEngineConfig(backend="naive"), workers, m.get_replicas())
+    cem.update_weights(global_steps=1)
+    assert workers.calls == 1
+    d = ray.get(lb.acquire_server_detail.remote(request_id="after-sync", prompt_ids=q + [1, 2, 3]))
+    assert sum(d["hit_blocks"]) == 0
+    cleared = lambda: all(s["cleared"] >= 1 for s in ray.get(lb.get_status.remote())["router"]["index"]["servers"])  # noqa: E731
+    assert wait_for(cleared), "AllBlocksCleared not seen"
+
+
+def test_b_approximate_mode_warns_and_resets(manager, caplog):
+    from kvc_router import verl_hook
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+    from verl.workers.config import CheckpointEngineConfig
+
+    verl_hook._warned.discard("log-stats")
+    with caplog.at_level(logging.WARNING, logger="kvc_router.verl"):
+        m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    assert sum("disable_log_stats is true" in r.getMessage() for r in caplog.records) == 1
+    lb = m.global_load_balancer
+    assert "kvc_router.balancer.KVCAwareBalancer" in lb_classes(lb)
+    for r in m.rollout_replicas:
+        assert not (r.config.engine_kwargs.get("vllm") or {})  # servers untouched
+    client = m.get_client()
+    p = prompt(30)
+    generate(client, "x", p)
+    st = ray.get(lb.get_status.remote())["router"]
+    assert st["approximate"] and st["index_mode"].startswith("approximate")
+    assert st["index"]["entries"] > 0
+    cem = CheckpointEngineManager(
+        CheckpointEngineConfig(backend="naive"), SimActorWorkers(m.rollout_replicas), m.get_replicas()
+    )
+    cem.update_weights(global_steps=1)
+    # No KV events here: only reset_prefix_index() can have emptied the index.
+    assert ray.get(lb.get_status.remote())["router"]["index"]["entries"] == 0
+
+
+# -- (c) agent-loop workers in other processes --------------------------------
+
+
+def test_c_agent_loop_workers_in_other_processes(manager, compose):
+    m = manager(*KVC_EVENTS)
+    lb = m.global_load_balancer
+    client = m.get_client()
+    workers = [AgentLoopWorkerStandIn.remote(m.config, client) for _ in range(2)]
+    states = ray.get([w.hook_state.remote() for w in workers])
+    assert all(s["boot"] and s["patched"] for s in states)
+    assert len({s["pid"] for s in states} | {os.getpid()}) == 3
+    specs = [[(f"w{w}-traj{i}", prompt(100 + 10 * w + i)) for i in range(4)] for w in range(2)]
+    results = ray.get([w.run_trajectories.remote(s, turns=3) for w, s in zip(workers, specs)])
+    logs = server_logs(m)
+    where = {}
+    for sid, entries in logs.items():
+        for e in entries:
+            where.setdefault(e["request_id"], set()).add(sid)
+    rids = [rid for res in results for rid in res]
+    assert len(rids) == 8
+    # The client sends a fresh vLLM request id per turn; group by prompt head.
+    by_head = {}
+    for sid, entries in logs.items():
+        for e in entries:
+            by_head.setdefault(tuple(e["head"]), set()).add(sid)
+    assert len(by_head) == 8 and all(len(s) == 1 for s in by_head.values())  # each trajectory on one server
+    total = sum(sum(lens) for res in results for lens in res.values())
+    st = ray.get(lb.get_status.remote())["router"]
+    assert st["counters"]["prompt_tokens"] == total
+    assert st["counters"]["sticky_hits"] == 16
+    for w in workers:
+        ray.kill(w)
+
+
+# -- verl 0.9.1's native router_config_path route ------------------------------
+
+
+def test_router_config_path_native_route(manager, tmp_path):
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    m = manager()  # servers only; verl's default balancer
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        "router_class: kvc_router.KVCAwareBalancer\n"
+        "type: kvc_aware\n"
+        "config:\n"
+        "  strategies:\n"
+        "    - {_target_: kvc_router.config.KVCAwareStrategyConfig, collector_names: [vllm_metrics]}\n"
+    )
+    servers = dict(zip(m.server_addresses, m.server_handles))
+    lb = get_router_handle(servers, router_config_path=str(path))
+    try:
+        assert lb_classes(lb)[0] == "kvc_router.balancer.KVCAwareBalancer"
+        assert ray.get(lb.require_acquire_fields.remote()) == ["prompt_ids"]
+        client = LLMServerClient(config=m.config, load_balancer_handle=lb)
+        p = prompt(40)
+        generate(client, "n1", p)
+        generate(client, "n1", p + [3] * 20)
+        st = ray.get(lb.get_status.remote())
+        assert st["router"]["counters"]["prompt_tokens"] == 2 * len(p) + 20
+        assert st["router"]["counters"]["sticky_hits"] == 1 and st["total_inflight"] == 0
+    finally:
+        ray.kill(lb)
+
+
+# -- fully-async / separate-async trainers -------------------------------------
+
+
+def test_fully_async_client_and_pool_changes(manager):
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    lb = m.global_load_balancer
+    servers = dict(zip(m.server_addresses, m.server_handles))
+    ray.get(lb.remove_servers.remote(list(servers)))  # positional, as PPOTrainerSeparateAsync
+    client = m.get_client(client_cls=FullyAsyncLLMServerClient, only_hybrid=True)
+
+    async def run():
+        task = asyncio.ensure_future(client.generate("fa-1", prompt_ids=prompt(50), sampling_params={"max_tokens": 4}))
+        await asyncio.sleep(1.5)  # retrying on "No available servers in load balancer"
+        assert not task.done()
+        await lb.add_servers.remote(servers)  # positional
+        return await asyncio.wait_for(task, 30)
+
+    out = asyncio.run(run())
+    assert len(out.token_ids) == 4
+    cleared = ray.get(lb.clear_sticky_cache.remote())
+    assert cleared["cleared_entries"] == 1 and set(cleared["server_loads"]) == set(servers)
+    assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
+    assert ray.get(lb.get_all_servers.remote()) == list(servers)
