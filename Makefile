@@ -15,7 +15,7 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py test-verl bench demo overhead gpu-validate fuzz lint venv clean
+.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -24,6 +24,7 @@ help:
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
 	@echo "test-verl    - a separate venv with the published verl 0.9.1 (CPU) + tests/verl"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
+	@echo "kvbench - replay mooncake/grpo/agent over 8 simulated engines, every routing policy (~5 min)"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
@@ -76,6 +77,12 @@ $(VENV)/.stamp: pyproject.toml setup.py
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./core/...
+
+kvbench:
+	@mkdir -p build
+	$(GO) run ./cmd/kvbench --workload mooncake --json build/kvbench-mooncake.json --csv build/kvbench-mooncake.csv --plot build/kvbench-mooncake.png
+	$(GO) run ./cmd/kvbench --workload grpo --json build/kvbench-grpo.json --plot build/kvbench-grpo.png
+	$(GO) run ./cmd/kvbench --workload agent --json build/kvbench-agent.json --plot build/kvbench-agent.png
 
 demo: venv build $(PYLIB)
 	$(PY) scripts/demo.py $(DEMO_ARGS)

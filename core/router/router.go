@@ -198,9 +198,13 @@ func (r *Router) AddServers(ids []string) error {
 	return nil
 }
 
+// indexOptions caps an approximate server's records at its KV capacity
+// (nothing else removes them). An event-fed server is not capped: its
+// events say what it holds, and a cap would let speculative records evict
+// confirmed ones (and their bridges, orphaning later runs as unanchored).
 func (r *Router) indexOptions(s *server) index.ServerOptions {
 	capacity := s.spec.Capacity
-	if capacity == 0 {
+	if capacity == 0 && !s.events {
 		capacity = s.gpuBlks
 	}
 	return index.ServerOptions{Approximate: !s.events, Capacity: capacity}
@@ -414,7 +418,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			if c.ID != bound.id {
 				continue
 			}
-			if !r.overload || (c.Healthy && c.Load <= r.threshold) {
+			if !r.overload || (c.Healthy && strategy.EffectiveLoad(c) <= r.threshold) {
 				r.counters.StickyHits++
 				d := r.decision(i, ReasonSticky, n)
 				r.speculateOn(bound, req, c.Hit.Blocks)
@@ -485,7 +489,7 @@ func (r *Router) fillCandidates(req *Request) int {
 		}
 		r.cands[n] = strategy.Candidate{
 			ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
-			Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy,
+			Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
 		}
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s
@@ -526,6 +530,17 @@ func (r *Router) fillCandidates(req *Request) int {
 		r.bsizes[i] = -r.bsizes[i]
 	}
 	return n
+}
+
+// kvCapacity is a server's GPU KV capacity in tokens, from its metrics.
+func kvCapacity(sn *load.Snapshot) int {
+	if !sn.HasMetric {
+		return 0
+	}
+	if m := sn.Metrics; m.NumGPUBlocks > 0 && m.BlockSize > 0 {
+		return m.NumGPUBlocks * m.BlockSize
+	}
+	return sn.Metrics.KVCacheSizeTokens
 }
 
 func blockSizeOf(s *server, sn *load.Snapshot, def int) int {

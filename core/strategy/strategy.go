@@ -32,6 +32,9 @@ type Candidate struct {
 	// HittableBlocks is how many leading prompt blocks this server could
 	// serve from cache at its block size (vLLM recomputes the last token).
 	HittableBlocks int
+	// KVCapacityTokens is how many tokens the server's GPU KV cache holds,
+	// from its metrics (num_gpu_blocks x block_size); 0 when unknown.
+	KVCapacityTokens int
 }
 
 // Request is the request being routed.

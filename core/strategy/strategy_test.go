@@ -104,7 +104,8 @@ func TestKVCAware(t *testing.T) {
 	c[0].Load = 0.5
 	out := make([]float64, 1)
 	k.Score(&Request{}, c, out)
-	want := 0.7*(0.7*0.2+0.2*0.2+0.1*0.2) + 0.3*0.5
+	a := k.Alpha
+	want := a*(0.7*0.2+0.2*0.2+0.1*0.2) + (1-a)*0.5
 	if math.Abs(out[0]-want) > 1e-12 {
 		t.Fatalf("score %v want %v", out[0], want)
 	}
@@ -157,5 +158,60 @@ func TestWeightedAndPick(t *testing.T) {
 	nan := math.NaN()
 	if got := Pick(cands(3), []float64{nan, 1, nan}); got != 1 {
 		t.Fatalf("NaN must lose, got %d", got)
+	}
+}
+
+func TestKVCAwareRefinements(t *testing.T) {
+	k := DefaultKVCAware()
+	if err := k.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Marginal credit: a block every candidate holds earns nothing, so a
+	// busy holder of a shared system prompt loses to an idle server.
+	c := cands(2)
+	for i := range c {
+		c[i].HittableBlocks = 64
+	}
+	c[0].Hit = index.Match{Blocks: 40, Tier: [3]int{40}}
+	c[1].Hit = index.Match{Blocks: 40, Tier: [3]int{40}}
+	c[0].Load = 0.2
+	if got := pick(t, &k, c); got != "b" {
+		t.Fatalf("shared prefix still pulls to the busy server: %s", got)
+	}
+	// A long distinguishing hit (8k tokens of prefill saved) still wins
+	// over a modest load gap.
+	for i := range c {
+		c[i].HittableBlocks = 512
+	}
+	c[0].Hit = index.Match{Blocks: 512, Tier: [3]int{512}}
+	c[1].Hit = index.Match{}
+	c[0].Load = 0.15
+	out := make([]float64, 2)
+	k.Score(&Request{Tokens: make([]int32, 16*513)}, c, out)
+	if out[0] <= out[1] {
+		t.Fatalf("full distinguishing hit lost to load 0.15: %v", out)
+	}
+	// KV pressure: in-flight prompt tokens over the server's KV capacity.
+	d := cands(2)
+	d[0].InflightTokens, d[0].KVCapacityTokens = 50_000, 100_000
+	d[1].InflightTokens, d[1].KVCapacityTokens = 10_000, 100_000
+	if got := pick(t, &k, d); got != "b" {
+		t.Fatalf("KV-committed server chosen: %s", got)
+	}
+	// Saved-token scale: a one-block hit on a short prompt is worth little.
+	e := cands(2)
+	for i := range e {
+		e[i].HittableBlocks = 4
+	}
+	e[0].Hit = index.Match{Blocks: 1, Tier: [3]int{1}}
+	e[0].Load = 0.1
+	k.Score(&Request{Tokens: make([]int32, 80)}, e, out)
+	if out[0] >= out[1] {
+		t.Fatalf("16-token hit outweighed load 0.1: %v", out)
+	}
+	for _, bad := range []string{`{"kv_tokens":0}`, `{"saved_scale_tokens":-1}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
 	}
 }

@@ -62,7 +62,7 @@ _CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"
 class KVCAwareStrategyConfig:
     """Prefix-cache hits per tier combined with load (see core/strategy)."""
 
-    alpha: float = 0.7
+    alpha: float = 0.3
     load_threshold: float = 0.9
     layer_weights: Mapping[str, float] = field(default_factory=lambda: {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1})
     collector_names: Tuple[str, ...] = ()

@@ -1,0 +1,372 @@
+// Command kvbench replays a workload (a Mooncake trace, a GRPO rollout or a
+// multi-turn agent rollout) against N simulated vLLM engines on a virtual
+// clock and compares routing policies side by side: prefix-cache hit rate,
+// TTFT, end-to-end latency, throughput, rollout-step makespan, load
+// imbalance and router decision time, against the infinite-cache oracle and
+// a pooled-LRU bound.
+//
+//	kvbench --workload mooncake|grpo|agent [--trace FILE] --engines N \
+//	        --policies a,b,c [--seed S] [--json FILE] [--csv FILE] [--plot FILE.png]
+//
+// Every policy runs through the same router interface (core/router) with
+// KV events carried by the live code path (kvevents.Encode +
+// collector.ApplyPayload) and metrics pushed every --scrape-interval.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/bench"
+)
+
+type config struct {
+	workload, trace, policies, jsonOut, csvOut, plotOut, kvcParams string
+	engines, gpuBlocks, cpuBlocks, blockSize, maxSeqs, maxBatched  int
+	seed                                                           uint64
+	scrape, eventDelay, rateScale, jitter                          float64
+	limit, parallel                                                int
+	steps, grpoPrompts, grpoN, agentTasks, agentGroup              int
+	promptMedian, responseMedian                                   float64
+	sweepAlpha, sweepThreshold, sweepSeeds, sweepTiers             string
+	sweepPolicy, v2Params                                          string
+	quiet                                                          bool
+}
+
+// Workload defaults. Mooncake: the public conversation trace at 4× speed
+// (13.6 req/s over 8 engines: near saturation for the engine model; at 5×
+// queues grow without bound for every policy); grpo and agent: see
+// bench.DefaultGRPO / DefaultAgent.
+const (
+	defaultRateScale = 4
+	// defaultGPUBlocks: an 8B model on one 80 GB GPU keeps ≈ 480k tokens of
+	// KV (128 KiB/token in ≈ 60 GB), i.e. 30,000 blocks of 16 tokens.
+	defaultGPUBlocks = 30000
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | agent")
+	fs.StringVar(&c.trace, "trace", "", "Mooncake jsonl trace (default <repo>/../shared/data/mooncake/conversation_trace.jsonl)")
+	fs.StringVar(&c.policies, "policies", strings.Join(bench.PolicyNames, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", ")+"; proposals: "+strings.Join(bench.ProposalNames, ", "))
+	fs.IntVar(&c.engines, "engines", 8, "number of simulated engines")
+	fs.Uint64Var(&c.seed, "seed", 1, "workload, jitter and random-policy seed")
+	fs.StringVar(&c.jsonOut, "json", "", "write the JSON report to FILE")
+	fs.StringVar(&c.csvOut, "csv", "", "write a CSV row per policy to FILE")
+	fs.StringVar(&c.plotOut, "plot", "", "write a PNG (hit rate, TTFT CDF, makespan) to FILE")
+	fs.IntVar(&c.gpuBlocks, "gpu-blocks", defaultGPUBlocks, "GPU KV blocks per engine (30000 x 16 tokens ~ an 8B model on an 80 GB GPU)")
+	fs.IntVar(&c.cpuBlocks, "cpu-blocks", 0, "CPU offload tier blocks per engine (0 = off)")
+	fs.IntVar(&c.blockSize, "block-size", 16, "engine KV block size in tokens")
+	fs.IntVar(&c.maxSeqs, "max-num-seqs", 256, "engine running-set cap")
+	fs.IntVar(&c.maxBatched, "max-batched-tokens", 8192, "engine per-step token budget")
+	fs.Float64Var(&c.scrape, "scrape-interval", 0.1, "metrics push period, virtual seconds")
+	fs.Float64Var(&c.eventDelay, "event-delay", 0, "KV-event delivery delay, virtual seconds")
+	fs.Float64Var(&c.rateScale, "rate-scale", defaultRateScale, "mooncake: arrival speed-up factor")
+	fs.Float64Var(&c.jitter, "jitter", 3, "mooncake: spread arrivals uniformly inside timestamp bins of this many seconds (0 = off)")
+	fs.IntVar(&c.limit, "limit", 0, "mooncake: replay only the first N requests (0 = all)")
+	fs.IntVar(&c.steps, "steps", 0, "grpo/agent: rollout steps (default 3)")
+	fs.IntVar(&c.grpoPrompts, "grpo-prompts", 0, "grpo: prompts per step B (default 64)")
+	fs.IntVar(&c.grpoN, "grpo-n", 0, "grpo: samples per prompt n (default 16)")
+	fs.IntVar(&c.agentTasks, "agent-tasks", 0, "agent: tasks per step (default 32)")
+	fs.IntVar(&c.agentGroup, "agent-group", 0, "agent: trajectories per task (default 4)")
+	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
+	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
+	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9}`)
+	fs.IntVar(&c.parallel, "parallel", 2, "policies run concurrently")
+	fs.StringVar(&c.sweepAlpha, "sweep-alpha", "", "sensitivity: kvc_aware alpha values (comma list); runs the grid instead of --policies")
+	fs.StringVar(&c.sweepThreshold, "sweep-threshold", "0.9", "sensitivity: load_threshold values")
+	fs.StringVar(&c.sweepTiers, "sweep-tiers", "", "sensitivity: layer_weights variants as gpu/cpu pairs, e.g. 0.7/0.2,1/0.8")
+	fs.StringVar(&c.sweepSeeds, "sweep-seeds", "1", "sensitivity: seeds")
+	fs.StringVar(&c.sweepPolicy, "sweep-policy", "kvc_aware", "sensitivity: kvc_aware or kvc_aware_v2 (proposal)")
+	fs.StringVar(&c.v2Params, "v2-params", "", "kvc_aware_v2 (proposal) parameters as JSON")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress bar")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	switch c.workload {
+	case "mooncake", "grpo", "agent":
+	default:
+		return nil, fmt.Errorf("--workload must be mooncake, grpo or agent, got %q", c.workload)
+	}
+	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
+		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
+	}
+	return c, nil
+}
+
+// repoRoot walks up from the working directory to the directory holding go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory; pass --trace")
+		}
+		dir = parent
+	}
+}
+
+func defaultTrace() (string, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "..", "shared", "data", "mooncake", "conversation_trace.jsonl"), nil
+}
+
+// workloadFactory returns a constructor of fresh workload instances and
+// the expected number of requests (for the progress bar; 0 = unknown).
+func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error) {
+	switch c.workload {
+	case "mooncake":
+		path := c.trace
+		if path == "" {
+			p, err := defaultTrace()
+			if err != nil {
+				return nil, 0, err
+			}
+			path = p
+		}
+		m, err := bench.LoadMooncake(path, bench.MooncakeConfig{RateScale: c.rateScale, Limit: c.limit, BinSeconds: c.jitter, Seed: seed})
+		if err != nil {
+			return nil, 0, err
+		}
+		return func() bench.Workload { return m }, len(m.Rows), nil
+	case "grpo":
+		g := bench.DefaultGRPO()
+		g.Seed = seed
+		if c.steps > 0 {
+			g.Steps = c.steps
+		}
+		if c.grpoPrompts > 0 {
+			g.Prompts = c.grpoPrompts
+		}
+		if c.grpoN > 0 {
+			g.N = c.grpoN
+		}
+		if c.promptMedian > 0 {
+			g.Prompt.Median = c.promptMedian
+		}
+		if c.responseMedian > 0 {
+			g.Response.Median = c.responseMedian
+		}
+		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
+	default:
+		a := bench.DefaultAgent()
+		a.Seed = seed
+		if c.steps > 0 {
+			a.Steps = c.steps
+		}
+		if c.agentTasks > 0 {
+			a.Tasks = c.agentTasks
+		}
+		if c.agentGroup > 0 {
+			a.Group = c.agentGroup
+		}
+		if c.promptMedian > 0 {
+			a.Task.Median = c.promptMedian
+		}
+		if c.responseMedian > 0 {
+			a.Response.Median = c.responseMedian
+		}
+		return func() bench.Workload { return bench.NewAgent(a) }, a.Steps * a.Tasks * a.Group * (a.MinTurns + a.MaxTurns) / 2, nil
+	}
+}
+
+func (c *config) options(progress *atomic.Int64) bench.Options {
+	return bench.Options{
+		Engines: bench.EngineSpec{Engines: c.engines, GPUBlocks: c.gpuBlocks, CPUBlocks: c.cpuBlocks, BlockSize: c.blockSize,
+			MaxNumSeqs: c.maxSeqs, MaxBatchedTokens: c.maxBatched, Seed: c.seed},
+		ScrapeInterval: c.scrape, EventDelay: c.eventDelay, Progress: progress,
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "kvbench:", err)
+		return 2
+	}
+	if c.sweepAlpha != "" {
+		if err := sweep(c, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "kvbench:", err)
+			return 1
+		}
+		return 0
+	}
+	if err := single(c, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "kvbench:", err)
+		return 1
+	}
+	return 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func single(c *config, stdout, stderr io.Writer) error {
+	mk, expected, err := workloadFactory(c, c.seed)
+	if err != nil {
+		return err
+	}
+	names := splitList(c.policies)
+	if len(names) == 0 {
+		return errors.New("--policies is empty")
+	}
+	var progress atomic.Int64
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize}
+	if c.kvcParams != "" {
+		if !json.Valid([]byte(c.kvcParams)) {
+			return fmt.Errorf("--kvc-params is not valid JSON")
+		}
+		popt.KVCParams = json.RawMessage(c.kvcParams)
+	}
+	if c.v2Params != "" {
+		if !json.Valid([]byte(c.v2Params)) {
+			return fmt.Errorf("--v2-params is not valid JSON")
+		}
+		popt.V2Params = json.RawMessage(c.v2Params)
+	}
+	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel}
+	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)
+	start := time.Now()
+	rep, results, err := s.Run()
+	stop()
+	if err != nil {
+		return err
+	}
+	rep.Config = map[string]any{
+		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
+		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
+		"event_delay_s": c.eventDelay, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
+	}
+	if c.workload == "mooncake" {
+		rep.Config["rate_scale"] = c.rateScale
+		rep.Config["limit"] = c.limit
+	}
+	fmt.Fprintf(stdout, "workload %s, %d engines x %d GPU blocks (block %d), cpu blocks %d, scrape %.3gs, seed %d\n",
+		rep.Workload, c.engines, c.gpuBlocks, c.blockSize, c.cpuBlocks, c.scrape, c.seed)
+	rep.WriteTable(stdout)
+	if c.jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if c.csvOut != "" {
+		f, err := os.Create(c.csvOut)
+		if err != nil {
+			return err
+		}
+		if err := rep.WriteCSV(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if c.plotOut != "" {
+		if err := writePlot(c.plotOut, rep, results); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+	}
+	return nil
+}
+
+// startProgress draws a progress bar on stderr once a run has lasted 2 s.
+func startProgress(w io.Writer, done *atomic.Int64, total int, quiet bool) func() {
+	if quiet {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	finished := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		drawn := false
+		for {
+			select {
+			case <-stop:
+				if drawn {
+					fmt.Fprintln(w)
+				}
+				return
+			case <-t.C:
+				el := time.Since(start)
+				if el < 2*time.Second {
+					continue
+				}
+				drawn = true
+				n := done.Load()
+				frac := 0.0
+				if total > 0 {
+					frac = float64(n) / float64(total)
+					if frac > 1 {
+						frac = 1
+					}
+				}
+				const width = 30
+				k := int(frac * width)
+				fmt.Fprintf(w, "\r[%s%s] %3.0f%% %d/%d requests %5.1fs ", strings.Repeat("=", k), strings.Repeat(" ", width-k),
+					100*frac, n, total, el.Seconds())
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-finished
+	}
+}
+
+func parseFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, p := range splitList(s) {
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad number %q", p)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

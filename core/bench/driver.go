@@ -1,0 +1,506 @@
+package bench
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvc-router/kvc-router/core/blockhash"
+	"github.com/kvc-router/kvc-router/core/collector"
+	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/strategy"
+)
+
+// EngineSpec sizes the simulated fleet. Zero fields take sim defaults.
+type EngineSpec struct {
+	Engines          int
+	GPUBlocks        int
+	CPUBlocks        int
+	BlockSize        int
+	MaxNumSeqs       int
+	MaxBatchedTokens int
+	// Seed is shared by every engine, so equal prompts with equal sampling
+	// seeds generate equal tokens whichever engine serves them; this keeps
+	// multi-turn workloads identical across policies.
+	Seed uint64
+}
+
+// Options tune one replay.
+type Options struct {
+	Engines EngineSpec
+	// ScrapeInterval is the metrics push period in virtual seconds
+	// (default 0.1).
+	ScrapeInterval float64
+	// EventDelay delays KV-event delivery to the router (virtual seconds).
+	EventDelay float64
+	// Record keeps per-request block chains for the bounds.
+	Record bool
+	// Progress, when set, is incremented once per completed request.
+	Progress *atomic.Int64
+}
+
+// Policy is one routing policy: how to build its router and how to drive it.
+type Policy struct {
+	Name string
+	// Config builds the router configuration; signals is the name under
+	// which the run registers its strategy.Signals provider.
+	Config func(signals string) router.Config
+	// StickyIDs passes the workload's request_id to the router (sticky
+	// sessions); otherwise each submission carries its own unique id.
+	StickyIDs bool
+	// Events feeds the engines' KV events to the router.
+	Events bool
+}
+
+// Result is what one policy achieved.
+type Result struct {
+	Policy   string
+	Requests int
+	Skipped  int
+	// Token counters (engine-reported).
+	PromptTokens, CachedTokens int64
+	GPUHitTokens, CPUHitTokens int64
+	SSDHitTokens, OutputTokens int64
+	Preemptions                int64
+	TTFT, E2E                  []float64 // seconds, sorted
+	DecisionUS                 []float64 // microseconds, sorted
+	// Span is first arrival to last completion (virtual seconds).
+	Span float64
+	// Makespans holds each phase's start-to-last-completion time.
+	Makespans []float64
+	Busy      []float64
+	Events    collector.EventCounts
+	Records   []Record
+	Wall      time.Duration
+	// FinalInflight is the router's in-flight total after the run and
+	// Unfinished the engine requests never completed (both 0 when sound).
+	FinalInflight, Unfinished int
+	Router                    router.Counters
+	IndexStatus               index.Status
+}
+
+type evKind uint8
+
+const (
+	evArrival evKind = iota
+	evStepEnd
+	evDeliver
+)
+
+type event struct {
+	t       float64
+	seq     uint64
+	kind    evKind
+	item    *Item
+	eng     int
+	payload []byte
+}
+
+type eventHeap []*event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].t != h[j].t {
+		return h[i].t < h[j].t
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+type engine struct {
+	id      string
+	e       *sim.Engine
+	busy    bool
+	res     sim.StepResult
+	metrics load.Metrics
+	scraped bool
+	// Dynamo-style router-local accounting (blocks).
+	prefill, decode float64
+}
+
+type flight struct {
+	item            *Item
+	eng             int
+	at              float64
+	prefill, decode float64
+	first           bool
+	keys            []uint64
+	tail            []int32
+}
+
+type driver struct {
+	opt     Options
+	pol     Policy
+	wl      Workload
+	r       *router.Router
+	engines []*engine
+	byName  map[string]int
+	h       eventHeap
+	seq     uint64
+	now     float64
+	epoch   time.Time
+	flights map[string]*flight
+	stats   collector.EventStats
+	res     Result
+	buf     []int32
+	bs      int
+	ns      uint64
+
+	nextScrape  float64
+	outstanding int
+	lastFinish  float64
+	firstArr    float64
+}
+
+// signals adapts the driver to strategy.Signals.
+type signals struct{ d *driver }
+
+func (s signals) Metrics(server string) (load.Metrics, bool) {
+	i, ok := s.d.byName[server]
+	if !ok || !s.d.engines[i].scraped {
+		return load.Metrics{}, false
+	}
+	return s.d.engines[i].metrics, true
+}
+
+func (s signals) Active(server string) (float64, float64, bool) {
+	i, ok := s.d.byName[server]
+	if !ok {
+		return 0, 0, false
+	}
+	e := s.d.engines[i]
+	return e.prefill, e.decode, true
+}
+
+var runSeq atomic.Uint64
+
+// Run replays a workload (built fresh by mk) under one policy.
+func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
+	if opt.ScrapeInterval <= 0 {
+		opt.ScrapeInterval = 0.1
+	}
+	if opt.Engines.Engines <= 0 {
+		return nil, errors.New("bench: need at least one engine")
+	}
+	d := &driver{opt: opt, pol: pol, wl: wl, byName: map[string]int{}, flights: map[string]*flight{},
+		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1)}
+	sigName := fmt.Sprintf("kvbench-%d", runSeq.Add(1))
+	strategy.RegisterSignals(sigName, signals{d})
+	defer strategy.RegisterSignals(sigName, nil)
+	cfg := pol.Config(sigName)
+	cfg.Now = func() time.Time { return d.epoch.Add(time.Duration(d.now * float64(time.Second))) }
+	r, err := router.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", pol.Name, err)
+	}
+	d.r = r
+	names := make([]string, opt.Engines.Engines)
+	for i := range names {
+		es := opt.Engines
+		e, err := sim.New(sim.Config{BlockSize: es.BlockSize, NumGPUBlocks: es.GPUBlocks, CPUBlocks: es.CPUBlocks,
+			MaxNumSeqs: es.MaxNumSeqs, MaxNumBatchedTokens: es.MaxBatchedTokens, Seed: es.Seed,
+			HashSalt: es.Seed*1_000_003 + uint64(i) + 1, DisableEvents: !pol.Events})
+		if err != nil {
+			return nil, err
+		}
+		names[i] = "engine-" + strconv.Itoa(i)
+		d.engines = append(d.engines, &engine{id: names[i], e: e})
+		d.byName[names[i]] = i
+	}
+	d.bs = d.engines[0].e.Config().BlockSize
+	if err := r.AddServers(names); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	d.scrape()
+	d.nextScrape = opt.ScrapeInterval
+	for p := 0; p < wl.Phases(); p++ {
+		if p > 0 && wl.ResetBetweenPhases() {
+			if err := d.weightUpdate(); err != nil {
+				return nil, err
+			}
+		}
+		ps := d.now
+		for _, it := range wl.Start(p, ps) {
+			d.push(&event{t: it.At, kind: evArrival, item: it})
+			d.outstanding++
+		}
+		d.lastFinish = ps
+		if err := d.loop(); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", pol.Name, err)
+		}
+		d.res.Makespans = append(d.res.Makespans, d.lastFinish-ps)
+	}
+	// Flush delayed event deliveries.
+	for d.h.Len() > 0 {
+		ev := heap.Pop(&d.h).(*event)
+		d.now = math.Max(d.now, ev.t)
+		d.handle(ev)
+	}
+	d.res.Wall = time.Since(start)
+	d.finish()
+	return &d.res, nil
+}
+
+func (d *driver) push(ev *event) {
+	d.seq++
+	ev.seq = d.seq
+	heap.Push(&d.h, ev)
+}
+
+func (d *driver) loop() error {
+	for d.outstanding > 0 {
+		if d.h.Len() == 0 {
+			return fmt.Errorf("stalled with %d requests outstanding", d.outstanding)
+		}
+		ev := heap.Pop(&d.h).(*event)
+		for d.nextScrape <= ev.t {
+			d.now = d.nextScrape
+			d.scrape()
+			d.nextScrape += d.opt.ScrapeInterval
+		}
+		d.now = ev.t
+		if err := d.handle(ev); err != nil {
+			return err
+		}
+		if d.h.Len() > 0 && d.h[0].t == d.now {
+			continue
+		}
+		for i, e := range d.engines {
+			if !e.busy && e.e.HasWork() {
+				d.startStep(i)
+			}
+		}
+	}
+	return nil
+}
+
+func (d *driver) handle(ev *event) error {
+	switch ev.kind {
+	case evArrival:
+		return d.arrive(ev.item)
+	case evStepEnd:
+		return d.stepEnd(ev.eng)
+	case evDeliver:
+		_ = collector.ApplyPayload(d.r, d.engines[ev.eng].id, ev.payload, &d.stats)
+	}
+	return nil
+}
+
+func (d *driver) scrape() {
+	for _, e := range d.engines {
+		st := e.e.Stats()
+		cfg := e.e.Config()
+		m := load.Metrics{Running: float64(st.Running), Waiting: float64(st.Waiting), KVUsage: st.KVUsage, HasKVUsage: true,
+			PrefixQueries: float64(st.PrefixQueries), PrefixHits: float64(st.PrefixHits),
+			ExternalPrefixQueries: float64(st.ExternalQueries), ExternalPrefixHits: float64(st.ExternalHits),
+			BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.NumGPUBlocks, MaxNumSeqs: cfg.MaxNumSeqs, Engines: 1,
+			At: d.epoch.Add(time.Duration(d.now * float64(time.Second)))}
+		e.metrics, e.scraped = m, true
+		d.r.UpdateMetrics(e.id, m)
+	}
+}
+
+func (d *driver) arrive(it *Item) error {
+	prompt := d.wl.Prompt(it, d.buf)
+	if it.prompt == nil {
+		d.buf = prompt // reuse the synthesis buffer (router and engine copy what they keep)
+	}
+	need := (len(prompt) + it.MaxTokens - 1 + d.bs - 1) / d.bs
+	if need > d.engines[0].e.Config().NumGPUBlocks {
+		d.res.Skipped++
+		d.outstanding--
+		return nil
+	}
+	if d.now < d.firstArr {
+		d.firstArr = d.now
+	}
+	// Policies without sticky sessions get the per-submission id, unique
+	// within a run, so no binding is ever reused (the router binds every
+	// request id, even an empty one, as verl does).
+	key := it.ID
+	if d.pol.StickyIDs {
+		key = it.Key
+	}
+	t0 := time.Now()
+	dec, err := d.r.Acquire(router.Request{ID: key, Tokens: prompt, Pin: -1})
+	d.res.DecisionUS = append(d.res.DecisionUS, float64(time.Since(t0).Nanoseconds())/1e3)
+	if err != nil {
+		return err
+	}
+	i, ok := d.byName[dec.Server]
+	if !ok {
+		return fmt.Errorf("router chose unknown server %q", dec.Server)
+	}
+	e := d.engines[i]
+	blocks := float64(len(prompt)/d.bs + 1)
+	hit := 0
+	if dec.BlockSize > 0 {
+		hit = (dec.HitBlocks[0] + dec.HitBlocks[1] + dec.HitBlocks[2]) * dec.BlockSize / d.bs
+	}
+	f := &flight{item: it, eng: i, at: d.now, prefill: math.Max(0, blocks-float64(hit)), decode: blocks}
+	e.prefill += f.prefill
+	e.decode += f.decode
+	if d.opt.Record {
+		f.keys = blockhash.AppendKeys(nil, prompt, d.bs, d.ns)
+		f.tail = append([]int32(nil), prompt[len(f.keys)*d.bs:]...)
+	}
+	if err := e.e.Submit(sim.Request{ID: it.ID, Prompt: prompt, MaxTokens: it.MaxTokens, Arrival: d.now, SamplingSeed: it.Seed}); err != nil {
+		return err
+	}
+	d.flights[it.ID] = f
+	return nil
+}
+
+func (d *driver) startStep(i int) {
+	e := d.engines[i]
+	res := e.e.Step(d.now)
+	if res.Duration <= 0 {
+		// Nothing schedulable; the next arrival or completion retries.
+		return
+	}
+	e.res = res
+	e.busy = true
+	d.push(&event{t: d.now + res.Duration, kind: evStepEnd, eng: i})
+}
+
+func (d *driver) stepEnd(i int) error {
+	e := d.engines[i]
+	e.busy = false
+	res := &e.res
+	if d.pol.Events && len(res.Events) > 0 {
+		payload, err := kvevents.Encode(&kvevents.Batch{TS: d.now, Events: res.Events, DPRank: -1}, kvevents.LayoutArray)
+		if err != nil {
+			return err
+		}
+		if d.opt.EventDelay > 0 {
+			d.push(&event{t: d.now + d.opt.EventDelay, kind: evDeliver, eng: i, payload: payload})
+		} else if err := collector.ApplyPayload(d.r, e.id, payload, &d.stats); err != nil {
+			return err
+		}
+	}
+	for _, tok := range res.Tokens {
+		if tok.Index != 0 {
+			continue
+		}
+		if f := d.flights[tok.ID]; f != nil && !f.first {
+			f.first = true
+			e.prefill -= f.prefill
+		}
+	}
+	for k := range res.Finished {
+		c := &res.Finished[k]
+		f := d.flights[c.ID]
+		if f == nil {
+			return fmt.Errorf("completion of unknown request %q", c.ID)
+		}
+		delete(d.flights, c.ID)
+		if !f.first {
+			e.prefill -= f.prefill
+		}
+		e.decode -= f.decode
+		d.r.Release(e.id)
+		d.res.Requests++
+		d.res.PromptTokens += int64(c.PromptTokens)
+		d.res.CachedTokens += int64(c.CachedTokens)
+		d.res.OutputTokens += int64(len(c.OutputTokens))
+		d.res.TTFT = append(d.res.TTFT, c.FirstTokenTime-f.at)
+		d.res.E2E = append(d.res.E2E, c.FinishTime-f.at)
+		d.lastFinish = math.Max(d.lastFinish, c.FinishTime)
+		if d.opt.Record {
+			seq := append(f.tail, c.OutputTokens...)
+			keys := f.keys
+			nb := len(keys)
+			if len(seq) >= d.bs {
+				parent := blockhash.Root(d.ns, d.bs)
+				if nb > 0 {
+					parent = keys[nb-1]
+				}
+				for j := 0; j+d.bs <= len(seq); j += d.bs {
+					parent = blockhash.Chain(parent, seq[j:j+d.bs])
+					keys = append(keys, parent)
+				}
+			}
+			d.res.Records = append(d.res.Records, Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq,
+				PromptLen: c.PromptTokens, PromptBlocks: nb, Keys: keys})
+		}
+		if d.opt.Progress != nil {
+			d.opt.Progress.Add(1)
+		}
+		d.outstanding--
+		for _, nx := range d.wl.Done(f.item, c.OutputTokens, d.now) {
+			d.push(&event{t: nx.At, kind: evArrival, item: nx})
+			d.outstanding++
+		}
+	}
+	return nil
+}
+
+// weightUpdate resets every engine's prefix cache (events published through
+// the usual path) and the router's residency, as a weight sync does.
+func (d *driver) weightUpdate() error {
+	for d.h.Len() > 0 { // pending deliveries predate the update
+		ev := heap.Pop(&d.h).(*event)
+		if err := d.handle(ev); err != nil {
+			return err
+		}
+	}
+	for _, e := range d.engines {
+		evs, ok := e.e.ResetPrefixCache(true)
+		if !ok {
+			return fmt.Errorf("engine %s refused the prefix-cache reset", e.id)
+		}
+		if d.pol.Events && len(evs) > 0 {
+			payload, err := kvevents.Encode(&kvevents.Batch{TS: d.now, Events: evs, DPRank: -1}, kvevents.LayoutArray)
+			if err != nil {
+				return err
+			}
+			if err := collector.ApplyPayload(d.r, e.id, payload, &d.stats); err != nil {
+				return err
+			}
+		}
+	}
+	d.r.ResetCache()
+	return nil
+}
+
+func (d *driver) finish() {
+	r := &d.res
+	r.Policy = d.pol.Name
+	sort.Float64s(r.TTFT)
+	sort.Float64s(r.E2E)
+	sort.Float64s(r.DecisionUS)
+	for _, e := range d.engines {
+		st := e.e.Stats()
+		r.GPUHitTokens += st.GPUHitTokens
+		r.CPUHitTokens += st.CPUHitTokens
+		r.SSDHitTokens += st.SSDHitTokens
+		r.Preemptions += st.Preemptions
+		r.Busy = append(r.Busy, st.BusyTime)
+	}
+	if !math.IsInf(d.firstArr, 1) {
+		r.Span = d.lastFinish - d.firstArr
+	}
+	r.Events = d.stats.Snapshot()
+	r.FinalInflight = d.r.TotalInflight()
+	st := d.r.Status()
+	r.Router = st.Counters
+	r.IndexStatus = st.Index
+	r.Unfinished = len(d.flights)
+}
