@@ -9,13 +9,14 @@ BIN        := bin
 LIB        := build/libkvcrouter.so
 FUZZTIME   ?= 30s
 BENCHTIME  ?= 1s
+SOAK_PAIRS ?= 1000000
 GOFILES     = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.venv/*')
 GO_SRC     := $(shell find core cabi -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz lint venv clean
+.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -29,6 +30,8 @@ help:
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
+	@echo "chaos  - long fault/hostile runs: 20 kill/restart cycles, 1M hostile ABI calls, 10M-block flood"
+	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
 	@echo "lint   - gofmt, go vet, ruff"
 
 build:
@@ -95,6 +98,12 @@ gpu-validate: venv build $(PYLIB)
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
+
+chaos: venv $(PYLIB) build
+	$(PY) scripts/chaos.py
+
+soak: venv $(PYLIB) build
+	$(PY) scripts/soak.py --pairs $(SOAK_PAIRS)
 
 lint:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -146,7 +146,7 @@ int32_t kvr_set_kv_endpoints(kvr_handle h, const char *server_id, int64_t server
 
 /* Status as JSON: {"abi_version", "generation", "pool": [ids],
  * "router": {mode, strategy, servers: [{id, load: {inflight, ...}}], index, ...},
- * "collectors": {...}, "panics": N}. */
+ * "collectors": {...}, "panics": N, "goroutines": N}. */
 int32_t kvr_status(kvr_handle h, char **out_json, char **err);
 
 /* Drops every sticky binding. When out_json is non-NULL it receives

@@ -28,6 +28,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/cgo"
 	"unicode/utf8"
 	"unsafe"
@@ -463,6 +464,8 @@ type statusDoc struct {
 	Router     router.Status    `json:"router"`
 	Collectors collector.Status `json:"collectors"`
 	Panics     uint64           `json:"panics"`
+	// Goroutines is the process's goroutine count (leak checks).
+	Goroutines int `json:"goroutines"`
 }
 
 //export kvr_status
@@ -477,6 +480,7 @@ func kvr_status(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.int32_t
 		doc := statusDoc{
 			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.pool,
 			Router: inst.r.Status(), Collectors: inst.coll.Status(), Panics: panics.Load(),
+			Goroutines: runtime.NumGoroutine(),
 		}
 		if doc.Pool == nil {
 			doc.Pool = []string{}

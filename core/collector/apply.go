@@ -115,10 +115,13 @@ func applyTo(ix *index.Index, id index.ServerID, model string, b *kvevents.Batch
 	return nil
 }
 
-// ApplyPayload decodes one raw msgpack KVEventBatch and applies it.
+// ApplyPayload decodes one raw msgpack KVEventBatch and applies it. The
+// payload is already in memory: bounding its size is the caller's (the C
+// ABI's push.max_event_bytes), so a limit configured above the decoder's
+// default is honoured; the per-event limits still apply.
 func ApplyPayload(r *router.Router, server string, payload []byte, st *EventStats) error {
 	var b kvevents.Batch
-	if err := kvevents.DecodeInto(payload, &b); err != nil {
+	if err := (kvevents.Limits{MaxPayloadBytes: len(payload)}).DecodeInto(payload, &b); err != nil {
 		st.DecodeErrors.Add(1)
 		return err
 	}

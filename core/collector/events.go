@@ -62,8 +62,8 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = time.Second
 	}
-	if c.Limits == (kvevents.Limits{}) {
-		c.Limits = kvevents.DefaultLimits
+	if c.Limits.MaxPayloadBytes <= 0 { // the other limits default in DecodeInto
+		c.Limits.MaxPayloadBytes = kvevents.DefaultLimits.MaxPayloadBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -193,7 +193,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
 		return err
 	}
-	if err := sub.Dial(s.ep.Endpoint); err != nil {
+	if err := sub.Dial(dialEndpoint(s.ep.Endpoint)); err != nil {
 		s.setConnected(false)
 		return err
 	}
@@ -369,7 +369,7 @@ func (s *Subscriber) clear() {
 func (s *Subscriber) apply(seq int64, payload []byte) {
 	if len(payload) > s.cfg.Limits.MaxPayloadBytes {
 		s.stats.DecodeErrors.Add(1)
-	} else if err := kvevents.DecodeInto(payload, &s.batch); err != nil {
+	} else if err := s.cfg.Limits.DecodeInto(payload, &s.batch); err != nil {
 		s.stats.DecodeErrors.Add(1)
 	} else if err := Apply(s.r, s.server, &s.batch, &s.stats); err != nil {
 		s.stats.ApplyErrors.Add(1)
@@ -433,7 +433,7 @@ func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialT
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
 	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
+	if err := d.Dial(dialEndpoint(endpoint)); err != nil {
 		return false, 0, err
 	}
 	var start [8]byte

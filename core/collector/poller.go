@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/load"
@@ -205,7 +206,14 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 		tg.lastErr = err.Error()
 		backoff := p.cfg.Interval << min(tg.failures, 16)
 		tg.nextAt = now.Add(min(backoff, p.cfg.BackoffMax))
-		if p.r.Load().Fail(server, err) && !tg.unhealthy {
+		// A refused connection means nothing listens there any more (a
+		// killed engine): avoid it now, not after UnhealthyAfter scrapes
+		// spaced by the backoff (7 intervals with the defaults).
+		fail := p.r.Load().Fail
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			fail = p.r.Load().Down
+		}
+		if fail(server, err) && !tg.unhealthy {
 			tg.unhealthy = true
 			p.cfg.Logger.Warn("metrics: server unhealthy", "server", server, "failures", tg.failures, "err", err)
 		}
@@ -259,9 +267,11 @@ func (p *Poller) Status() []TargetStatus {
 
 // PushMetrics parses Prometheus text for a server and stores it: the push
 // path for callers without HTTP access. Malformed text is an error and the
-// previous snapshot is kept.
+// previous snapshot is kept. The text is already in memory: bounding its
+// size is the caller's (the C ABI's push.max_metrics_bytes), so a limit
+// configured above metrics.DefaultLimit is honoured.
 func PushMetrics(r *router.Router, server string, text []byte, flavor metrics.Flavor) error {
-	m, err := metrics.ParseBytes(text, flavor, 0)
+	m, err := metrics.ParseBytes(text, flavor, int64(len(text)))
 	if err != nil {
 		return err
 	}

@@ -351,6 +351,11 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 		ix.touch(r, s)
 	}
 	s.stored += uint64(n)
+	if s.opts.Approximate {
+		// Nothing else bounds an approximate server's records (a first
+		// pushed batch lands before the server is marked event-fed).
+		ix.enforceCapacity(s)
+	}
 	ix.enforceBudget()
 	return nil
 }

@@ -184,6 +184,29 @@ func (s *Store) Fail(server string, err error) bool {
 	return false
 }
 
+// Down records a failed scrape that shows the server is not serving at all
+// (its port refuses connections, as after a crash): the server turns
+// unhealthy at once rather than after UnhealthyAfter failures. It returns
+// true when this call turned it unhealthy.
+func (s *Store) Down(server string, err error) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.servers[server]
+	if !ok {
+		return false
+	}
+	e.failures++
+	e.errors++
+	if err != nil {
+		e.lastError = err.Error()
+	}
+	if !e.unhealthy {
+		e.unhealthy = true
+		return true
+	}
+	return false
+}
+
 // Snapshot is a point-in-time view of one server.
 type Snapshot struct {
 	Inflight       int     `json:"inflight"`

@@ -1,0 +1,80 @@
+package collector
+
+import (
+	"context"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// go-zeromq's Dial runs the ZMTP handshake with no deadline: a peer that
+// accepts the TCP connection but never speaks ZMTP (a stopped engine
+// process, another service on the port) would block a subscriber forever,
+// and with it Close, server removal and kvr_router_close. Publishers are
+// therefore dialled through guardedTCP, which bounds the handshake.
+
+// zmtpScheme is the transport name tcp:// endpoints are dialled through.
+const zmtpScheme = "kvr-tcp"
+
+// zmtpHandshakeTimeout bounds the peer's ZMTP greeting and first command.
+var zmtpHandshakeTimeout = 2 * time.Second
+
+// zmtpHandshakeBytes is the ZMTP 3 greeting (64 bytes) plus a command
+// header and name: once read, the peer speaks ZMTP and later reads may
+// wait for messages indefinitely.
+const zmtpHandshakeBytes = 64 + 8
+
+func init() {
+	if err := zmq4.RegisterTransport(zmtpScheme, guardedTCP{}); err != nil {
+		panic(err)
+	}
+}
+
+// dialEndpoint maps an endpoint to the one handed to zmq4's Dial.
+func dialEndpoint(ep string) string {
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		return zmtpScheme + "://" + rest
+	}
+	return ep
+}
+
+type guardedTCP struct{}
+
+func (guardedTCP) Dial(ctx context.Context, dialer transport.Dialer, addr string) (net.Conn, error) {
+	c, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.SetReadDeadline(time.Now().Add(zmtpHandshakeTimeout)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &handshakeConn{Conn: c}, nil
+}
+
+func (guardedTCP) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	return net.Listen("tcp", addr)
+}
+
+func (guardedTCP) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
+
+// handshakeConn lifts its read deadline once the handshake bytes arrived.
+// Reads are sequential (the handshake in Dial, then the socket's reader).
+type handshakeConn struct {
+	net.Conn
+	read int
+}
+
+func (c *handshakeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.read < zmtpHandshakeBytes {
+		c.read += n
+		if c.read >= zmtpHandshakeBytes {
+			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
+	}
+	return n, err
+}
