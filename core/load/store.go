@@ -164,24 +164,9 @@ func (s *Store) Update(server string, m Metrics) bool {
 }
 
 // Fail records a failed scrape. It returns true when this failure turned
-// the server unhealthy.
+// the server unhealthy (after UnhealthyAfter consecutive failures).
 func (s *Store) Fail(server string, err error) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.servers[server]
-	if !ok {
-		return false
-	}
-	e.failures++
-	e.errors++
-	if err != nil {
-		e.lastError = err.Error()
-	}
-	if !e.unhealthy && e.failures >= s.cfg.UnhealthyAfter {
-		e.unhealthy = true
-		return true
-	}
-	return false
+	return s.fail(server, err, s.cfg.UnhealthyAfter)
 }
 
 // Down records a failed scrape that shows the server is not serving at all
@@ -189,6 +174,10 @@ func (s *Store) Fail(server string, err error) bool {
 // unhealthy at once rather than after UnhealthyAfter failures. It returns
 // true when this call turned it unhealthy.
 func (s *Store) Down(server string, err error) bool {
+	return s.fail(server, err, 1)
+}
+
+func (s *Store) fail(server string, err error, threshold int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.servers[server]
@@ -200,7 +189,7 @@ func (s *Store) Down(server string, err error) bool {
 	if err != nil {
 		e.lastError = err.Error()
 	}
-	if !e.unhealthy {
+	if !e.unhealthy && e.failures >= threshold {
 		e.unhealthy = true
 		return true
 	}

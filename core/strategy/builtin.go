@@ -100,24 +100,11 @@ func (k *KVCAware) Validate() error {
 	if k.SavedScaleTokens < 0 {
 		return fmt.Errorf("kvc_aware: saved_scale_tokens must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
 	}
-	k.tier = [index.NumTiers]float64{}
-	for name, w := range k.LayerWeights {
-		var t index.Tier
-		switch name {
-		case "gpu":
-			t = index.GPU
-		case "cpu":
-			t = index.CPU
-		case "ssd":
-			t = index.SSD
-		default:
-			return fmt.Errorf("kvc_aware: layer_weights has unknown tier %q (allowed: gpu, cpu, ssd)", name)
-		}
-		if !(w >= 0 && w <= 1) || math.IsInf(w, 0) {
-			return fmt.Errorf("kvc_aware: layer_weights.%s must be in [0, 1], got %v", name, w)
-		}
-		k.tier[t] = w
+	tw, err := tierWeights("kvc_aware: layer_weights", k.LayerWeights)
+	if err != nil {
+		return err
 	}
+	k.tier = tw
 	return nil
 }
 

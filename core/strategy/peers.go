@@ -265,10 +265,10 @@ func tierWeights(name string, m map[string]float64) ([index.NumTiers]float64, er
 		case "ssd":
 			t = index.SSD
 		default:
-			return out, fmt.Errorf("%s: unknown tier %q", name, k)
+			return out, fmt.Errorf("%s has unknown tier %q (allowed: gpu, cpu, ssd)", name, k)
 		}
 		if !(w >= 0 && w <= 1) {
-			return out, fmt.Errorf("%s: tier weight %s must be in [0, 1]", name, k)
+			return out, fmt.Errorf("%s.%s must be in [0, 1], got %v", name, k, w)
 		}
 		out[t] = w
 	}
