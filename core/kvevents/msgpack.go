@@ -142,60 +142,41 @@ func (d *dec) lenField(size int) (int, error) {
 // remaining bytes (every element takes at least one byte) before anything is
 // allocated from it. what names the expected value in error messages.
 func (d *dec) arrayLen(what string) (int, error) {
-	c, err := d.peek()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		d.off++
-		n = int(c & 0x0f)
-	case c == 0xdc:
-		d.off++
-		if n, err = d.lenField(2); err != nil {
-			return 0, err
-		}
-	case c == 0xdd:
-		d.off++
-		if n, err = d.lenField(4); err != nil {
-			return 0, err
-		}
-	default:
-		return 0, d.errf("%s: want array, got %s", what, kindName(c))
-	}
-	if n > d.remaining() {
-		return 0, d.errf("truncated input: array declares %d elements but only %d bytes remain", n, d.remaining())
-	}
-	return n, nil
+	return d.containerLen(what, "array", "elements", 0x90, 0xdc, 0xdd, 1)
 }
 
-// mapLen reads a map header, checking the declared length like arrayLen.
+// mapLen reads a map header, checking the declared length like arrayLen
+// (every entry takes at least two bytes).
 func (d *dec) mapLen(what string) (int, error) {
+	return d.containerLen(what, "map", "entries", 0x80, 0xde, 0xdf, 2)
+}
+
+// containerLen reads a fix/16/32-bit container header whose fix form is
+// fix..fix+15 and whose wider forms are code16 and code32.
+func (d *dec) containerLen(what, kind, unit string, fix, code16, code32 byte, minBytes int) (int, error) {
 	c, err := d.peek()
 	if err != nil {
 		return 0, err
 	}
 	var n int
 	switch {
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix|0x0f:
 		d.off++
 		n = int(c & 0x0f)
-	case c == 0xde:
+	case c == code16 || c == code32:
 		d.off++
-		if n, err = d.lenField(2); err != nil {
-			return 0, err
+		size := 2
+		if c == code32 {
+			size = 4
 		}
-	case c == 0xdf:
-		d.off++
-		if n, err = d.lenField(4); err != nil {
+		if n, err = d.lenField(size); err != nil {
 			return 0, err
 		}
 	default:
-		return 0, d.errf("%s: want map, got %s", what, kindName(c))
+		return 0, d.errf("%s: want %s, got %s", what, kind, kindName(c))
 	}
-	if n > d.remaining()/2 {
-		return 0, d.errf("truncated input: map declares %d entries but only %d bytes remain", n, d.remaining())
+	if n > d.remaining()/minBytes {
+		return 0, d.errf("truncated input: %s declares %d %s but only %d bytes remain", kind, n, unit, d.remaining())
 	}
 	return n, nil
 }
