@@ -47,7 +47,15 @@ def _check_upstream(cfg):
         {
             "name": "kvc_aware",
             "weight": 1.0,
-            "params": {"alpha": 0.7, "load_threshold": 0.9, "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}},
+            "params": {
+                "alpha": 0.7,
+                "load_threshold": 0.9,
+                "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
+                "marginal": True,
+                "token_load": True,
+                "saved_scale_tokens": 4096,
+                "kv_tokens": 480_000,
+            },
         }
     ]
     assert native["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
@@ -272,3 +280,41 @@ def test_arbitrary_input_never_crashes(tree):
         return
     if cfg is not None:
         cfg.native()
+
+
+def test_kvc_aware_refinement_knobs_reach_the_native_config() -> None:
+    from kvc_router.config import load_router_config
+
+    cfg = load_router_config(
+        {
+            "type": "kvc_aware",
+            "config": {
+                "strategies": [
+                    {
+                        "_target_": "kvc_router.config.KVCAwareStrategyConfig",
+                        "marginal": False,
+                        "token_load": False,
+                        "saved_scale_tokens": 0,
+                        "kv_tokens": 1000,
+                    }
+                ]
+            },
+        }
+    )
+    params = cfg.strategies[0].native()["params"]
+    assert params["marginal"] is False and params["token_load"] is False
+    assert params["saved_scale_tokens"] == 0 and params["kv_tokens"] == 1000
+    assert params["alpha"] == 0.3  # the tuned default
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("marginal", "yes"), ("token_load", 1), ("saved_scale_tokens", -1), ("kv_tokens", 0), ("kv_tokens", 1.5)],
+)
+def test_kvc_aware_refinement_knobs_are_validated(key: str, value: object) -> None:
+    from kvc_router.config import load_router_config
+    from kvc_router.errors import ConfigError
+
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", key: value}
+    with pytest.raises(ConfigError, match=key):
+        load_router_config({"type": "kvc_aware", "config": {"strategies": [strategy]}})

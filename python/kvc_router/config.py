@@ -67,6 +67,14 @@ class KVCAwareStrategyConfig:
     layer_weights: Mapping[str, float] = field(default_factory=lambda: {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1})
     collector_names: Tuple[str, ...] = ()
     weight: float = 1.0
+    # Refinements (core/strategy KVCAware): credit only hits beyond the
+    # least-hit server; load at least in-flight prompt tokens / KV capacity
+    # (kv_tokens when a server reports none); credit scaled by
+    # min(1, saved tokens / saved_scale_tokens), 0 disables the scale.
+    marginal: bool = True
+    token_load: bool = True
+    saved_scale_tokens: int = 4096
+    kv_tokens: int = 480_000
 
     name = _KVC
 
@@ -78,6 +86,10 @@ class KVCAwareStrategyConfig:
                 "alpha": self.alpha,
                 "load_threshold": self.load_threshold,
                 "layer_weights": dict(self.layer_weights),
+                "marginal": self.marginal,
+                "token_load": self.token_load,
+                "saved_scale_tokens": self.saved_scale_tokens,
+                "kv_tokens": self.kv_tokens,
             },
         }
 
@@ -461,7 +473,19 @@ def _parse_strategies(value: Any, key: str) -> List[Any]:
     return [_parse_strategy(_plain(s), f"{key}[{i}]") for i, s in enumerate(value)]
 
 
-_KVC_KEYS = ("_target_", "name", "alpha", "load_threshold", "layer_weights", "collector_names", "weight")
+_KVC_KEYS = (
+    "_target_",
+    "name",
+    "alpha",
+    "load_threshold",
+    "layer_weights",
+    "collector_names",
+    "weight",
+    "marginal",
+    "token_load",
+    "saved_scale_tokens",
+    "kv_tokens",
+)
 _LEAST_KEYS = ("_target_", "name", "collector_names", "weight")
 
 
@@ -517,12 +541,20 @@ def _parse_strategy(s: Any, prefix: str) -> Any:
                     f"{key}.{tier}: unknown tier (allowed: {allowed_text(TIERS)})", key=f"{key}.{tier}", allowed=TIERS
                 )
             weights[tier] = _float(w, f"{key}.{tier}", lo=0.0, hi=1.0)
+    marginal = _opt_bool(s, "marginal", prefix)
+    token_load = _opt_bool(s, "token_load", prefix)
+    saved_scale = _opt_int(s, "saved_scale_tokens", prefix, lo=0)
+    kv_tokens = _opt_int(s, "kv_tokens", prefix, lo=1)
     return KVCAwareStrategyConfig(
         alpha=d.alpha if alpha is None else alpha,
         load_threshold=d.load_threshold if thr is None else thr,
         layer_weights=weights,
         collector_names=collectors,
         weight=1.0 if weight is None else weight,
+        marginal=d.marginal if marginal is None else marginal,
+        token_load=d.token_load if token_load is None else token_load,
+        saved_scale_tokens=d.saved_scale_tokens if saved_scale is None else saved_scale,
+        kv_tokens=d.kv_tokens if kv_tokens is None else kv_tokens,
     )
 
 
