@@ -207,6 +207,11 @@ func (d *dec) strBytes(what string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.take(n)
+}
+
+// take returns the next n bytes (aliasing the payload) and advances.
+func (d *dec) take(n int) ([]byte, error) {
 	if err := d.need(n); err != nil {
 		return nil, err
 	}
@@ -238,12 +243,7 @@ func (d *dec) binOrStr(what string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.need(n); err != nil {
-		return nil, err
-	}
-	s := d.b[d.off : d.off+n : d.off+n]
-	d.off += n
-	return s, nil
+	return d.take(n)
 }
 
 // integer reads any msgpack integer. It returns the 64 raw bits and whether

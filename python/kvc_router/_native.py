@@ -327,50 +327,29 @@ class Router:
         The server id is only returned (non-None) when the generation differs
         from ``known_gen``; otherwise the caller's mirror of the pool names it.
         """
-        idx, gen, sid, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
-        code = self._lib.kvr_acquire(
-            self._h(),
-            request_id,
-            len(request_id),
-            addr,
-            n,
-            pin,
-            lora,
-            len(lora),
-            known_gen,
-            byref(idx),
-            byref(gen),
-            byref(sid),
-            None,
-            byref(err),
-        )
-        if code:
-            _check(self._lib, code, err)
-        return idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+        sid = c_void_p()
+        idx, gen = self._acquire(request_id, addr, n, pin, lora, known_gen, byref(sid), None)
+        return idx, gen, (take_string(self._lib, sid) if sid.value else None)
 
     def acquire_detail(self, request_id: bytes, addr: Optional[int], n: int, pin: int = -1, lora: bytes = b"") -> dict:
         """Routes a request; returns the decision (server, reason, score, hits...)."""
-        idx, gen, out, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
-        code = self._lib.kvr_acquire(
-            self._h(),
-            request_id,
-            len(request_id),
-            addr,
-            n,
-            pin,
-            lora,
-            len(lora),
-            -1,
-            byref(idx),
-            byref(gen),
-            None,
-            byref(out),
-            byref(err),
-        )
-        _check(self._lib, code, err)
+        out = c_void_p()
+        idx, gen = self._acquire(request_id, addr, n, pin, lora, -1, None, byref(out))
         d = json.loads(take_string(self._lib, out) or "{}")
-        d["index"], d["generation"] = idx.value, gen.value
+        d["index"], d["generation"] = idx, gen
         return d
+
+    def _acquire(
+        self, request_id: bytes, addr: Optional[int], n: int, pin: int, lora: bytes, known_gen: int, sid: Any, out: Any
+    ) -> Tuple[int, int]:
+        idx, gen, err = c_int32(-1), c_int64(0), c_void_p()
+        code = self._lib.kvr_acquire(
+            self._h(), request_id, len(request_id), addr, n, pin, lora, len(lora), known_gen,
+            byref(idx), byref(gen), sid, out, byref(err),
+        )
+        if code:
+            _check(self._lib, code, err)
+        return idx.value, gen.value
 
     def release(self, server_id: bytes) -> bool:
         released, err = c_int32(0), c_void_p()
