@@ -11,7 +11,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/bench"
+	"github.com/kvc-router/kvc-router/core/tooling/bench"
 )
 
 type sweepPoint struct {

@@ -32,8 +32,8 @@ import (
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/sim"
-	"github.com/kvc-router/kvc-router/core/sim/server"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim/server"
 )
 
 func main() {

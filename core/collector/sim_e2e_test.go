@@ -12,8 +12,8 @@ import (
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/kvevents"
 	"github.com/kvc-router/kvc-router/core/router"
-	"github.com/kvc-router/kvc-router/core/sim"
-	"github.com/kvc-router/kvc-router/core/sim/server"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim/server"
 )
 
 // The strongest end-to-end check the project has: real simulated vLLM

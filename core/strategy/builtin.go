@@ -12,14 +12,14 @@ import (
 func init() {
 	Register("least_inflight", func(p json.RawMessage) (Strategy, error) {
 		var v struct{}
-		if err := decodeStrict(p, &v); err != nil {
+		if err := DecodeStrict(p, &v); err != nil {
 			return nil, fmt.Errorf("least_inflight: %w", err)
 		}
 		return LeastInflight{}, nil
 	})
 	Register("kvc_aware", func(p json.RawMessage) (Strategy, error) {
 		k := DefaultKVCAware()
-		if err := decodeStrict(p, &k); err != nil {
+		if err := DecodeStrict(p, &k); err != nil {
 			return nil, fmt.Errorf("kvc_aware: %w", err)
 		}
 		if err := k.Validate(); err != nil {
@@ -100,7 +100,7 @@ func (k *KVCAware) Validate() error {
 	if k.SavedScaleTokens < 0 {
 		return fmt.Errorf("kvc_aware: saved_scale_tokens must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
 	}
-	tw, err := tierWeights("kvc_aware: layer_weights", k.LayerWeights)
+	tw, err := TierWeights("kvc_aware: layer_weights", k.LayerWeights)
 	if err != nil {
 		return err
 	}
@@ -172,3 +172,26 @@ func tokenLoad(c *Candidate, fallback int) float64 {
 // or the in-flight prompt tokens over KV capacity when higher); the router
 // uses it for the sticky overload breakout so both agree.
 func EffectiveLoad(c *Candidate) float64 { return tokenLoad(c, DefaultKVTokens) }
+
+// TierWeights parses a {gpu, cpu, ssd} weight map; name prefixes errors.
+func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
+	var out [index.NumTiers]float64
+	for k, w := range m {
+		var t index.Tier
+		switch k {
+		case "gpu":
+			t = index.GPU
+		case "cpu":
+			t = index.CPU
+		case "ssd":
+			t = index.SSD
+		default:
+			return out, fmt.Errorf("%s has unknown tier %q (allowed: gpu, cpu, ssd)", name, k)
+		}
+		if !(w >= 0 && w <= 1) {
+			return out, fmt.Errorf("%s.%s must be in [0, 1], got %v", name, k, w)
+		}
+		out[t] = w
+	}
+	return out, nil
+}

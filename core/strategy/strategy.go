@@ -87,8 +87,8 @@ func Build(name string, params json.RawMessage) (Strategy, error) {
 	return f(params)
 }
 
-// decodeStrict unmarshals params rejecting unknown fields.
-func decodeStrict(params json.RawMessage, v any) error {
+// DecodeStrict unmarshals params rejecting unknown fields.
+func DecodeStrict(params json.RawMessage, v any) error {
 	dec := json.NewDecoder(strings.NewReader(string(params)))
 	dec.DisallowUnknownFields()
 	return dec.Decode(v)

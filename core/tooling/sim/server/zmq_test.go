@@ -11,7 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 type liveMsg struct {

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // CompletionRequest is the parsed subset of OpenAI/vLLM CompletionRequest

@@ -16,8 +16,8 @@ import (
 	"github.com/kvc-router/kvc-router/core/kvevents"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/router"
-	"github.com/kvc-router/kvc-router/core/sim"
-	"github.com/kvc-router/kvc-router/core/strategy"
+	"github.com/kvc-router/kvc-router/core/tooling/peers"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // EngineSpec sizes the simulated fleet. Zero fields take sim defaults.
@@ -201,8 +201,8 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 	d := &driver{opt: opt, pol: pol, wl: wl, byName: map[string]int{}, flights: map[string]*flight{},
 		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1)}
 	sigName := fmt.Sprintf("kvbench-%d", runSeq.Add(1))
-	strategy.RegisterSignals(sigName, signals{d})
-	defer strategy.RegisterSignals(sigName, nil)
+	peers.RegisterSignals(sigName, signals{d})
+	defer peers.RegisterSignals(sigName, nil)
 	cfg := pol.Config(sigName)
 	cfg.Now = func() time.Time { return d.epoch.Add(time.Duration(d.now * float64(time.Second))) }
 	r, err := router.New(cfg)

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // Config configures one simulated vLLM API server.

@@ -1,8 +1,8 @@
-package strategy
+package peers
 
 // Peer policies: the scoring rules of other routers, re-implemented from
 // their published descriptions (project reference routing-anchors.md) so
-// that a benchmark can run every policy through this package's Strategy
+// that a benchmark can run every policy through this package's strategy.Strategy
 // interface and the same router. None of them is a default of kvc-router.
 //
 //   - round_robin: the next server in pool order, one step per decision.
@@ -16,11 +16,11 @@ package strategy
 //   - dynamo_cost: Dynamo's linear cost over prefill and decode blocks with
 //     tier-weighted overlap credit (argmin; returned negated).
 //
-// Some of these systems read signals a Candidate does not carry (scraped
+// Some of these systems read signals a strategy.Candidate does not carry (scraped
 // waiting queue and KV usage, router-side active prefill/decode blocks).
 // They get them from a Signals provider registered under a name and named
 // in the strategy's "signals" parameter; without one they fall back to the
-// Candidate's own fields, as documented on each type.
+// strategy.Candidate's own fields, as documented on each type.
 
 import (
 	"fmt"
@@ -32,9 +32,10 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/strategy"
 )
 
-// Signals supplies per-server inputs beyond Candidate.
+// Signals supplies per-server inputs beyond strategy.Candidate.
 type Signals interface {
 	// Metrics is the server's last scraped metrics (ok false if none).
 	Metrics(server string) (load.Metrics, bool)
@@ -70,25 +71,25 @@ func lookupSignals(name string) Signals {
 }
 
 func init() {
-	Register("round_robin", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("round_robin", func(p json.RawMessage) (strategy.Strategy, error) {
 		var v struct{}
-		if err := decodeStrict(p, &v); err != nil {
+		if err := strategy.DecodeStrict(p, &v); err != nil {
 			return nil, fmt.Errorf("round_robin: %w", err)
 		}
 		return &RoundRobin{}, nil
 	})
-	Register("random", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("random", func(p json.RawMessage) (strategy.Strategy, error) {
 		v := struct {
 			Seed uint64 `json:"seed"`
 		}{}
-		if err := decodeStrict(p, &v); err != nil {
+		if err := strategy.DecodeStrict(p, &v); err != nil {
 			return nil, fmt.Errorf("random: %w", err)
 		}
 		return NewRandom(v.Seed), nil
 	})
-	Register("sglang_cache_aware", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("sglang_cache_aware", func(p json.RawMessage) (strategy.Strategy, error) {
 		s := DefaultSGLang()
-		if err := decodeStrict(p, &s); err != nil {
+		if err := strategy.DecodeStrict(p, &s); err != nil {
 			return nil, fmt.Errorf("sglang_cache_aware: %w", err)
 		}
 		if !(s.CacheThreshold >= 0 && s.CacheThreshold <= 1) || s.BalanceAbs < 0 || s.BalanceRel < 1 {
@@ -96,15 +97,15 @@ func init() {
 		}
 		return &s, nil
 	})
-	Register("llmd_weighted", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("llmd_weighted", func(p json.RawMessage) (strategy.Strategy, error) {
 		return buildLLMD("llmd_weighted", DefaultLLMDApprox(), p)
 	})
-	Register("llmd_precise", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("llmd_precise", func(p json.RawMessage) (strategy.Strategy, error) {
 		return buildLLMD("llmd_precise", DefaultLLMDPrecise(), p)
 	})
-	Register("dynamo_cost", func(p json.RawMessage) (Strategy, error) {
+	strategy.Register("dynamo_cost", func(p json.RawMessage) (strategy.Strategy, error) {
 		d := DefaultDynamo()
-		if err := decodeStrict(p, &d); err != nil {
+		if err := strategy.DecodeStrict(p, &d); err != nil {
 			return nil, fmt.Errorf("dynamo_cost: %w", err)
 		}
 		if d.BlockSize <= 0 {
@@ -117,11 +118,11 @@ func init() {
 // RoundRobin picks candidates in turn: decision k prefers candidate k mod n.
 type RoundRobin struct{ next int }
 
-// Name implements Strategy.
+// Name implements strategy.Strategy.
 func (*RoundRobin) Name() string { return "round_robin" }
 
-// Score implements Strategy.
-func (r *RoundRobin) Score(_ *Request, c []Candidate, out []float64) {
+// Score implements strategy.Strategy.
+func (r *RoundRobin) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
 	n := len(c)
 	if n == 0 {
 		return
@@ -141,11 +142,11 @@ func NewRandom(seed uint64) *Random {
 	return &Random{rng: rand.New(rand.NewPCG(seed, 0x72616e646f6d))}
 }
 
-// Name implements Strategy.
+// Name implements strategy.Strategy.
 func (*Random) Name() string { return "random" }
 
-// Score implements Strategy.
-func (r *Random) Score(_ *Request, c []Candidate, out []float64) {
+// Score implements strategy.Strategy.
+func (r *Random) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
 	for i := range c {
 		out[i] = r.rng.Float64()
 	}
@@ -166,11 +167,11 @@ type SGLang struct {
 // DefaultSGLang returns 0.3 / 64 / 1.5.
 func DefaultSGLang() SGLang { return SGLang{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5} }
 
-// Name implements Strategy.
+// Name implements strategy.Strategy.
 func (*SGLang) Name() string { return "sglang_cache_aware" }
 
-// Score implements Strategy.
-func (s *SGLang) Score(_ *Request, c []Candidate, out []float64) {
+// Score implements strategy.Strategy.
+func (s *SGLang) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
 	if len(c) == 0 {
 		return
 	}
@@ -194,7 +195,7 @@ func (s *SGLang) Score(_ *Request, c []Candidate, out []float64) {
 	}
 }
 
-func matchRatio(c *Candidate) float64 {
+func matchRatio(c *strategy.Candidate) float64 {
 	if c.HittableBlocks <= 0 {
 		return 0
 	}
@@ -209,7 +210,7 @@ func matchRatio(c *Candidate) float64 {
 //	         hashes at most 256 blocks of the prompt)
 //	queue  = (maxQ − q)/(maxQ − minQ), 1 when all equal; q = scraped waiting
 //	         requests (router in-flight count without signals)
-//	kv     = 1 − kv_cache_usage (1 − Candidate.Load without signals)
+//	kv     = 1 − kv_cache_usage (1 − strategy.Candidate.Load without signals)
 type LLMD struct {
 	PrefixWeight    float64            `json:"prefix_weight"`
 	QueueWeight     float64            `json:"queue_weight"`
@@ -236,14 +237,14 @@ func DefaultLLMDPrecise() LLMD {
 	return LLMD{PrefixWeight: 2, QueueWeight: 1, KVWeight: 1, TierWeights: map[string]float64{"gpu": 1, "cpu": 0.8}}
 }
 
-func buildLLMD(name string, l LLMD, p json.RawMessage) (Strategy, error) {
-	if err := decodeStrict(p, &l); err != nil {
+func buildLLMD(name string, l LLMD, p json.RawMessage) (strategy.Strategy, error) {
+	if err := strategy.DecodeStrict(p, &l); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if l.PrefixWeight < 0 || l.QueueWeight < 0 || l.KVWeight < 0 || l.MaxPrefixBlocks < 0 {
 		return nil, fmt.Errorf("%s: weights and max_prefix_blocks must not be negative", name)
 	}
-	tw, err := tierWeights(name, l.TierWeights)
+	tw, err := strategy.TierWeights(name, l.TierWeights)
 	if err != nil {
 		return nil, err
 	}
@@ -253,33 +254,11 @@ func buildLLMD(name string, l LLMD, p json.RawMessage) (Strategy, error) {
 	return &l, nil
 }
 
-func tierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
-	var out [index.NumTiers]float64
-	for k, w := range m {
-		var t index.Tier
-		switch k {
-		case "gpu":
-			t = index.GPU
-		case "cpu":
-			t = index.CPU
-		case "ssd":
-			t = index.SSD
-		default:
-			return out, fmt.Errorf("%s has unknown tier %q (allowed: gpu, cpu, ssd)", name, k)
-		}
-		if !(w >= 0 && w <= 1) {
-			return out, fmt.Errorf("%s.%s must be in [0, 1], got %v", name, k, w)
-		}
-		out[t] = w
-	}
-	return out, nil
-}
-
-// Name implements Strategy.
+// Name implements strategy.Strategy.
 func (l *LLMD) Name() string { return l.name }
 
-// Score implements Strategy.
-func (l *LLMD) Score(_ *Request, c []Candidate, out []float64) {
+// Score implements strategy.Strategy.
+func (l *LLMD) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
 	sig := lookupSignals(l.SignalsName)
 	if cap(l.q) < len(c) {
 		l.q = make([]float64, len(c))
@@ -310,7 +289,7 @@ func (l *LLMD) Score(_ *Request, c []Candidate, out []float64) {
 	}
 }
 
-func (l *LLMD) prefix(c *Candidate) float64 {
+func (l *LLMD) prefix(c *strategy.Candidate) float64 {
 	total := c.HittableBlocks
 	if l.MaxPrefixBlocks > 0 && total > l.MaxPrefixBlocks {
 		total = l.MaxPrefixBlocks
@@ -360,11 +339,11 @@ func DefaultDynamo() Dynamo {
 	return Dynamo{OverlapCredit: 1, PrefillLoadScale: 1, HostWeight: 0.75, DiskWeight: 0.25, BlockSize: 16}
 }
 
-// Name implements Strategy.
+// Name implements strategy.Strategy.
 func (*Dynamo) Name() string { return "dynamo_cost" }
 
-// Score implements Strategy.
-func (d *Dynamo) Score(_ *Request, c []Candidate, out []float64) {
+// Score implements strategy.Strategy.
+func (d *Dynamo) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
 	sig := lookupSignals(d.SignalsName)
 	for i := range c {
 		out[i] = -d.Cost(&c[i], sig)
@@ -372,7 +351,7 @@ func (d *Dynamo) Score(_ *Request, c []Candidate, out []float64) {
 }
 
 // Cost returns the candidate's cost (lower is better).
-func (d *Dynamo) Cost(c *Candidate, sig Signals) float64 {
+func (d *Dynamo) Cost(c *strategy.Candidate, sig Signals) float64 {
 	est := float64(c.InflightTokens) / float64(d.BlockSize)
 	pre, dec := est, est
 	if sig != nil {

@@ -1,4 +1,4 @@
-package strategy
+package peers
 
 import (
 	"math"
@@ -8,24 +8,25 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/strategy"
 )
 
-func cand(id string, order, inflight int, hit [index.NumTiers]int, hittable int) Candidate {
+func cand(id string, order, inflight int, hit [index.NumTiers]int, hittable int) strategy.Candidate {
 	n := hit[0] + hit[1] + hit[2]
-	return Candidate{ID: id, Order: order, Inflight: inflight, Healthy: true, Fresh: true,
+	return strategy.Candidate{ID: id, Order: order, Inflight: inflight, Healthy: true, Fresh: true,
 		Hit: index.Match{Blocks: n, Tier: hit}, HittableBlocks: hittable}
 }
 
-func peerPick(t *testing.T, s Strategy, c []Candidate) string {
+func peerPick(t *testing.T, s strategy.Strategy, c []strategy.Candidate) string {
 	t.Helper()
 	out := make([]float64, len(c))
-	s.Score(&Request{}, c, out)
-	return c[Pick(c, out)].ID
+	s.Score(&strategy.Request{}, c, out)
+	return c[strategy.Pick(c, out)].ID
 }
 
-func build(t *testing.T, name, params string) Strategy {
+func build(t *testing.T, name, params string) strategy.Strategy {
 	t.Helper()
-	s, err := Build(name, json.RawMessage(params))
+	s, err := strategy.Build(name, json.RawMessage(params))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func build(t *testing.T, name, params string) Strategy {
 
 func TestRoundRobinCycles(t *testing.T) {
 	s := build(t, "round_robin", "")
-	c := []Candidate{cand("a", 0, 5, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0)}
+	c := []strategy.Candidate{cand("a", 0, 5, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0)}
 	var got []string
 	for i := 0; i < 6; i++ {
 		got = append(got, peerPick(t, s, c))
@@ -48,7 +49,7 @@ func TestRoundRobinCycles(t *testing.T) {
 }
 
 func TestRandomSeeded(t *testing.T) {
-	c := []Candidate{cand("a", 0, 0, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0), cand("d", 3, 0, [3]int{}, 0)}
+	c := []strategy.Candidate{cand("a", 0, 0, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0), cand("d", 3, 0, [3]int{}, 0)}
 	seq := func(seed string) []string {
 		s := build(t, "random", `{"seed":`+seed+`}`)
 		var out []string
@@ -74,21 +75,21 @@ func TestSGLangRule(t *testing.T) {
 	s := build(t, "sglang_cache_aware", "")
 	cases := []struct {
 		name string
-		c    []Candidate
+		c    []strategy.Candidate
 		want string
 	}{
 		{"match above threshold wins over load",
-			[]Candidate{cand("a", 0, 10, [3]int{5, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}, "a"},
+			[]strategy.Candidate{cand("a", 0, 10, [3]int{5, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}, "a"},
 		{"match at or below threshold -> least loaded",
-			[]Candidate{cand("a", 0, 10, [3]int{3, 0, 0}, 10), cand("b", 1, 2, [3]int{}, 10)}, "b"},
+			[]strategy.Candidate{cand("a", 0, 10, [3]int{3, 0, 0}, 10), cand("b", 1, 2, [3]int{}, 10)}, "b"},
 		{"longest match among several",
-			[]Candidate{cand("a", 0, 0, [3]int{4, 0, 0}, 10), cand("b", 1, 9, [3]int{8, 0, 0}, 10)}, "b"},
+			[]strategy.Candidate{cand("a", 0, 0, [3]int{4, 0, 0}, 10), cand("b", 1, 9, [3]int{8, 0, 0}, 10)}, "b"},
 		{"equal match -> less loaded",
-			[]Candidate{cand("a", 0, 9, [3]int{8, 0, 0}, 10), cand("b", 1, 3, [3]int{8, 0, 0}, 10)}, "b"},
+			[]strategy.Candidate{cand("a", 0, 9, [3]int{8, 0, 0}, 10), cand("b", 1, 3, [3]int{8, 0, 0}, 10)}, "b"},
 		{"imbalanced (diff 70 > 64, 80 > 1.5*10) -> shortest queue despite match",
-			[]Candidate{cand("a", 0, 80, [3]int{10, 0, 0}, 10), cand("b", 1, 10, [3]int{}, 10)}, "b"},
+			[]strategy.Candidate{cand("a", 0, 80, [3]int{10, 0, 0}, 10), cand("b", 1, 10, [3]int{}, 10)}, "b"},
 		{"abs gap alone is not imbalance (200 vs 134: gap 66 > 64 but 200 <= 1.5*134)",
-			[]Candidate{cand("a", 0, 200, [3]int{10, 0, 0}, 10), cand("b", 1, 134, [3]int{}, 10)}, "a"},
+			[]strategy.Candidate{cand("a", 0, 200, [3]int{10, 0, 0}, 10), cand("b", 1, 134, [3]int{}, 10)}, "a"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,9 +119,9 @@ func TestLLMDScores(t *testing.T) {
 	RegisterSignals("peers-test", sig)
 	defer RegisterSignals("peers-test", nil)
 	s := build(t, "llmd_weighted", `{"signals":"peers-test"}`)
-	c := []Candidate{cand("a", 0, 0, [3]int{8, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
+	c := []strategy.Candidate{cand("a", 0, 0, [3]int{8, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	out := make([]float64, 2)
-	s.Score(&Request{}, c, out)
+	s.Score(&strategy.Request{}, c, out)
 	// a: 3*0.8 + 2*0 + 2*0.5 = 3.4; b: 3*0 + 2*1 + 2*0.9 = 3.8
 	for i, want := range []float64{3.4, 3.8} {
 		if math.Abs(out[i]-want) > 1e-6 {
@@ -129,15 +130,15 @@ func TestLLMDScores(t *testing.T) {
 	}
 	// The approximate scorer hashes at most 256 blocks: 256 matched of a
 	// 1,000-block prompt is a full prefix score.
-	c2 := []Candidate{cand("a", 0, 0, [3]int{256, 0, 0}, 1000)}
-	s.Score(&Request{}, c2, out[:1])
+	c2 := []strategy.Candidate{cand("a", 0, 0, [3]int{256, 0, 0}, 1000)}
+	s.Score(&strategy.Request{}, c2, out[:1])
 	if want := 3*1.0 + 2*1 + 2*0.5; math.Abs(out[0]-want) > 1e-6 {
 		t.Fatalf("capped prefix score %v, want %v", out[0], want)
 	}
 	// Precise: tier weights gpu 1.0, cpu 0.8; weights 2/1/1.
 	p := build(t, "llmd_precise", `{"signals":"peers-test"}`)
-	c3 := []Candidate{cand("a", 0, 0, [3]int{5, 5, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
-	p.Score(&Request{}, c3, out)
+	c3 := []strategy.Candidate{cand("a", 0, 0, [3]int{5, 5, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
+	p.Score(&strategy.Request{}, c3, out)
 	// a: 2*(5+4)/10 + 1*0 + 1*0.5 = 2.3; b: 0 + 1 + 0.9 = 1.9
 	for i, want := range []float64{2.3, 1.9} {
 		if math.Abs(out[i]-want) > 1e-6 {
@@ -146,7 +147,7 @@ func TestLLMDScores(t *testing.T) {
 	}
 	// Without signals: queue from in-flight, kv from Load.
 	n := build(t, "llmd_weighted", "")
-	c4 := []Candidate{cand("a", 0, 4, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10)}
+	c4 := []strategy.Candidate{cand("a", 0, 4, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	c4[0].Load, c4[1].Load = 0.5, 0.5
 	if got := peerPick(t, n, c4); got != "b" {
 		t.Fatalf("fallback picked %s, want b (shorter queue)", got)
@@ -160,7 +161,7 @@ func TestDynamoCost(t *testing.T) {
 	s := build(t, "dynamo_cost", `{"signals":"dyn-test"}`)
 	d := s.(*Dynamo)
 	cases := []struct {
-		c    Candidate
+		c    strategy.Candidate
 		want float64
 	}{
 		// request blocks = hittable+1 = 20; a: prefill 10+20-16 = 14, decode 100+20 -> 134
@@ -175,13 +176,13 @@ func TestDynamoCost(t *testing.T) {
 			t.Fatalf("case %d: cost %v, want %v", i, got, tc.want)
 		}
 	}
-	c := []Candidate{cases[0].c, cases[1].c}
+	c := []strategy.Candidate{cases[0].c, cases[1].c}
 	if got := peerPick(t, s, c); got != "b" {
 		t.Fatalf("picked %s, want the cheaper b", got)
 	}
 	// Without signals the in-flight prompt tokens stand in for both loads.
 	n := build(t, "dynamo_cost", "")
-	c2 := []Candidate{cand("a", 0, 1, [3]int{}, 9), cand("b", 1, 1, [3]int{}, 9)}
+	c2 := []strategy.Candidate{cand("a", 0, 1, [3]int{}, 9), cand("b", 1, 1, [3]int{}, 9)}
 	c2[0].InflightTokens, c2[1].InflightTokens = 1600, 160
 	if got := peerPick(t, n, c2); got != "b" {
 		t.Fatalf("fallback picked %s, want b", got)
@@ -193,51 +194,8 @@ func TestPeerParamsStrict(t *testing.T) {
 		{"round_robin", `{"x":1}`}, {"random", `{"seed":"a"}`}, {"sglang_cache_aware", `{"balance_rel_threshold":0.5}`},
 		{"llmd_weighted", `{"prefix_weight":-1}`}, {"llmd_precise", `{"tier_weights":{"tape":1}}`}, {"dynamo_cost", `{"block_size":0}`},
 	} {
-		if _, err := Build(tc.name, json.RawMessage(tc.params)); err == nil {
+		if _, err := strategy.Build(tc.name, json.RawMessage(tc.params)); err == nil {
 			t.Errorf("%s accepted %s", tc.name, tc.params)
 		}
-	}
-}
-
-func TestKVCAwareMarginalAndTokenLoad(t *testing.T) {
-	// Shared system prompt: 4 of 8 hittable blocks on a and b, nothing on c.
-	// Without marginal credit the shared blocks earn credit; with it only
-	// the excess over the least-hit candidate counts (a's extra block).
-	v1 := build(t, "kvc_aware", `{"alpha":0.7,"marginal":false,"saved_scale_tokens":0,"token_load":false}`)
-	v2 := build(t, "kvc_aware", `{"saved_scale_tokens":0,"token_load":false}`)
-	c := []Candidate{cand("a", 0, 0, [3]int{5, 0, 0}, 8), cand("b", 1, 0, [3]int{4, 0, 0}, 8), cand("c", 2, 0, [3]int{4, 0, 0}, 8)}
-	c[0].Load, c[1].Load, c[2].Load = 0.30, 0.05, 0.0
-	out := make([]float64, 3)
-	v1.Score(&Request{}, c, out)
-	// kvc_aware: c = 0.7*0.7*(4/8) + 0.3*1 = 0.545, the shared blocks earn credit.
-	if math.Abs(out[2]-0.545) > 1e-9 {
-		t.Fatalf("kvc_aware score for c %v, want 0.545", out[2])
-	}
-	v2.Score(&Request{Tokens: make([]int32, 140)}, c, out)
-	// alpha 0.3, gpu weight 0.7: a = 0.3*0.7*(1/8) + 0.7*0.7 = 0.51625; c = 0.7
-	if math.Abs(out[0]-0.51625) > 1e-9 || math.Abs(out[2]-0.7) > 1e-9 {
-		t.Fatalf("v2 scores %v", out)
-	}
-	// Token load: 240k in-flight prompt tokens on a 480k-token server is
-	// load 0.5 even when the scraped load says 0.
-	tl := build(t, "kvc_aware", `{"saved_scale_tokens":0,"marginal":false}`)
-	d := []Candidate{cand("a", 0, 1, [3]int{}, 8), cand("b", 1, 1, [3]int{}, 8)}
-	d[0].InflightTokens = 240_000
-	tl.Score(&Request{}, d, out[:2])
-	if math.Abs(out[0]-0.7*0.5) > 1e-9 || math.Abs(out[1]-0.7) > 1e-9 {
-		t.Fatalf("token-load scores %v", out[:2])
-	}
-	// Over-committed servers keep being ranked: 2x beats 3x capacity.
-	d[0].InflightTokens, d[1].InflightTokens = 960_000, 1_440_000
-	if got := peerPick(t, tl, d); got != "a" {
-		t.Fatalf("over-committed ranking picked %s, want the less loaded a", got)
-	}
-	// Saved-token scale: a 2-block hit of 16-token blocks saves 32 tokens,
-	// 1/128 of the 4,096 scale.
-	ss := build(t, "kvc_aware", `{"marginal":false,"token_load":false}`)
-	e := []Candidate{cand("a", 0, 0, [3]int{2, 0, 0}, 2)}
-	ss.Score(&Request{Tokens: make([]int32, 48)}, e, out[:1])
-	if want := 0.3*0.7*1.0*(32.0/4096) + 0.7; math.Abs(out[0]-want) > 1e-9 {
-		t.Fatalf("saved-scale score %v, want %v", out[0], want)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 func startServer(t *testing.T, cfg Config) *Server {

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvc-router/kvc-router/core/sim"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // Histogram buckets as in vLLM's PrometheusStatLogger.

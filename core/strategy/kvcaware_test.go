@@ -1,0 +1,75 @@
+package strategy
+
+import (
+	"math"
+	"testing"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/index"
+)
+
+func cand(id string, order, inflight int, hit [index.NumTiers]int, hittable int) Candidate {
+	n := hit[0] + hit[1] + hit[2]
+	return Candidate{ID: id, Order: order, Inflight: inflight, Healthy: true, Fresh: true,
+		Hit: index.Match{Blocks: n, Tier: hit}, HittableBlocks: hittable}
+}
+
+func peerPick(t *testing.T, s Strategy, c []Candidate) string {
+	t.Helper()
+	out := make([]float64, len(c))
+	s.Score(&Request{}, c, out)
+	return c[Pick(c, out)].ID
+}
+
+func build(t *testing.T, name, params string) Strategy {
+	t.Helper()
+	s, err := Build(name, json.RawMessage(params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestKVCAwareMarginalAndTokenLoad(t *testing.T) {
+	// Shared system prompt: 4 of 8 hittable blocks on a and b, nothing on c.
+	// Without marginal credit the shared blocks earn credit; with it only
+	// the excess over the least-hit candidate counts (a's extra block).
+	v1 := build(t, "kvc_aware", `{"alpha":0.7,"marginal":false,"saved_scale_tokens":0,"token_load":false}`)
+	v2 := build(t, "kvc_aware", `{"saved_scale_tokens":0,"token_load":false}`)
+	c := []Candidate{cand("a", 0, 0, [3]int{5, 0, 0}, 8), cand("b", 1, 0, [3]int{4, 0, 0}, 8), cand("c", 2, 0, [3]int{4, 0, 0}, 8)}
+	c[0].Load, c[1].Load, c[2].Load = 0.30, 0.05, 0.0
+	out := make([]float64, 3)
+	v1.Score(&Request{}, c, out)
+	// kvc_aware: c = 0.7*0.7*(4/8) + 0.3*1 = 0.545, the shared blocks earn credit.
+	if math.Abs(out[2]-0.545) > 1e-9 {
+		t.Fatalf("kvc_aware score for c %v, want 0.545", out[2])
+	}
+	v2.Score(&Request{Tokens: make([]int32, 140)}, c, out)
+	// alpha 0.3, gpu weight 0.7: a = 0.3*0.7*(1/8) + 0.7*0.7 = 0.51625; c = 0.7
+	if math.Abs(out[0]-0.51625) > 1e-9 || math.Abs(out[2]-0.7) > 1e-9 {
+		t.Fatalf("v2 scores %v", out)
+	}
+	// Token load: 240k in-flight prompt tokens on a 480k-token server is
+	// load 0.5 even when the scraped load says 0.
+	tl := build(t, "kvc_aware", `{"saved_scale_tokens":0,"marginal":false}`)
+	d := []Candidate{cand("a", 0, 1, [3]int{}, 8), cand("b", 1, 1, [3]int{}, 8)}
+	d[0].InflightTokens = 240_000
+	tl.Score(&Request{}, d, out[:2])
+	if math.Abs(out[0]-0.7*0.5) > 1e-9 || math.Abs(out[1]-0.7) > 1e-9 {
+		t.Fatalf("token-load scores %v", out[:2])
+	}
+	// Over-committed servers keep being ranked: 2x beats 3x capacity.
+	d[0].InflightTokens, d[1].InflightTokens = 960_000, 1_440_000
+	if got := peerPick(t, tl, d); got != "a" {
+		t.Fatalf("over-committed ranking picked %s, want the less loaded a", got)
+	}
+	// Saved-token scale: a 2-block hit of 16-token blocks saves 32 tokens,
+	// 1/128 of the 4,096 scale.
+	ss := build(t, "kvc_aware", `{"marginal":false,"token_load":false}`)
+	e := []Candidate{cand("a", 0, 0, [3]int{2, 0, 0}, 2)}
+	ss.Score(&Request{Tokens: make([]int32, 48)}, e, out[:1])
+	if want := 0.3*0.7*1.0*(32.0/4096) + 0.7; math.Abs(out[0]-want) > 1e-9 {
+		t.Fatalf("saved-scale score %v, want %v", out[0], want)
+	}
+}
