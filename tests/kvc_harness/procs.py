@@ -165,8 +165,12 @@ class Reaper:
     run = close
 
 
-# scripts/demo_lib.py's name for the same reaper.
-Cleanup = Reaper
+class Cleanup(Reaper):
+    """scripts/demo_lib.py's name for the reaper, with its default: it also
+    runs at interpreter exit."""
+
+    def __init__(self) -> None:
+        super().__init__(at_exit=True)
 
 
 def rss_bytes(pid: Optional[int] = None) -> int:
