@@ -13,6 +13,8 @@ SOAK_PAIRS ?= 1000000
 GOFILES     = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.venv/*')
 GO_SRC     := $(shell find core cabi -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 PYLIB      := python/kvc_router/libkvcrouter.so
+# The scripts import the test harness package tests/kvc_harness.
+PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
@@ -88,10 +90,10 @@ kvbench:
 	$(GO) run ./cmd/kvbench --workload agent --json build/kvbench-agent.json --plot build/kvbench-agent.png
 
 demo: venv build $(PYLIB)
-	$(PY) scripts/demo.py $(DEMO_ARGS)
+	$(PYH) scripts/demo.py $(DEMO_ARGS)
 
 overhead: venv build $(PYLIB)
-	$(PY) scripts/overhead.py
+	$(PYH) scripts/overhead.py
 
 gpu-validate: venv build $(PYLIB)
 	bash scripts/gpu-validate.sh $(GPU_VALIDATE_ARGS)
@@ -100,10 +102,10 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
 
 chaos: venv $(PYLIB) build
-	$(PY) scripts/chaos.py
+	$(PYH) scripts/chaos.py
 
 soak: venv $(PYLIB) build
-	$(PY) scripts/soak.py --pairs $(SOAK_PAIRS)
+	$(PYH) scripts/soak.py --pairs $(SOAK_PAIRS)
 
 lint:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from kvc_harness import REPO
 from kvc_router import _native
 
 HEADER_DIR = os.path.join(REPO, "cabi")

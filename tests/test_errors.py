@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from kvc_harness.wire import metrics_text
 from kvc_router import (
     ConfigError,
     ForkError,
@@ -23,7 +24,6 @@ from kvc_router import (
     _native,
 )
 from kvc_router.errors import KVR_INVALID_ARGUMENT, KVR_INVALID_STATE, InternalError, PoisonedError
-from vllm_fixtures import metrics_text
 
 
 @pytest.fixture

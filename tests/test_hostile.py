@@ -27,18 +27,11 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvc_harness.balancer import kvc_config, poller_target, publisher_status
+from kvc_harness.procs import Reaper, rss_bytes, wait_for
+from kvc_harness.report import percentiles
+from kvc_harness.wire import MetricsStub, metrics_text
 from kvc_router import ConfigError, InvalidArgumentError, KVCAwareBalancer, _native, load_router_config
-from sim_harness import (
-    MetricsStub,
-    Reaper,
-    kvc_config,
-    percentiles,
-    poller_target,
-    publisher_status,
-    rss_bytes,
-    wait_for,
-)
-from vllm_fixtures import metrics_text
 
 HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cabi")
 CODES = {0, 1, 2, 3, 6, 7}  # everything but KVR_INTERNAL (4) and KVR_POISONED (5)
