@@ -145,10 +145,7 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) 
 			cache *= math.Min(1, tokens/float64(k.SavedScaleTokens))
 		}
 	}
-	load := c.Load
-	if k.TokenLoad {
-		load = tokenLoad(c, k.KVTokens)
-	}
+	load := k.EffectiveLoad(c)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load)
 	if load > k.LoadThreshold {
 		s--
@@ -168,10 +165,17 @@ func tokenLoad(c *Candidate, fallback int) float64 {
 	return math.Max(c.Load, float64(c.InflightTokens)/float64(capacity))
 }
 
-// EffectiveLoad is the load kvc_aware scores with (the load store's figure,
-// or the in-flight prompt tokens over KV capacity when higher); the router
-// uses it for the sticky overload breakout so both agree.
-func EffectiveLoad(c *Candidate) float64 { return tokenLoad(c, DefaultKVTokens) }
+// EffectiveLoad implements LoadMeasure: the load kvc_aware scores with, so
+// the router's sticky breakout and the overload penalty in Score agree. With
+// token_load it is at least the in-flight prompt tokens over the server's KV
+// capacity (kv_tokens when its metrics report none); without, the load
+// store's figure.
+func (k *KVCAware) EffectiveLoad(c *Candidate) float64 {
+	if k.TokenLoad {
+		return tokenLoad(c, k.KVTokens)
+	}
+	return c.Load
+}
 
 // TierWeights parses a {gpu, cpu, ssd} weight map; name prefixes errors.
 func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
