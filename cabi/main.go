@@ -27,7 +27,6 @@ import "C"
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/cgo"
 	"unicode/utf8"
@@ -520,38 +519,4 @@ func kvr_reset_cache(h C.uint64_t, errOut **C.char) (code C.int32_t) {
 		inst.r.ResetCache()
 		return nil
 	}))
-}
-
-// debugPanicEnv enables kvr_debug_panic; it must be in the environment when
-// the process starts (Go reads the environment once).
-const debugPanicEnv = "KVR_DEBUG_PANIC"
-
-var sink map[string]int
-
-//export kvr_debug_panic
-func kvr_debug_panic(h C.uint64_t, kind C.int32_t, errOut **C.char) (code C.int32_t) {
-	defer recoverExport("kvr_debug_panic", h, &code, errOut)
-	clearOut(errOut)
-	if os.Getenv(debugPanicEnv) != "1" {
-		return fail(errOut, errf(codeInvalidState, "kvr_debug_panic is disabled (start the process with %s=1)", debugPanicEnv))
-	}
-	if h != 0 {
-		if _, err := lookup(uint64(h)); err != nil {
-			return fail(errOut, err)
-		}
-	}
-	switch kind {
-	case 0:
-		panic("kvr_debug_panic: requested panic")
-	case 1:
-		sink["x"] = 1 // write to a nil map
-	case 2:
-		var p *instance
-		_ = p.maxTokens // nil dereference
-	case 3:
-		var a []int
-		i := int(kind)
-		_ = a[i] // index out of range
-	}
-	return fail(errOut, errf(codeInvalidArgument, "kvr_debug_panic: unknown kind %d (allowed: 0..3)", int32(kind)))
 }

@@ -1,26 +1,26 @@
 package strategy
 
 import (
-	"fmt"
 	"math"
 
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 func init() {
 	Register("least_inflight", func(p json.RawMessage) (Strategy, error) {
 		var v struct{}
 		if err := DecodeStrict(p, &v); err != nil {
-			return nil, fmt.Errorf("least_inflight: %w", err)
+			return nil, err
 		}
 		return LeastInflight{}, nil
 	})
 	Register("kvc_aware", func(p json.RawMessage) (Strategy, error) {
 		k := DefaultKVCAware()
 		if err := DecodeStrict(p, &k); err != nil {
-			return nil, fmt.Errorf("kvc_aware: %w", err)
+			return nil, err
 		}
 		if err := k.Validate(); err != nil {
 			return nil, err
@@ -86,21 +86,22 @@ func DefaultKVCAware() KVCAware {
 	}
 }
 
-// Validate checks ranges and resolves tier weights.
+// Validate checks ranges and resolves tier weights. Errors are
+// *strictjson.KeyError naming the parameter.
 func (k *KVCAware) Validate() error {
 	if !(k.Alpha >= 0 && k.Alpha <= 1) {
-		return fmt.Errorf("kvc_aware: alpha must be in [0, 1], got %v", k.Alpha)
+		return strictjson.Errorf("alpha", "must be in [0, 1], got %v", k.Alpha)
 	}
 	if !(k.LoadThreshold > 0 && k.LoadThreshold <= 1) {
-		return fmt.Errorf("kvc_aware: load_threshold must be in (0, 1], got %v", k.LoadThreshold)
+		return strictjson.Errorf("load_threshold", "must be in (0, 1], got %v", k.LoadThreshold)
 	}
 	if k.KVTokens <= 0 {
-		return fmt.Errorf("kvc_aware: kv_tokens must be > 0, got %d", k.KVTokens)
+		return strictjson.Errorf("kv_tokens", "must be > 0, got %d", k.KVTokens)
 	}
 	if k.SavedScaleTokens < 0 {
-		return fmt.Errorf("kvc_aware: saved_scale_tokens must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
+		return strictjson.Errorf("saved_scale_tokens", "must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
 	}
-	tw, err := TierWeights("kvc_aware: layer_weights", k.LayerWeights)
+	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
 		return err
 	}
@@ -177,7 +178,8 @@ func (k *KVCAware) EffectiveLoad(c *Candidate) float64 {
 	return c.Load
 }
 
-// TierWeights parses a {gpu, cpu, ssd} weight map; name prefixes errors.
+// TierWeights parses a {gpu, cpu, ssd} weight map; errors are
+// *strictjson.KeyError under the key name.
 func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
 	var out [index.NumTiers]float64
 	for k, w := range m {
@@ -190,10 +192,10 @@ func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, er
 		case "ssd":
 			t = index.SSD
 		default:
-			return out, fmt.Errorf("%s has unknown tier %q (allowed: gpu, cpu, ssd)", name, k)
+			return out, strictjson.Errorf(name+"."+k, "unknown tier (allowed: gpu, cpu, ssd)")
 		}
 		if !(w >= 0 && w <= 1) {
-			return out, fmt.Errorf("%s.%s must be in [0, 1], got %v", name, k, w)
+			return out, strictjson.Errorf(name+"."+k, "must be in [0, 1], got %v", w)
 		}
 		out[t] = w
 	}

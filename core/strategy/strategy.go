@@ -14,6 +14,7 @@ import (
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Candidate is what a strategy knows about one server for one request.
@@ -104,11 +105,10 @@ func Build(name string, params json.RawMessage) (Strategy, error) {
 	return f(params)
 }
 
-// DecodeStrict unmarshals params rejecting unknown fields.
+// DecodeStrict unmarshals params rejecting unknown fields; errors are
+// *strictjson.KeyError naming the parameter.
 func DecodeStrict(params json.RawMessage, v any) error {
-	dec := json.NewDecoder(strings.NewReader(string(params)))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	return strictjson.Decode(params, v)
 }
 
 // Weighted is a weighted sum of strategies.
