@@ -154,6 +154,29 @@ func kvr_router_new(cfg *C.char, cfgLen C.int64_t, outHandle *C.uint64_t, errOut
 	return codeOK
 }
 
+//export kvr_validate_config
+func kvr_validate_config(cfg *C.char, cfgLen C.int64_t, outJSON **C.char, errOut **C.char) (code C.int32_t) {
+	defer recoverExport("kvr_validate_config", 0, &code, errOut)
+	clearOut(errOut)
+	clearOut(outJSON)
+	data, err := goBytes(unsafe.Pointer(cfg), cfgLen, "config JSON", maxJSONBytes)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	p, err := parseConfig(data)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	doc, err := p.effective()
+	if err != nil {
+		return fail(errOut, err)
+	}
+	if outJSON == nil {
+		return codeOK
+	}
+	return result(errOut, cJSON(outJSON, doc))
+}
+
 //export kvr_router_close
 func kvr_router_close(h C.uint64_t, errOut **C.char) (code C.int32_t) {
 	defer recoverExport("kvr_router_close", h, &code, errOut)
