@@ -34,6 +34,8 @@ from .errors import (
     NoServerError,
 )
 
+# The package version: pyproject.toml reads it from here (its one source).
+# The C ABI has its own version (KVR_ABI_VERSION in cabi/kvcrouter.h).
 __version__ = "0.1.0"
 
 __all__ = [
