@@ -155,6 +155,11 @@ func (c *Config) normalise() error {
 		}
 	}
 	for i, s := range c.Strategies {
+		// Default mode matches no prefixes, so kvc_aware would score on
+		// load alone while the user believes cache affinity is on.
+		if c.Mode == ModeDefault && s.Name == ModeKVCAware {
+			return configErr(fmt.Sprintf("strategies[%d].name", i), "%q needs mode kvc_aware (mode default routes without the prefix index)", s.Name)
+		}
 		if !(s.Weight > 0) {
 			return configErr(fmt.Sprintf("strategies[%d].weight", i), "must be > 0, got %v", s.Weight)
 		}
