@@ -72,7 +72,7 @@ func Decode(data []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return Errorf(fieldPath(te.Field), "must be %s, got %s", typeName(te.Type), te.Value)
+			return Errorf(fieldPath(reflect.TypeOf(v), te.Field), "must be %s, got %s", typeName(te.Type), te.Value)
 		}
 		return Errorf("", "invalid JSON: %v", err)
 	}
@@ -172,17 +172,35 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 	return out
 }
 
-// fieldPath turns the decoder's dotted field path ("strategies.1.weight")
-// into this package's form ("strategies[1].weight").
-func fieldPath(field string) string {
+// fieldPath turns the decoder's dotted field path ("strategies.1.weight",
+// "servers.a:1.capacity") into this package's form ("strategies[1].weight",
+// `servers["a:1"].capacity`), walking t to tell map keys from fields.
+func fieldPath(t reflect.Type, field string) string {
 	var b strings.Builder
 	for _, part := range strings.Split(field, ".") {
 		if part == "" {
 			continue
 		}
-		if _, err := strconv.Atoi(part); err == nil {
-			b.WriteString("[" + part + "]")
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		kind := reflect.Invalid
+		if t != nil {
+			kind = t.Kind()
+		}
+		switch kind {
+		case reflect.Map:
+			b.WriteString("[" + strconv.Quote(part) + "]")
+			t = t.Elem()
 			continue
+		case reflect.Slice, reflect.Array:
+			b.WriteString("[" + part + "]")
+			t = t.Elem()
+			continue
+		case reflect.Struct:
+			t = jsonFields(t)[part]
+		default:
+			t = nil
 		}
 		if b.Len() > 0 {
 			b.WriteByte('.')
