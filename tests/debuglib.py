@@ -21,8 +21,9 @@ TESTLIB = os.path.join(REPO, "build", "test", "libkvcrouter.so")
 
 
 def _sources_mtime() -> float:
-    files = glob.glob(os.path.join(REPO, "cabi", "*.go")) + glob.glob(os.path.join(REPO, "core", "**", "*.go"), recursive=True)
-    files += [os.path.join(REPO, "go.mod"), os.path.join(REPO, "cabi", "build.sh"), os.path.join(REPO, "cabi", "kvcrouter.map")]
+    files = glob.glob(os.path.join(REPO, "cabi", "*.go"))
+    files += glob.glob(os.path.join(REPO, "core", "**", "*.go"), recursive=True)
+    files += [os.path.join(REPO, p) for p in ("go.mod", "cabi/build.sh", "cabi/kvcrouter.map")]
     return max(os.path.getmtime(f) for f in files if os.path.exists(f))
 
 

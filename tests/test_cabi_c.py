@@ -8,11 +8,10 @@ import re
 import shutil
 import subprocess
 
+import debuglib
 import pytest
 from conftest import REPO
 from kvc_router import _native
-
-import debuglib
 
 HEADER_DIR = os.path.join(REPO, "cabi")
 

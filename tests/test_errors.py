@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import debuglib
 import numpy as np
 import pytest
 from kvc_router import (
@@ -22,12 +23,10 @@ from kvc_router import (
     NativeError,
     NoServerError,
     _native,
+    errors,
 )
-from kvc_router import errors
 from kvc_router.errors import KVR_INVALID_ARGUMENT, KVR_INVALID_STATE, InternalError, NativeConfigError, PoisonedError
 from vllm_fixtures import metrics_text
-
-import debuglib
 
 
 @pytest.fixture

@@ -452,6 +452,8 @@ def debug_panic(kind: int, handle: int = 0) -> None:
     (``make testlib``, loaded through ``$KVC_ROUTER_LIB``) has it."""
     lib = load()
     if not hasattr(lib, "kvr_debug_panic"):
-        raise InvalidStateError(f"{_lib_path} is a release build: kvr_debug_panic exists only in `make testlib`", KVR_INVALID_STATE)
+        raise InvalidStateError(
+            f"{_lib_path} is a release build: kvr_debug_panic exists only in `make testlib`", KVR_INVALID_STATE
+        )
     err = c_void_p()
     _check(lib, lib.kvr_debug_panic(handle, kind, byref(err)), err)
