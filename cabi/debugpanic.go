@@ -7,13 +7,13 @@ package main
 */
 import "C"
 
+var sink map[string]int
+
 // kvr_debug_panic exists only in the test build of the library
 // (go build -tags kvrdebug, `make testlib`): the release .so does not export
 // it. Tests use it to prove that a panic is recovered, reported as
 // KVR_INTERNAL and poisons the handle.
-
-var sink map[string]int
-
+//
 //export kvr_debug_panic
 func kvr_debug_panic(h C.uint64_t, kind C.int32_t, errOut **C.char) (code C.int32_t) {
 	defer recoverExport("kvr_debug_panic", h, &code, errOut)

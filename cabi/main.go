@@ -7,7 +7,11 @@
 //   - it returns an int32 status code (KVR_OK = 0) and, when the caller passes
 //     a non-NULL char** err, a message the caller frees with kvr_free;
 //   - a Go panic is recovered, reported as KVR_INTERNAL, and poisons the
-//     handle involved (later calls on it return KVR_POISONED);
+//     handle involved (later calls on it return KVR_POISONED); an error
+//     codeOf cannot classify is KVR_INTERNAL too (a library bug), never
+//     blamed on the caller's input;
+//   - configuration errors (kvr_router_new, kvr_validate_config) start with
+//     the key path at fault ("router.strategies[0].params.alpha: ...");
 //   - borrowed inputs (ids, JSON, metrics text, event payloads) are copied
 //     before use; the token array is only read during kvr_acquire; no Go
 //     pointer is ever handed to C, and every returned string is C memory;
@@ -15,7 +19,9 @@
 //   - the library never calls signal.Notify.
 //
 // A handle (runtime/cgo.Handle, 0 never valid) owns one router and its
-// collector manager; kvr_router_close stops both.
+// collector manager; kvr_router_close stops both. kvr_validate_config needs
+// no handle: it reports on a configuration, status-style, and starts nothing.
+// kvr_debug_panic exists only in the kvrdebug test build (debugpanic.go).
 package main
 
 /*

@@ -50,7 +50,7 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //
 // and a server whose load exceeds LoadThreshold has 1 subtracted, so it is
 // chosen only when every candidate is overloaded. Three refinements, each
-// measured with kvbench and the demo (README "Tuning"), keep cache affinity
+// measured with kvbench and the demo, keep cache affinity
 // from piling work onto one server:
 //
 //   - Marginal credit (marginal): only blocks beyond the smallest match

@@ -22,6 +22,7 @@ from .config import (
     KVEventEndpoint,
     LeastInflightStrategyConfig,
     RouterConfig,
+    library_defaults,
     load_router_config,
 )
 from .errors import (
@@ -48,6 +49,7 @@ __all__ = [
     "CollectorConfig",
     "KVEventEndpoint",
     "load_router_config",
+    "library_defaults",
     "ConfigError",
     "NativeError",
     "NoServerError",
