@@ -172,7 +172,6 @@ class RouterConfig:
         r: Dict[str, Any] = {"mode": self.type, **self.router}
         if "sticky_max_size" not in r and sticky_default is not None:
             r["sticky_max_size"] = sticky_default
-            aliases["router.sticky_max_size"] = "max_cache_size"
         if self.strategies:
             r["strategies"] = [dict(s) for s in self.strategies]
         for i, k in enumerate(self.strategy_keys):
@@ -270,9 +269,7 @@ def _user_error(message: str, prefix: str, aliases: Mapping[str, str]) -> Config
     if not m:
         key = prefix or "router_config"
         return ConfigError(f"{key}: {message}", key=key)
-    key = _user_key(m.group(1), aliases)
-    if key != "max_cache_size":
-        key = _join(prefix, key)
+    key = _join(prefix, _user_key(m.group(1), aliases))
     return ConfigError(f"{key}: {m.group(2)}", key=key)
 
 
