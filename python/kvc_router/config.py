@@ -518,14 +518,13 @@ def _parse_collector(c: Any, prefix: str) -> CollectorConfig:
         key = _join(prefix, "topic")
         raise ConfigError(f"{key}: must be a string, got {topic!r}", key=key)
     timeout = _int(c.get("handle_timeout_ms"), _join(prefix, "handle_timeout_ms"), 1, 3600 * 1000)
-    unhealthy = c.get("unhealthy_after")
     return CollectorConfig(
         names=_parse_collector_names(c.get("names"), _join(prefix, "names")),
         endpoints=_parse_endpoints(_plain(c.get("endpoints")), _join(prefix, "endpoints"), topic or ""),
         topic=topic or "",
         use_handle_endpoints=_bool(c.get("use_handle_endpoints"), _join(prefix, "use_handle_endpoints")) is not False,
         handle_timeout_ms=5000 if timeout is None else timeout,
-        unhealthy_after=None if unhealthy is None else unhealthy,  # the library checks it (router.load)
+        unhealthy_after=c.get("unhealthy_after"),  # the library checks it (as router.load.unhealthy_after)
         native={k: _plain(v) for k, v in c.items() if k not in _PY_COLLECTOR_KEYS and v is not None},
     )
 
