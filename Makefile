@@ -15,14 +15,15 @@ GO_SRC     := $(shell find core cabi -name '*.go' -not -name '*_test.go' 2>/dev/
 PYLIB      := python/kvc_router/libkvcrouter.so
 # The scripts import the test harness package tests/kvc_harness.
 PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
-# Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
-LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
+# The test build of the library (adds kvr_debug_panic); never shipped.
+TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
+.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
 	@echo "lib    - $(LIB) (cgo c-shared) and its header"
+	@echo "testlib - $(TESTLIB): the library built with -tags kvrdebug (tests only)"
 	@echo "wheel  - the kvc-router platform wheel into dist/"
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
 	@echo "test-verl    - a separate venv with the published verl 0.9.1 (CPU) + tests/verl"
@@ -43,16 +44,20 @@ build:
 	  if ls $$d*.go >/dev/null 2>&1; then $(GO) build -o $(BIN)/$$n ./$$d || exit 1; fi; \
 	done
 
+# cabi/build.sh is the one c-shared build command (setup.py runs it too).
 lib:
-	@mkdir -p build
-	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags "$(LIB_LDFLAGS)" -o $(LIB) ./cabi
-	@rm -f build/libkvcrouter.h && cp cabi/kvcrouter.h build/kvcrouter.h
+	GO=$(GO) bash cabi/build.sh $(LIB)
+	@cp cabi/kvcrouter.h build/kvcrouter.h
 	@echo "built $(LIB) and build/kvcrouter.h"
 
 # The library inside the Python package, rebuilt whenever Go sources change.
-$(PYLIB): $(GO_SRC)
-	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags "$(LIB_LDFLAGS)" -o $@ ./cabi
-	@rm -f python/kvc_router/libkvcrouter.h
+$(PYLIB): $(GO_SRC) cabi/build.sh cabi/kvcrouter.map
+	GO=$(GO) bash cabi/build.sh $@
+
+testlib: $(TESTLIB)
+
+$(TESTLIB): $(GO_SRC) cabi/build.sh cabi/kvcrouter.map
+	GO=$(GO) bash cabi/build.sh $@ kvrdebug
 
 wheel:
 	$(PYTHON) -m pip wheel --no-deps -w dist .
@@ -64,7 +69,7 @@ test-go:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
-test-py: venv $(PYLIB) build
+test-py: venv $(PYLIB) $(TESTLIB) build
 	$(PY) -m pytest -q tests
 
 # verl 0.9.1 from PyPI in its own venv (torch is PyPI's CUDA build; no GPU is used).

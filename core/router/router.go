@@ -418,7 +418,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			if c.ID != bound.id {
 				continue
 			}
-			if !r.overload || (c.Healthy && strategy.EffectiveLoad(c) <= r.threshold) {
+			if !r.overload || (c.Healthy && strategy.EffectiveLoad(r.strat, c) <= r.threshold) {
 				r.counters.StickyHits++
 				d := r.decision(i, ReasonSticky, n)
 				r.speculateOn(bound, req, c.Hit.Blocks)
