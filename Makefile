@@ -18,7 +18,7 @@ PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
+.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -28,7 +28,8 @@ help:
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
 	@echo "test-verl    - a separate venv with the published verl 0.9.1 (CPU) + tests/verl"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
-	@echo "kvbench - replay mooncake/grpo/agent over 8 simulated engines, every routing policy (~5 min)"
+	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
+	@echo "kvbench-heldout - tune each policy's main knob on seeds 101,102, report seeds 1-5 (mean, SD)"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
@@ -88,11 +89,28 @@ $(VENV)/.stamp: pyproject.toml setup.py
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./core/...
 
+# KVBENCH_TRACE: the Mooncake trace (default: the full public trace beside
+# the repository; cmd/kvbench/testdata/conversation_trace_1000.jsonl ships in it).
+KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
+KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 1,2,3,4,5
+
 kvbench:
 	@mkdir -p build
-	$(GO) run ./cmd/kvbench --workload mooncake --json build/kvbench-mooncake.json --csv build/kvbench-mooncake.csv --plot build/kvbench-mooncake.png
+	$(GO) run ./cmd/kvbench --workload mooncake --trace $(KVBENCH_TRACE) --json build/kvbench-mooncake.json --csv build/kvbench-mooncake.csv --plot build/kvbench-mooncake.png
 	$(GO) run ./cmd/kvbench --workload grpo --json build/kvbench-grpo.json --plot build/kvbench-grpo.png
 	$(GO) run ./cmd/kvbench --workload agent --json build/kvbench-agent.json --plot build/kvbench-agent.png
+	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
+
+# The held-out evaluation behind docs/kvbench.md (tune on some seeds, report others).
+kvbench-heldout:
+	@mkdir -p build
+	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,llmd_precise+spec,dynamo_cost,kvc_aware --json build/heldout-grpo.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-grpo-spread.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent_long.json
+	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-mooncake.json
+	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
+	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
 
 demo: venv build $(PYLIB)
 	$(PYH) scripts/demo.py $(DEMO_ARGS)

@@ -83,6 +83,12 @@ type Config struct {
 	// MaxPromptTokens bounds a request's prompt length.
 	MaxPromptTokens int `json:"max_prompt_tokens,omitempty"`
 
+	// Strategy, when set, is used as is instead of building Strategies
+	// from the registry (Go callers only, e.g. benchmark peers built with
+	// their own inputs); Strategies is then ignored. Sticky breakout uses
+	// LoadThreshold, or the kvc_aware default when it is 0.
+	Strategy strategy.Strategy `json:"-"`
+
 	// Now is a test clock; nil means time.Now.
 	Now func() time.Time `json:"-"`
 }
@@ -168,8 +174,14 @@ func (c *Config) normalise() error {
 }
 
 func (c *Config) buildStrategy() (strategy.Strategy, float64, error) {
-	w := &strategy.Weighted{}
 	threshold := c.LoadThreshold
+	if c.Strategy != nil {
+		if threshold == 0 {
+			threshold = strategy.DefaultKVCAware().LoadThreshold
+		}
+		return c.Strategy, threshold, nil
+	}
+	w := &strategy.Weighted{}
 	for i, s := range c.Strategies {
 		st, err := strategy.Build(s.Name, s.Params)
 		if err != nil {
