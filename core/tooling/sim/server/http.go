@@ -123,6 +123,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /sim/cached_blocks", s.handleCachedBlocks)
 	mux.HandleFunc("GET /sim/stats", s.handleStats)
 	mux.HandleFunc("POST /sim/drop_kv_events", s.handleDrop)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
+	mux.HandleFunc("POST /v1/completions/render", s.handleRender)
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"version": "vllm-sim"})
+	})
+	for _, p := range []string{"/server_info", "/get_server_info"} {
+		mux.HandleFunc("GET "+p, s.handleServerInfo)
+	}
+	for _, p := range []string{"/model_info", "/get_model_info"} {
+		mux.HandleFunc("GET "+p, s.handleModelInfo)
+	}
 	return mux
 }
 
@@ -186,8 +198,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Model != "" && req.Model != model {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+	if !s.checkModel(w, req.Model) {
 		return
 	}
 	c := s.pickCore()
