@@ -183,3 +183,28 @@ func TestInfoProbes(t *testing.T) {
 		})
 	}
 }
+
+func TestSimRequestTimings(t *testing.T) {
+	s := startServer(t, Config{})
+	for i, body := range []string{`{"prompt":"a b c","max_tokens":2}`, `{"prompt":"a b c d","max_tokens":3}`} {
+		if code, b := post(t, s.URL()+"/v1/completions", body); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	code, b := get(t, s.URL()+"/sim/requests")
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	var ts []RequestTiming
+	if err := json.Unmarshal(b, &ts); err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 || ts[0].PromptTokens != 3 || ts[1].PromptTokens != 4 {
+		t.Fatalf("timings %+v", ts)
+	}
+	for _, x := range ts {
+		if !(x.Arrival <= x.FirstToken && x.FirstToken <= x.Finish) || x.ID == "" {
+			t.Fatalf("timing out of order %+v", x)
+		}
+	}
+}
