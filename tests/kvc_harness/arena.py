@@ -393,15 +393,20 @@ class PeerRouter(Route):
                  block_size: int, timeout: float = 60.0) -> None:
         kind, pol = PEERS[policy]
         self.port = _free_port()
+        # Both routers export Prometheus on 29000 by default: two routers on one
+        # machine (or a leftover) would collide, so each gets its own port.
+        self.prom_port = _free_port()
         self.url = f"http://{HOST}:{self.port}"
         workers = [s.url for s in servers]
         py = peers_python()
         if kind == "sglang":
             cmd = [py, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--policy", pol,
-                   "--host", HOST, "--port", str(self.port), "--log-level", "warn"]
+                   "--host", HOST, "--port", str(self.port), "--log-level", "warn",
+                   "--prometheus-host", HOST, "--prometheus-port", str(self.prom_port)]
         else:
             cmd = [os.path.join(os.path.dirname(py), "vllm-router"), "--worker-urls", *workers, "--policy", pol,
-                   "--host", HOST, "--port", str(self.port), "--log-level", "warning"]
+                   "--host", HOST, "--port", str(self.port), "--log-level", "warning",
+                   "--prometheus-host", HOST, "--prometheus-port", str(self.prom_port)]
             if pol == "kv_aware":
                 for s in servers:
                     cmd += ["--kv-event-source", f"{s.url}={','.join(s.events)}"]
@@ -565,7 +570,10 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     try:
         extra = ["--model", MODEL, "--speed", str(cfg.speed), "--seed", str(seed), "--hash-seed", str(seed + 1),
                  "--num-gpu-blocks", str(cfg.num_gpu_blocks), "--block-size", str(cfg.block_size),
-                 "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+                 "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+                 # vLLM >= 0.24 tagged-map events: vllm-router 0.1.17 rejects the
+                 # positional form ("KV event must be a tagged map"); see docs/arena.md.
+                 "--kv-events-encoding", "map"]
         _, servers, _ = start_sim_fleet(sim_binary(), cfg.servers, cleanup, extra,
                                         os.path.join(cfg.out_dir, "vllm-sim.log"))
         kv_tokens = cfg.num_gpu_blocks * cfg.block_size
@@ -588,6 +596,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                 reset_prefix_caches(urls)
                 route.reset()
         after = scrape_all(urls)
+        timings = engine_timings(servers)
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
     finally:
@@ -595,17 +604,33 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
             route.close()
         cleanup.run()
     delta = {sid: {k: after[sid][k] - before[sid][k] for k in COUNTERS} for sid in urls}
-    return summarize(spec, policy, seed, runner.records, delta, makespans, cfg.speed, overhead_ms, router_status)
+    return summarize(spec, policy, seed, runner.records, delta, makespans, cfg.speed, overhead_ms, router_status,
+                     timings)
+
+
+def engine_timings(servers: List[Server]) -> List[dict]:
+    """Every finished request's simulated-clock timings (vllm-sim's GET
+    /sim/requests): engine arrival -> first token, free of client overhead."""
+    out: List[dict] = []
+    for s in servers:
+        status, body = http_request(s.url + "/sim/requests", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"GET {s.url}/sim/requests: HTTP {status}")
+        out.extend(json.loads(body))
+    return out
 
 
 def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], delta: Dict[str, Dict[str, float]],
-              makespans: List[float], speed: float, overhead_ms: float, router_status: Optional[dict]) -> dict:
+              makespans: List[float], speed: float, overhead_ms: float, router_status: Optional[dict],
+              timings: List[dict]) -> dict:
     ok = [r for r in records if not r["error"]]
     q = sum(v["queries"] for v in delta.values())
     h = sum(v["hits"] for v in delta.values())
     load = [v["queries"] for v in delta.values()]
     mean_load = sum(load) / len(load) if load else 0.0
-    ttft = [r["ttft"] * speed for r in ok]
+    eng = timings  # fetched before the overhead probes ran
+    ttft = [t["first_token"] - t["arrival"] for t in eng]
+    client_ttft = [r["ttft"] * speed for r in ok]
     srv_n = sum(v["ttft_count"] for v in delta.values())
     row = {
         "workload": spec.name,
@@ -620,7 +645,10 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
     }
     details = {
         "requests": len(records),
-        "e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
+        "e2e_p99_s": _pct([t["finish"] - t["arrival"] for t in eng], 0.99),
+        "client_ttft_p50_s": _pct(client_ttft, 0.5),
+        "client_ttft_p99_s": _pct(client_ttft, 0.99),
+        "client_e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
         "step_makespans_s": makespans,
         "server_ttft_mean_s": (sum(v["ttft_sum"] for v in delta.values()) / srv_n) if srv_n else float("nan"),
         "client_cached_share": (sum(r.get("cached", 0) for r in ok) / max(1, sum(r.get("prompt_tokens", 0) for r in ok))),
@@ -684,6 +712,8 @@ def aggregate(results: List[dict]) -> List[dict]:
         out.append({"workload": w, "policy": p, "seeds": len(rs), "hit_rate": m("hit_rate"),
                     "hit_min": min(hits), "hit_max": max(hits), "ttft_p50_s": m("ttft_p50_s"),
                     "ttft_p99_s": m("ttft_p99_s"), "e2e_p99_s": m("e2e_p99_s", "details"),
+                    "client_ttft_p50_s": m("client_ttft_p50_s", "details"),
+                    "client_ttft_p99_s": m("client_ttft_p99_s", "details"),
                     "makespan_s": m("makespan_s"), "imbalance": m("imbalance"),
                     "errors": sum(x["row"]["errors"] for x in rs),
                     "overhead_ms": m("router_overhead_ms", "details"),
@@ -694,8 +724,10 @@ def aggregate(results: List[dict]) -> List[dict]:
 def format_table(results: List[dict]) -> str:
     rows = aggregate(results)
     hdr = (f"{'workload':<11} {'policy':<26} {'seeds':>5} {'hit rate':>15} {'TTFT p50':>9} {'TTFT p99':>9} "
-           f"{'e2e p99':>9} {'makespan':>9} {'imbal':>6} {'err':>4} {'ovh ms':>7} {'srv TTFT':>9}")
-    lines = ["arena (times in simulated seconds; router overhead in wall ms; mean over seeds)", hdr, "-" * len(hdr)]
+           f"{'e2e p99':>9} {'cl p50':>8} {'cl p99':>8} {'makespan':>9} {'imbal':>6} {'err':>4} {'ovh ms':>7}")
+    lines = ["arena: mean over seeds; hit rate [min,max] from the servers' counters; TTFT/e2e on the engines' "
+             "simulated clock (GET /sim/requests); cl = client-side TTFT (wall x speed, includes proxy hops); "
+             "makespan client-side (sim s); router overhead in wall ms", hdr, "-" * len(hdr)]
     last = None
     for a in rows:
         if last is not None and a["workload"] != last:
@@ -704,8 +736,9 @@ def format_table(results: List[dict]) -> str:
         lines.append(
             f"{a['workload']:<11} {a['policy']:<26} {a['seeds']:>5} "
             f"{a['hit_rate']:>6.3f} [{a['hit_min']:.2f},{a['hit_max']:.2f}] {a['ttft_p50_s']:>9.3f} "
-            f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['makespan_s']:>9.1f} {a['imbalance']:>6.2f} "
-            f"{a['errors']:>4d} {a['overhead_ms']:>7.2f} {a['server_ttft_mean_s']:>9.3f}")
+            f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['client_ttft_p50_s']:>8.3f} "
+            f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['imbalance']:>6.2f} "
+            f"{a['errors']:>4d} {a['overhead_ms']:>7.2f}")
     return "\n".join(lines)
 
 
