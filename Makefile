@@ -4,6 +4,8 @@ GO         ?= go
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_VERL  ?= .venv-verl
+VENV_PEERS ?= .venv-peers
+ARENA_ARGS ?=
 PY         := $(VENV)/bin/python
 BIN        := bin
 LIB        := build/libkvcrouter.so
@@ -16,7 +18,7 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
+.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean arena arena-short peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -27,6 +29,8 @@ help:
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent over 8 simulated engines, every routing policy (~5 min)"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
+	@echo "arena  - real sglang-router/vllm-router vs kvc-router on vllm-sim fleets, 5 workloads x 3 seeds (~15 min)"
+	@echo "arena-short  - the same at a small size, one seed (ARENA_ARGS=... passes options to scripts/arena.py)"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
@@ -89,6 +93,19 @@ kvbench:
 
 demo: venv build $(PYLIB)
 	$(PY) scripts/demo.py $(DEMO_ARGS)
+
+# The real peer routers (pinned PyPI wheels) in their own venv.
+peers-venv: $(VENV_PEERS)/.stamp
+
+$(VENV_PEERS)/.stamp: scripts/peers_venv.sh
+	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
+
+# PYTHONPATH until scripts/demo_lib.py moves into tests/kvc_harness.
+arena: venv build $(PYLIB) peers-venv
+	PYTHONPATH=tests:scripts KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PY) scripts/arena.py $(ARENA_ARGS)
+
+arena-short: venv build $(PYLIB) peers-venv
+	PYTHONPATH=tests:scripts KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PY) scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)
 
 overhead: venv build $(PYLIB)
 	$(PY) scripts/overhead.py

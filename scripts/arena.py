@@ -9,7 +9,15 @@ import argparse
 import sys
 import time
 
-from kvc_harness.arena import POLICIES, ArenaConfig, format_table, peers_available, run_arena, workload_specs, write_outputs
+from kvc_harness.arena import (
+    POLICIES,
+    ArenaConfig,
+    format_table,
+    peers_available,
+    run_arena,
+    workload_specs,
+    write_outputs,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
 start=$(date +%s)
 
 if [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$SGLANG_ROUTER_VERSION $VLLM_ROUTER_VERSION" ]; then
+  touch "$VENV/.stamp"
   echo "peers venv up to date ($VENV)"
   exit 0
 fi

@@ -67,7 +67,9 @@ PEERS = {
     "vllm_router_cache_aware": ("vllm", "cache_aware"),
     "vllm_router_kv_aware": ("vllm", "kv_aware"),
 }
-RESULT_KEYS = ("workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors")
+RESULT_KEYS = (
+    "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
+)
 
 
 # ---------------------------------------------------------------------------
@@ -176,7 +178,8 @@ def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
             for p in range(spec.prompts):
                 text = " ".join(_words(rng, rng.randint(*spec.prompt_words), "g"))
                 for k in range(spec.samples):
-                    jobs.append(Job(f"g{s}-{p}-{k}", text, [Turn(_response_len(rng, spec), 0)], seed=rng.getrandbits(31)))
+                    turn = Turn(_response_len(rng, spec), 0)
+                    jobs.append(Job(f"g{s}-{p}-{k}", text, [turn], seed=rng.getrandbits(31)))
             rng.shuffle(jobs)  # samples of one prompt do not arrive back to back
             steps.append(Step(f"grpo-{s + 1}", jobs, reset_after=True))
         return _arrivals(spec, rng, steps)
@@ -651,7 +654,7 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         "client_e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
         "step_makespans_s": makespans,
         "server_ttft_mean_s": (sum(v["ttft_sum"] for v in delta.values()) / srv_n) if srv_n else float("nan"),
-        "client_cached_share": (sum(r.get("cached", 0) for r in ok) / max(1, sum(r.get("prompt_tokens", 0) for r in ok))),
+        "client_cached_share": sum(r.get("cached", 0) for r in ok) / max(1, sum(r.get("prompt_tokens", 0) for r in ok)),
         "router_overhead_ms": overhead_ms,
         "preemptions": sum(v["preemptions"] for v in delta.values()),
         "queries_by_server": load,
@@ -678,7 +681,8 @@ def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds:
                 t0 = time.time()
                 res = run_one(spec, policy, seed, cfg, log)
                 r, d = res["row"], res["details"]
-                log(f"  {spec.name:<11} seed {seed} {policy:<26} hit {r['hit_rate']:.3f} ttft p50 {r['ttft_p50_s']:.3f}s "
+                log(f"  {spec.name:<11} seed {seed} {policy:<26} hit {r['hit_rate']:.3f} "
+                    f"ttft p50 {r['ttft_p50_s']:.3f}s "
                     f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
                     f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
                 out.append(res)
@@ -705,7 +709,7 @@ def aggregate(results: List[dict]) -> List[dict]:
         groups.setdefault((r["row"]["workload"], r["row"]["policy"]), []).append(r)
     out = []
     for (w, p), rs in groups.items():
-        def m(key: str, src: str = "row") -> float:
+        def m(key: str, src: str = "row", rs: List[dict] = rs) -> float:
             vals = [x[src][key] for x in rs if not (isinstance(x[src][key], float) and math.isnan(x[src][key]))]
             return sum(vals) / len(vals) if vals else float("nan")
         hits = [x["row"]["hit_rate"] for x in rs]
