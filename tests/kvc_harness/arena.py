@@ -128,8 +128,9 @@ class WorkloadSpec:
     response_max: int = 512
     # mooncake
     trace: str = "/work/shared/data/mooncake/conversation_trace.jsonl"
-    trace_requests: int = 120
-    trace_time_scale: float = 1.0  # trace ms -> simulated ms
+    trace_conversations: int = 48
+    trace_scan: int = 20000  # trace lines read
+    trace_span_s: float = 60.0  # the slice's arrivals, compressed to this many simulated seconds
     trace_output_max: int = 256
 
 
@@ -144,7 +145,7 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
         "long_agent": WorkloadSpec("long_agent", "agent", concurrency=8, tasks=2, agent_samples=4, turns=(20, 40),
                                    system_words=2048, tool_words=(1024, 4096), response_median=128,
                                    response_sigma=0.7, response_max=512),
-        "mooncake": WorkloadSpec("mooncake", "mooncake", mode="open", trace_requests=120),
+        "mooncake": WorkloadSpec("mooncake", "mooncake", mode="open", trace_conversations=48),
     }
     if short:
         specs["grpo"] = replace(specs["grpo"], steps=1, prompts=4, samples=4, prompt_words=(256, 768),
@@ -155,7 +156,8 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                       system_words=256, tool_words=(32, 128), response_max=48)
         specs["long_agent"] = replace(specs["long_agent"], tasks=1, agent_samples=3, turns=(6, 8),
                                       system_words=512, tool_words=(256, 1024), response_max=96, concurrency=3)
-        specs["mooncake"] = replace(specs["mooncake"], trace_requests=30, trace_output_max=48)
+        specs["mooncake"] = replace(specs["mooncake"], trace_conversations=10, trace_scan=8000, trace_span_s=10.0,
+                                    trace_output_max=48)
     return specs
 
 
@@ -212,21 +214,45 @@ def _arrivals(spec: WorkloadSpec, rng: random.Random, steps: List[Step]) -> List
 
 
 def mooncake_jobs(spec: WorkloadSpec) -> List[Job]:
-    """The first ``trace_requests`` conversation requests. Each 512-token
-    block hash id becomes 512 words derived from the id alone, so requests
-    sharing hash ids share text (and tokens) exactly as the trace says."""
-    jobs = []
+    """A conversation slice of the Mooncake trace: every request (within the
+    first ``trace_scan`` lines) of the first ``trace_conversations``
+    conversations, a conversation being keyed by its first block after the
+    shared block 0. The trace's first lines barely reuse anything (their
+    follow-up turns come minutes later), so a time window would test nothing;
+    following conversations keeps the trace's real reuse. Arrival times keep
+    the trace's order and gaps, compressed to ``trace_span_s`` simulated
+    seconds. Each 512-token block hash id becomes 512 words derived from the id
+    alone, so requests sharing hash ids share text and tokens."""
+    convs: Dict[int, int] = {}
+    picked: List[dict] = []
     with open(spec.trace, encoding="utf-8") as f:
-        for i, line in enumerate(itertools.islice(f, spec.trace_requests)):
+        for line in itertools.islice(f, spec.trace_scan):
             d = json.loads(line)
-            n_in = int(d["input_length"])
-            words: List[str] = []
-            for hid in d["hash_ids"]:
-                words.extend(f"m{hid}w{j}" for j in range(512))
-            words = words[:n_in] if len(words) >= n_in else words + [f"m{i}tail{j}" for j in range(n_in - len(words))]
-            out = max(1, min(spec.trace_output_max, int(d["output_length"])))
-            jobs.append(Job(f"mc{i}", " ".join(words), [Turn(out, 0)], arrival_s=float(d["timestamp"]) / 1000.0
-                            * spec.trace_time_scale, seed=i))
+            h = d["hash_ids"]
+            if len(h) < 2:
+                continue
+            if h[1] not in convs:
+                if len(convs) >= spec.trace_conversations:
+                    continue
+                convs[h[1]] = len(convs)
+            picked.append(d)
+    if not picked:
+        raise ValueError(f"{spec.trace}: no conversations found")
+    t0 = float(picked[0]["timestamp"])
+    span = max(1.0, float(picked[-1]["timestamp"]) - t0)
+    jobs = []
+    for i, d in enumerate(picked):
+        n_in = int(d["input_length"])
+        words: List[str] = []
+        for hid in d["hash_ids"]:
+            words.extend(f"m{hid}w{j}" for j in range(512))
+        if len(words) >= n_in:
+            words = words[:n_in]
+        else:
+            words += [f"m{i}tail{j}" for j in range(n_in - len(words))]
+        out = max(1, min(spec.trace_output_max, int(d["output_length"])))
+        arrival = (float(d["timestamp"]) - t0) / span * spec.trace_span_s
+        jobs.append(Job(f"mc{i}", " ".join(words), [Turn(out, 0)], arrival_s=arrival, seed=i))
     return jobs
 
 
@@ -590,6 +616,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         else:
             raise ValueError(f"unknown policy {policy!r}")
         urls = {s.sid: s.url for s in servers}
+        _settle(route, servers, policy)
+        settled = {(t["server"], t["engine"], t["id"]) for t in engine_timings(servers)}
         before = scrape_all(urls)
         runner = Runner(route, servers, cfg.speed)
         makespans = []
@@ -599,7 +627,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                 reset_prefix_caches(urls)
                 route.reset()
         after = scrape_all(urls)
-        timings = engine_timings(servers)
+        timings = [t for t in engine_timings(servers) if (t["server"], t["engine"], t["id"]) not in settled]
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
     finally:
@@ -611,6 +639,36 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                      timings)
 
 
+def _zmq_batches(route: Balancer) -> List[int]:
+    r = route.status().get("router") or {}
+    subs = ((r.get("collectors") or {}).get("collectors") or {}).get("vllm_zmq") or []
+    return [(s.get("events") or {}).get("batches", 0) for s in subs]
+
+
+def _settle(route: Route, servers: List[Server], policy: str, timeout: float = 15.0) -> None:
+    """A ZMQ subscriber misses what is published before its subscription
+    reaches the publisher (ZMQ's slow joiner; ~1-2 s for both event
+    subscribers here). A real fleet has been up long before a rollout starts,
+    so before the workload every server serves one unique probe prompt and
+    the run waits until event consumers saw it: kvc_aware until each of its
+    subscribers counted a batch, vllm-router kv_aware for the same fixed
+    settle time (its state is not observable). The probes are outside the
+    counter deltas and never share a prefix with the workload."""
+    t0 = time.time()
+    deadline = t0 + timeout
+    for rnd in itertools.count():
+        for i, s in enumerate(servers):
+            stream_text_completion(s.url, " ".join(f"settle{rnd}x{i}y{j}" for j in range(48)), 1, i)
+        if isinstance(route, Balancer) and route.needs_ids:
+            if all(b > 0 for b in _zmq_batches(route)):
+                return
+        elif policy != "vllm_router_kv_aware" or time.time() - t0 >= 2.0:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"{policy}: KV-event subscribers saw no batch within {timeout:.0f}s")
+        time.sleep(0.25)
+
+
 def engine_timings(servers: List[Server]) -> List[dict]:
     """Every finished request's simulated-clock timings (vllm-sim's GET
     /sim/requests): engine arrival -> first token, free of client overhead."""
@@ -619,7 +677,7 @@ def engine_timings(servers: List[Server]) -> List[dict]:
         status, body = http_request(s.url + "/sim/requests", timeout=30.0)
         if status != 200:
             raise RuntimeError(f"GET {s.url}/sim/requests: HTTP {status}")
-        out.extend(json.loads(body))
+        out.extend(dict(t, server=s.sid) for t in json.loads(body))
     return out
 
 
@@ -631,7 +689,7 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
     h = sum(v["hits"] for v in delta.values())
     load = [v["queries"] for v in delta.values()]
     mean_load = sum(load) / len(load) if load else 0.0
-    eng = timings  # fetched before the overhead probes ran
+    eng = timings
     ttft = [t["first_token"] - t["arrival"] for t in eng]
     client_ttft = [r["ttft"] * speed for r in ok]
     srv_n = sum(v["ttft_count"] for v in delta.values())
