@@ -67,6 +67,7 @@ PEERS = {
     "vllm_router_cache_aware": ("vllm", "cache_aware"),
     "vllm_router_kv_aware": ("vllm", "kv_aware"),
 }
+BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
 RESULT_KEYS = (
     "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
 )
@@ -485,6 +486,9 @@ class ArenaConfig:
     max_num_batched_tokens: int = 8192
     out_dir: str = os.path.join(REPO, "build", "arena")
     kvc_knobs: Dict[str, Any] = field(default_factory=dict)  # KVCAwareStrategyConfig overrides
+    # Workloads that also get the prefill-free bound: verl_default on a fleet
+    # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
+    bound_workloads: Tuple[str, ...] = ("long_agent",)
     overhead_probes: int = 20
 
 
@@ -590,7 +594,8 @@ def sim_binary() -> str:
     return path
 
 
-def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: Callable[[str], None] = print) -> dict:
+def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: Callable[[str], None] = print,
+            sim_extra: Sequence[str] = ()) -> dict:
     """One cold fleet, one policy, one workload replay. Returns the result row
     (RESULT_KEYS) plus details."""
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -602,7 +607,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                  "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
                  # vLLM >= 0.24 tagged-map events: vllm-router 0.1.17 rejects the
                  # positional form ("KV event must be a tagged map"); see docs/arena.md.
-                 "--kv-events-encoding", "map"]
+                 "--kv-events-encoding", "map", *sim_extra]
         _, servers, _ = start_sim_fleet(sim_binary(), cfg.servers, cleanup, extra,
                                         os.path.join(cfg.out_dir, "vllm-sim.log"))
         kv_tokens = cfg.num_gpu_blocks * cfg.block_size
@@ -744,6 +749,26 @@ def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds:
                     f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
                     f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
                 out.append(res)
+            if spec.name in cfg.bound_workloads:
+                res = run_one(spec, "verl_default", seed, cfg, log, sim_extra=["--prefill-per-token", "-1"])
+                res["row"]["policy"] = BOUND
+                log(f"  {spec.name:<11} seed {seed} {BOUND:<26} makespan {res['row']['makespan_s']:.1f}s")
+                out.append(res)
+    return out
+
+
+def gain_shares(results: List[dict]) -> List[dict]:
+    """Per (workload, seed, policy) with a prefill-free bound: the share of
+    the achievable makespan gain over verl_default the policy captures,
+    (verl_default - policy) / (verl_default - bound)."""
+    by = {(r["row"]["workload"], r["row"]["seed"], r["row"]["policy"]): r["row"]["makespan_s"] for r in results}
+    out = []
+    for (w, seed, p), m in sorted(by.items()):
+        if p in (BOUND, "verl_default") or (w, seed, BOUND) not in by or (w, seed, "verl_default") not in by:
+            continue
+        base, bound = by[(w, seed, "verl_default")], by[(w, seed, BOUND)]
+        out.append({"workload": w, "seed": seed, "policy": p, "makespan_s": m, "verl_default_s": base,
+                    "bound_s": bound, "share": (base - m) / (base - bound) if base > bound else float("nan")})
     return out
 
 
@@ -751,10 +776,11 @@ def write_outputs(results: List[dict], out_dir: str, cfg: ArenaConfig) -> Dict[s
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "arena.json"), "details": os.path.join(out_dir, "arena-details.json")}
     with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({"results": [{k: r["row"][k] for k in RESULT_KEYS} for r in results]}, f, indent=1)
+        json.dump({"results": [{k: r["row"][k] for k in RESULT_KEYS} for r in results
+                               if r["row"]["policy"] != BOUND]}, f, indent=1)
     with open(paths["details"], "w", encoding="utf-8") as f:
-        json.dump({"config": asdict(cfg), "runs": results}, f, indent=1)
-    png = plot(results, os.path.join(out_dir, "arena.png"))
+        json.dump({"config": asdict(cfg), "runs": results, "gain_shares": gain_shares(results)}, f, indent=1)
+    png = plot([r for r in results if r["row"]["policy"] != BOUND], os.path.join(out_dir, "arena.png"))
     if png:
         paths["png"] = png
     return paths
@@ -801,6 +827,16 @@ def format_table(results: List[dict]) -> str:
             f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['client_ttft_p50_s']:>8.3f} "
             f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['imbalance']:>6.2f} "
             f"{a['errors']:>4d} {a['overhead_ms']:>7.2f}")
+    shares = gain_shares(results)
+    if shares:
+        lines += ["", "share of the achievable makespan gain over verl_default "
+                      "((verl_default - policy) / (verl_default - prefill-free bound)), mean over seeds:"]
+        groups: Dict[Tuple[str, str], List[float]] = {}
+        for g in shares:
+            groups.setdefault((g["workload"], g["policy"]), []).append(g["share"])
+        for (w, p), v in groups.items():
+            lines.append(f"  {w:<11} {p:<26} {sum(v) / len(v):>7.1%}  (per seed: "
+                         + ", ".join(f"{x:.0%}" for x in v) + ")")
     return "\n".join(lines)
 
 
