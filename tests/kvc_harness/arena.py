@@ -144,7 +144,7 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
         "agent_open": WorkloadSpec("agent_open", "agent", mode="open", rate=2.0, tasks=4, agent_samples=4,
                                    turns=(4, 8), response_median=64, response_max=256),
         "long_agent": WorkloadSpec("long_agent", "agent", concurrency=8, tasks=2, agent_samples=4, turns=(20, 40),
-                                   system_words=2048, tool_words=(1024, 4096), response_median=128,
+                                   system_words=2048, tool_words=(1024, 4096), response_median=64,
                                    response_sigma=0.7, response_max=512),
         "mooncake": WorkloadSpec("mooncake", "mooncake", mode="open", trace_conversations=48),
     }
