@@ -130,7 +130,9 @@ class WorkloadSpec:
     # mooncake
     trace: str = "/work/shared/data/mooncake/conversation_trace.jsonl"
     trace_conversations: int = 48
-    trace_scan: int = 20000  # trace lines read
+    trace_scan: int = 8000  # trace lines read
+    trace_seed_stride: int = 700  # each seed's slice starts this many lines later...
+    trace_seed_wrap: int = 4000  # ...modulo this (the trace has ~12k lines)
     trace_span_s: float = 60.0  # the slice's arrivals, compressed to this many simulated seconds
     trace_output_max: int = 256
 
@@ -157,7 +159,7 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                       system_words=256, tool_words=(32, 128), response_max=48)
         specs["long_agent"] = replace(specs["long_agent"], tasks=1, agent_samples=3, turns=(6, 8),
                                       system_words=512, tool_words=(256, 1024), response_max=96, concurrency=3)
-        specs["mooncake"] = replace(specs["mooncake"], trace_conversations=10, trace_scan=8000, trace_span_s=10.0,
+        specs["mooncake"] = replace(specs["mooncake"], trace_conversations=10, trace_span_s=10.0,
                                     trace_output_max=48)
     return specs
 
@@ -198,7 +200,7 @@ def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
         rng.shuffle(jobs)
         return _arrivals(spec, rng, [Step(spec.name, jobs)])
     if spec.kind == "mooncake":
-        return [Step(spec.name, mooncake_jobs(spec))]
+        return [Step(spec.name, mooncake_jobs(spec, seed))]
     raise ValueError(f"unknown workload kind {spec.kind!r}")
 
 
@@ -214,10 +216,10 @@ def _arrivals(spec: WorkloadSpec, rng: random.Random, steps: List[Step]) -> List
     return steps
 
 
-def mooncake_jobs(spec: WorkloadSpec) -> List[Job]:
+def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
     """A conversation slice of the Mooncake trace: every request (within the
-    first ``trace_scan`` lines) of the first ``trace_conversations``
-    conversations, a conversation being keyed by its first block after the
+    ``trace_scan`` lines from line ``seed * trace_seed_stride``) of the first
+    ``trace_conversations`` conversations starting there, a conversation being keyed by its first block after the
     shared block 0. The trace's first lines barely reuse anything (their
     follow-up turns come minutes later), so a time window would test nothing;
     following conversations keeps the trace's real reuse. Arrival times keep
@@ -227,7 +229,8 @@ def mooncake_jobs(spec: WorkloadSpec) -> List[Job]:
     convs: Dict[int, int] = {}
     picked: List[dict] = []
     with open(spec.trace, encoding="utf-8") as f:
-        for line in itertools.islice(f, spec.trace_scan):
+        start = (seed * spec.trace_seed_stride) % spec.trace_seed_wrap
+        for line in itertools.islice(f, start, start + spec.trace_scan):
             d = json.loads(line)
             h = d["hash_ids"]
             if len(h) < 2:
@@ -885,7 +888,8 @@ def format_table(results: List[dict]) -> str:
             f"{a['workload']:<11} {a['policy']:<26} {a['seeds']:>5} "
             f"{a['hit_rate']:>6.3f} [{a['hit_min']:.2f},{a['hit_max']:.2f}] {a['ttft_p50_s']:>9.3f} "
             f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['client_ttft_p50_s']:>8.3f} "
-            f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['engine_makespan_s']:>8.1f} {a['busy_s']:>8.1f} "
+            f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['engine_makespan_s']:>8.1f} "
+            f"{a['busy_s']:>8.1f} "
             f"{a['imbalance']:>6.2f} "
             f"{a['errors']:>4d} {a['overhead_ms']:>7.2f}")
     shares = gain_shares(results)
