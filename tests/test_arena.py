@@ -86,3 +86,87 @@ def test_outputs(arena):
     kvc = [run for run in runs if run["row"]["policy"] == "kvc_aware"]
     assert kvc and all(run["details"].get("event_stored_blocks", 0) > 0 for run in kvc)
     assert (arena["out"] / "arena.png").stat().st_size > 0
+
+
+def _py(code: str) -> object:
+    """Runs code with the arena's import path (as the Makefile does) and
+    returns the JSON it prints; no processes are started by the code."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests"), os.path.join(REPO, "scripts")]))
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_workloads_are_seeded_text_with_shared_prefixes():
+    out = _py("""
+import json
+from kvc_harness.arena import build_steps, workload_specs
+specs = workload_specs(short=False)
+def shape(name, seed):
+    return [[(j.rid, j.text, [(t.max_tokens, t.tool_words) for t in j.turns], j.arrival_s) for j in st.jobs]
+            for st in build_steps(specs[name], seed)]
+res = {}
+for name in specs:
+    a, b, c = shape(name, 1), shape(name, 1), shape(name, 2)
+    res[name] = {"same": a == b, "differs": a != c, "steps": len(a), "jobs": sum(len(s) for s in a)}
+g = build_steps(specs["grpo"], 1)[0].jobs
+texts = {}
+for j in g:
+    texts.setdefault(j.text, 0)
+    texts[j.text] += 1
+res["grpo_samples"] = sorted(set(texts.values()))
+la = build_steps(specs["long_agent"], 1)[0].jobs
+res["long_turns"] = [len(j.turns) for j in la]
+res["long_tools"] = [min(t.tool_words for t in j.turns) for j in la] + [max(t.tool_words for t in j.turns) for j in la]
+res["long_resp"] = max(t.max_tokens for j in la for t in j.turns)
+res["open_arrivals"] = [j.arrival_s for j in build_steps(specs["agent_open"], 1)[0].jobs][:3]
+print(json.dumps(res))
+""")
+    for name in ("grpo", "agent", "agent_open", "long_agent", "mooncake"):
+        assert out[name]["same"] and out[name]["differs"], (name, out[name])
+    assert out["grpo"]["steps"] == 2 and out["grpo"]["jobs"] == 128
+    assert out["grpo_samples"] == [8]  # every prompt text is shared by its 8 samples
+    assert all(20 <= n <= 40 for n in out["long_turns"])
+    assert min(out["long_tools"]) >= 1024 and max(out["long_tools"]) <= 4096 and out["long_resp"] <= 512
+    assert out["open_arrivals"][0] == 0.0 and out["open_arrivals"][1] > 0.0
+
+
+def test_mooncake_slice_follows_conversations():
+    out = _py("""
+import json
+from kvc_harness.arena import mooncake_jobs, workload_specs
+spec = workload_specs(short=False)["mooncake"]
+res = {}
+for seed in (1, 2):
+    jobs = mooncake_jobs(spec, seed)
+    firsts = [j.text.split()[:512] for j in jobs]
+    conv = {tuple(j.text.split()[512:1024]) for j in jobs}
+    arrivals = [j.arrival_s for j in jobs]
+    res[str(seed)] = {"n": len(jobs), "conversations": len(conv),
+                      "block0_shared": all(f == firsts[0] for f in firsts),
+                      "span": max(arrivals), "sorted": arrivals == sorted(arrivals),
+                      "conv_words": sorted(c[0] for c in conv if c)}
+print(json.dumps(res))
+""")
+    for seed in ("1", "2"):
+        r = out[seed]
+        assert r["conversations"] <= 48 < r["n"], r  # follow-up turns of the same conversations
+        assert r["block0_shared"] and r["sorted"] and abs(r["span"] - 60.0) < 1e-6
+    assert out["1"]["conv_words"] != out["2"]["conv_words"]  # each seed has its own slice
+
+
+def test_gain_share_arithmetic():
+    out = _py("""
+import json
+from kvc_harness.arena import BOUND, gain_shares
+def run(policy, seed, wall, eng):
+    return {"row": {"workload": "w", "seed": seed, "policy": policy, "makespan_s": wall},
+            "details": {"engine_makespan_s": eng}}
+rs = [run("verl_default", 1, 100.0, 90.0), run(BOUND, 1, 60.0, 50.0), run("kvc_aware", 1, 70.0, 80.0),
+      run("verl_default", 2, 100.0, 90.0), run(BOUND, 2, 120.0, 95.0), run("kvc_aware", 2, 80.0, 80.0)]
+print(json.dumps(gain_shares(rs)))
+""")
+    by = {(g["measure"], g["seed"]): g["share"] for g in out}
+    assert by[("wall", 1)] == 0.75 and by[("engine", 1)] == 0.25
+    assert by[("wall", 2)] != by[("wall", 2)]  # NaN: no achievable gain when the bound is not below the base
+    assert {g["policy"] for g in out} == {"kvc_aware"}
