@@ -4,6 +4,8 @@ GO         ?= go
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_VERL  ?= .venv-verl
+VENV_PEERS ?= .venv-peers
+ARENA_ARGS ?=
 PY         := $(VENV)/bin/python
 BIN        := bin
 LIB        := build/libkvcrouter.so
@@ -18,7 +20,7 @@ PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak lint venv clean
+.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak lint venv clean arena arena-short peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -31,6 +33,8 @@ help:
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each policy's main knob on seeds 101,102, report seeds 1-5 (mean, SD)"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
+	@echo "arena  - real sglang-router/vllm-router vs kvc-router on vllm-sim fleets, 5 workloads x 3 seeds (~15 min)"
+	@echo "arena-short  - the same at a small size, one seed (ARENA_ARGS=... passes options to scripts/arena.py)"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
@@ -70,7 +74,7 @@ test-go:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
-test-py: venv $(PYLIB) $(TESTLIB) build
+test-py: venv $(PYLIB) $(TESTLIB) build peers-venv
 	$(PY) -m pytest -q tests
 
 # verl 0.9.1 from PyPI in its own venv (torch is PyPI's CUDA build; no GPU is used).
@@ -114,6 +118,18 @@ kvbench-heldout:
 
 demo: venv build $(PYLIB)
 	$(PYH) scripts/demo.py $(DEMO_ARGS)
+
+# The real peer routers (pinned PyPI wheels) in their own venv.
+peers-venv: $(VENV_PEERS)/.stamp
+
+$(VENV_PEERS)/.stamp: scripts/peers_venv.sh
+	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
+
+arena: venv build $(PYLIB) peers-venv
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py $(ARENA_ARGS)
+
+arena-short: venv build $(PYLIB) peers-venv
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)
 
 overhead: venv build $(PYLIB)
 	$(PYH) scripts/overhead.py
