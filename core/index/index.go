@@ -468,15 +468,21 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 		}
 	}
 	now := ix.tick(ix.cfg.Now())
+	// The walk below is the routing hot path: pages and pos are hoisted
+	// into locals and the record is addressed inline, so each chain step
+	// is one dependent load with no calls or repeated bounds checks.
+	pages := ix.pages
+	out = out[:len(ids)]
 	for b, k := range keys {
 		r, ok := ix.keys[k]
 		if !ok {
 			break
 		}
 		advanced := false
-		for ; r != nilRec; r = ix.at(r).next {
-			rc := ix.at(r)
-			p := pos[rc.server]
+		for r != nilRec {
+			rc := &pages[r>>pageShift][r&(pageSize-1)]
+			r = rc.next
+			p := int(pos[rc.server])
 			if p == 0 {
 				continue
 			}
@@ -484,8 +490,15 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 			if m.Blocks != b {
 				continue
 			}
-			t, ok := rc.best(now)
-			if !ok {
+			var t Tier
+			switch {
+			case rc.cnt[GPU] > 0 || rc.spec > now:
+				t = GPU
+			case rc.cnt[CPU] > 0:
+				t = CPU
+			case rc.cnt[SSD] > 0:
+				t = SSD
+			default:
 				continue
 			}
 			m.Blocks++
