@@ -137,7 +137,7 @@ func (rc *rec) empty() bool { return rc.cnt == [NumTiers]uint8{} }
 type server struct {
 	name   string
 	opts   ServerOptions
-	bridge map[uint64]uint32
+	bridge u64map // engine hash -> record
 	head   uint32 // most recent record of this server
 	tail   uint32
 	n      int
@@ -150,7 +150,7 @@ type Index struct {
 	mu      sync.RWMutex
 	cfg     Config
 	epoch   time.Time
-	keys    map[uint64]uint32
+	keys    u64map  // block key -> head of its record chain
 	pages   [][]rec // fixed-size pages: growth never copies or over-allocates
 	nrecs   uint32  // records allocated (live + free)
 	free    uint32
@@ -169,7 +169,6 @@ func New(cfg Config) *Index {
 	return &Index{
 		cfg:    cfg,
 		epoch:  cfg.Now(),
-		keys:   make(map[uint64]uint32),
 		free:   nilRec,
 		byName: make(map[string]ServerID),
 	}
@@ -196,7 +195,7 @@ func (ix *Index) AddServer(name string, opts ServerOptions) (ServerID, error) {
 		ix.enforceCapacity(s)
 		return id, nil
 	}
-	s := &server{name: name, opts: opts, bridge: make(map[uint64]uint32), head: nilRec, tail: nilRec}
+	s := &server{name: name, opts: opts, head: nilRec, tail: nilRec}
 	var id ServerID
 	if n := len(ix.freeIDs); n > 0 {
 		id = ix.freeIDs[n-1]
@@ -284,9 +283,7 @@ func (ix *Index) clearServer(id ServerID, s *server) {
 		ix.freeRec(r, s)
 		r = next
 	}
-	if len(s.bridge) > 0 {
-		s.bridge = make(map[uint64]uint32)
-	}
+	s.bridge.Reset()
 }
 
 // Stored applies a BlockStored event. parent is the engine hash of the block
@@ -343,10 +340,10 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 		if rc.engine != 0 && rc.engine != engineHashes[i] {
 			// Another engine hash already names this block; keep one
 			// bridge per record so a freed slot never aliases.
-			delete(s.bridge, rc.engine)
+			s.bridge.Delete(rc.engine)
 		}
 		rc.engine = engineHashes[i]
-		s.bridge[engineHashes[i]] = r
+		s.bridge.Put(engineHashes[i], r)
 		ix.incr(r, tier)
 		ix.touch(r, s)
 	}
@@ -474,7 +471,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	pages := ix.pages
 	out = out[:len(ids)]
 	for b, k := range keys {
-		r, ok := ix.keys[k]
+		r, ok := ix.keys.Get(k)
 		if !ok {
 			break
 		}
@@ -540,19 +537,19 @@ func (ix *Index) incr(r uint32, t Tier) {
 // bridged resolves an engine hash to its live record, dropping a stale
 // bridge entry on the way.
 func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
-	r, ok := s.bridge[e]
+	r, ok := s.bridge.Get(e)
 	if !ok {
 		return 0, false
 	}
 	if rc := ix.at(r); rc.server != uint16(id) || rc.engine != e {
-		delete(s.bridge, e)
+		s.bridge.Delete(e)
 		return 0, false
 	}
 	return r, true
 }
 
 func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
-	head, ok := ix.keys[key]
+	head, ok := ix.keys.Get(key)
 	if ok {
 		for r := head; r != nilRec; r = ix.at(r).next {
 			if ix.at(r).server == uint16(id) {
@@ -575,7 +572,7 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 		ix.nrecs++
 	}
 	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
-	ix.keys[key] = r
+	ix.keys.Put(key, r)
 	if s.head != nilRec {
 		ix.at(s.head).sprev = r
 	}
@@ -609,11 +606,11 @@ func (ix *Index) touch(r uint32, s *server) {
 func (ix *Index) freeRec(r uint32, s *server) {
 	rc := ix.at(r)
 	// Unlink from the key chain.
-	if head := ix.keys[rc.key]; head == r {
+	if head, _ := ix.keys.Get(rc.key); head == r {
 		if rc.next == nilRec {
-			delete(ix.keys, rc.key)
+			ix.keys.Delete(rc.key)
 		} else {
-			ix.keys[rc.key] = rc.next
+			ix.keys.Put(rc.key, rc.next)
 		}
 	} else {
 		for p := head; p != nilRec; p = ix.at(p).next {
@@ -636,8 +633,8 @@ func (ix *Index) freeRec(r uint32, s *server) {
 	}
 	s.n--
 	if rc.engine != 0 {
-		if b, ok := s.bridge[rc.engine]; ok && b == r {
-			delete(s.bridge, rc.engine)
+		if b, ok := s.bridge.Get(rc.engine); ok && b == r {
+			s.bridge.Delete(rc.engine)
 		}
 	}
 	*rc = rec{server: freeSrv, next: ix.free}
@@ -703,37 +700,36 @@ type Status struct {
 	Servers         []ServerStatus `json:"servers"`
 }
 
-// recBytes is the size of rec; mapEntryBytes is an estimate of one map
-// entry of a uint64 -> uint32 map (slot plus control byte and slack).
-const (
-	recBytes      = 40
-	mapEntryBytes = 20
-)
+// recBytes is the size of rec (checked by a test with unsafe.Sizeof).
+const recBytes = 40
 
-// Status returns counts and a memory estimate.
+// Status returns counts and the index's memory: slab pages plus hash
+// tables, counted exactly rather than estimated.
 func (ix *Index) Status() Status {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := Status{
 		Entries:         int(ix.nrecs) - ix.nfree,
-		Keys:            len(ix.keys),
+		Keys:            ix.keys.Len(),
 		MaxEntries:      ix.cfg.MaxEntries,
 		EvictedBudget:   ix.evictedBudget,
 		EvictedCapacity: ix.evictedCapacity,
 	}
-	bridged := 0
+	bytes := int64(len(ix.pages))*pageSize*recBytes + ix.keys.Bytes()
 	for _, s := range ix.servers {
 		if s == nil {
 			continue
 		}
-		bridged += len(s.bridge)
+		bytes += s.bridge.Bytes()
 		st.Servers = append(st.Servers, ServerStatus{
-			Name: s.name, Entries: s.n, Bridged: len(s.bridge), Approximate: s.opts.Approximate,
+			Name: s.name, Entries: s.n, Bridged: s.bridge.Len(), Approximate: s.opts.Approximate,
 			Capacity: s.opts.Capacity, Stored: s.stored, Removed: s.removed, Cleared: s.cleared,
 			Unanchored: s.unanchored, Unresolved: s.unresolved,
 		})
 	}
-	st.Bytes = int64(len(ix.pages))*pageSize*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
+	// The slab pages and the hash tables are the index; everything else
+	// (server structs, names) is a few hundred bytes per server.
+	st.Bytes = bytes
 	return st
 }
 
