@@ -16,7 +16,7 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 # Export only the kvr_* API: without the version script ~45 _cgo_* symbols leak.
 LIB_LDFLAGS = -s -w -extldflags=-Wl,--version-script=$(CURDIR)/cabi/kvcrouter.map
 
-.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak lint venv clean
+.PHONY: help build lib wheel test test-go test-py test-verl bench kvbench demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -32,6 +32,7 @@ help:
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
 	@echo "chaos  - long fault/hostile runs: 20 kill/restart cycles, 1M hostile ABI calls, 10M-block flood"
 	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
+	@echo "actor-bench  - acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json"
 	@echo "lint   - gofmt, go vet, ruff"
 
 build:
@@ -101,6 +102,11 @@ fuzz:
 
 chaos: venv $(PYLIB) build
 	$(PY) scripts/chaos.py
+
+# Balancer actor throughput against verl's own actor, same run (verl's venv has ray).
+actor-bench: $(PYLIB)
+	@[ -x $(VENV_VERL)/bin/python ] || VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
+	$(VENV_VERL)/bin/python scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
 
 soak: venv $(PYLIB) build
 	$(PY) scripts/soak.py --pairs $(SOAK_PAIRS)
