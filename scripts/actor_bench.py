@@ -21,6 +21,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--client-actors", type=int, default=2)
     ap.add_argument("--kvc-variant", default="kvc_async", help="the variant reported as kvc_pairs_per_s")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "overhead", "actor.json"))
     a = ap.parse_args()
@@ -28,7 +29,7 @@ def main() -> None:
 
     cfg = actor_bench.BenchConfig(
         callers=tuple(int(x) for x in a.callers.split(",")), seconds=a.seconds, rounds=a.rounds,
-        prompt_tokens=a.prompt_tokens,
+        prompt_tokens=a.prompt_tokens, client_actors=a.client_actors,
     )
     pypath = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")])
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
