@@ -1,6 +1,10 @@
 package blockhash
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // Memo remembers the keys of recent prompts so that a prompt sharing a
 // prefix with one of them (a GRPO sibling, the next turn of a trajectory,
@@ -25,6 +29,7 @@ type memoEntry struct {
 	ns     uint64
 	bs     int
 	first  uint64  // key of block 0: a cheap filter before comparing tokens
+	last   uint64  // plain hash of the last block: finds an identical prompt
 	tokens []int32 // the prompt's full blocks
 	keys   []uint64
 	used   uint64
@@ -38,6 +43,8 @@ const (
 	MemoMaxTokens = 1 << 20
 	// memoChunk is the compare granularity in blocks before narrowing.
 	memoChunk = 32
+	// memoCompare is how many candidate entries a lookup compares.
+	memoCompare = 2
 )
 
 // AppendKeys appends the keys of every full block of tokens to dst, as the
@@ -50,14 +57,53 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 	}
 	m.clock++
 	first := Chain(Root(namespace, blockSize), tokens[:blockSize])
-	best, common := -1, 0
+	// Compare against the memoCompare most recently used entries that
+	// start with the same block: a GRPO group's siblings all share their
+	// first block, and comparing each of them would cost more than the
+	// hashing saved.
+	// An entry of the same length ending in the same block is very likely
+	// the same prompt (a sibling's retry, the bench's repeat) and is tried
+	// first.
+	var cand [memoCompare + 1]int
+	nc := 0
+	tb := tokenBytes(tokens[:nb*blockSize])
+	w := 4 * blockSize
+	last := xxhash.Sum64(tb[(nb-1)*w:])
+	same := -1
 	for i := range m.entries {
 		e := &m.entries[i]
 		if e.first != first || e.ns != namespace || e.bs != blockSize {
 			continue
 		}
-		if c := commonBlocks(e.tokens, tokens[:nb*blockSize], blockSize); c > common {
+		if same < 0 && e.last == last && len(e.keys) == nb {
+			same = i
+			continue
+		}
+		j := nc
+		if nc < memoCompare {
+			nc++
+		} else if e.used <= m.entries[cand[nc-1]].used {
+			continue
+		} else {
+			j = nc - 1
+		}
+		for ; j > 0 && m.entries[cand[j-1]].used < e.used; j-- {
+			cand[j] = cand[j-1]
+		}
+		cand[j] = i
+	}
+	if same >= 0 {
+		copy(cand[1:], cand[:nc])
+		cand[0] = same
+		nc++
+	}
+	best, common := -1, 0
+	for _, i := range cand[:nc] {
+		if c := commonBlocks(m.entries[i].tokens, tokens[:nb*blockSize], blockSize); c > common {
 			best, common = i, c
+			if c == nb {
+				break
+			}
 		}
 	}
 	start := len(dst)
@@ -70,13 +116,11 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 		common = 1
 	}
 	parent := dst[len(dst)-1]
-	tb := tokenBytes(tokens[:nb*blockSize])
-	w := 4 * blockSize
 	for i := common; i < nb; i++ {
 		parent = chainLE(parent, tb[i*w:(i+1)*w])
 		dst = append(dst, parent)
 	}
-	m.remember(best, common, nb, tokens[:nb*blockSize], dst[start:], blockSize, namespace, first)
+	m.remember(best, common, nb, tokens[:nb*blockSize], dst[start:], blockSize, namespace, first, last)
 	return dst
 }
 
@@ -96,7 +140,7 @@ func commonBlocks(a, b []int32, bs int) int {
 	return c
 }
 
-func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs int, ns, first uint64) {
+func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs int, ns, first, last uint64) {
 	if best >= 0 {
 		e := &m.entries[best]
 		if common == nb {
@@ -106,6 +150,7 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 			// This prompt extends the remembered one (the next turn):
 			// grow the entry instead of keeping both.
 			m.tokens += len(tokens) - len(e.tokens)
+			e.last = last
 			e.tokens = append(e.tokens, tokens[len(e.tokens):]...)
 			e.keys = append(e.keys, keys[len(e.keys):]...)
 			return
@@ -114,29 +159,37 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 	if len(tokens) > MemoMaxTokens/4 {
 		return // one huge prompt would flush everything else
 	}
+	// Evicted entries' buffers are reused: a prompt's copy is a large
+	// allocation (32 KiB at 8k tokens) that would otherwise come back from
+	// the OS zeroed, page by page, once per new prompt.
+	var spare memoEntry
 	for len(m.entries) >= MemoMaxEntries || (len(m.entries) > 0 && m.tokens+len(tokens) > MemoMaxTokens) {
-		m.evict()
+		if e := m.evict(); cap(e.tokens) > cap(spare.tokens) {
+			spare = e
+		}
 	}
 	m.tokens += len(tokens)
 	m.entries = append(m.entries, memoEntry{
-		ns: ns, bs: bs, first: first, used: m.clock,
-		tokens: append([]int32(nil), tokens...), keys: append([]uint64(nil), keys...),
+		ns: ns, bs: bs, first: first, last: last, used: m.clock,
+		tokens: append(spare.tokens[:0], tokens...), keys: append(spare.keys[:0], keys...),
 	})
 }
 
-// evict drops the least recently used entry.
-func (m *Memo) evict() {
+// evict drops the least recently used entry and returns it.
+func (m *Memo) evict() memoEntry {
 	lru := 0
 	for i := range m.entries {
 		if m.entries[i].used < m.entries[lru].used {
 			lru = i
 		}
 	}
-	m.tokens -= len(m.entries[lru].tokens)
+	e := m.entries[lru]
+	m.tokens -= len(e.tokens)
 	last := len(m.entries) - 1
 	m.entries[lru] = m.entries[last]
 	m.entries[last] = memoEntry{}
 	m.entries = m.entries[:last]
+	return e
 }
 
 // Reset forgets every prompt.
