@@ -161,6 +161,7 @@ type Index struct {
 	byName  map[string]ServerID
 
 	evictedBudget, evictedCapacity uint64
+	sink                           uint64 // keeps Stored's cache-warming loads alive
 }
 
 // New returns an empty index.
@@ -295,46 +296,53 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 	if tier >= NumTiers {
 		return fmt.Errorf("%w: tier %d", ErrBadEvent, tier)
 	}
+	if len(tokens) == 0 {
+		return ix.storedTokenless(id, tier, engineHashes)
+	}
+	if blockSize <= 0 {
+		return fmt.Errorf("%w: block_size %d with %d tokens", ErrBadEvent, blockSize, len(tokens))
+	}
+	n := min(len(engineHashes), len(tokens)/blockSize)
+	// Keys are hashed before the write lock is taken (they depend only on
+	// the parent's key), so routing calls wait for the apply alone.
+	start, known := blockhash.Root(namespace, blockSize), true
+	if hasParent {
+		ix.mu.RLock()
+		start, known = ix.parentKey(id, parent)
+		ix.mu.RUnlock()
+	}
+	kp := keyPool.Get().(*[]uint64)
+	defer keyPool.Put(kp)
+	keys := chainKeys((*kp)[:0], start, tokens, blockSize, n)
+	*kp = keys
+
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	s := ix.srv(id)
 	if s == nil {
 		return ErrUnknownServer
 	}
-	if len(tokens) == 0 {
-		var miss int
-		for _, e := range engineHashes {
-			r, ok := ix.bridged(s, id, e)
-			if !ok {
-				miss++
-				continue
-			}
-			ix.incr(r, tier)
-			ix.touch(r, s)
-		}
-		s.stored += uint64(len(engineHashes) - miss)
-		if miss > 0 {
-			s.unresolved += uint64(miss)
-		}
-		return nil
-	}
-	if blockSize <= 0 {
-		return fmt.Errorf("%w: block_size %d with %d tokens", ErrBadEvent, blockSize, len(tokens))
-	}
-	var key uint64
 	if hasParent {
 		r, ok := ix.bridged(s, id, parent)
 		if !ok {
 			s.unanchored += uint64(len(engineHashes))
 			return ErrUnanchored
 		}
-		key = ix.at(r).key
-	} else {
-		key = blockhash.Root(namespace, blockSize)
+		if k := ix.at(r).key; !known || k != start {
+			// The parent changed between the two locks: rehash.
+			keys = chainKeys(keys[:0], k, tokens, blockSize, n)
+			*kp = keys
+		}
 	}
-	n := min(len(engineHashes), len(tokens)/blockSize)
-	for i := 0; i < n; i++ {
-		key = blockhash.Chain(key, tokens[i*blockSize:(i+1)*blockSize])
+	// Touch every slot the loop below will probe first: the loads are
+	// independent, so their cache misses overlap instead of queueing one
+	// behind the other inside the dependent apply loop.
+	var sink uint64
+	for i, k := range keys {
+		sink += ix.keys.peek(k) + s.bridge.peek(engineHashes[i])
+	}
+	ix.sink = sink
+	for i, key := range keys {
 		r := ix.findOrCreate(id, s, key)
 		rc := ix.at(r)
 		if rc.engine != 0 && rc.engine != engineHashes[i] {
@@ -354,6 +362,59 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 		ix.enforceCapacity(s)
 	}
 	ix.enforceBudget()
+	return nil
+}
+
+var keyPool = sync.Pool{New: func() any { return new([]uint64) }}
+
+func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
+	for i := 0; i < n; i++ {
+		key = blockhash.Chain(key, tokens[i*bs:(i+1)*bs])
+		dst = append(dst, key)
+	}
+	return dst
+}
+
+// parentKey reads the key an engine hash bridges to, without repairing
+// stale bridges (the caller holds only the read lock).
+func (ix *Index) parentKey(id ServerID, e uint64) (uint64, bool) {
+	s := ix.srv(id)
+	if s == nil {
+		return 0, false
+	}
+	r, ok := s.bridge.Get(e)
+	if !ok {
+		return 0, false
+	}
+	if rc := ix.at(r); rc.server == uint16(id) && rc.engine == e {
+		return rc.key, true
+	}
+	return 0, false
+}
+
+// storedTokenless applies a token-less BlockStored (a lower-tier copy of
+// blocks the engine hashes already bridge to).
+func (ix *Index) storedTokenless(id ServerID, tier Tier, engineHashes []uint64) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	var miss int
+	for _, e := range engineHashes {
+		r, ok := ix.bridged(s, id, e)
+		if !ok {
+			miss++
+			continue
+		}
+		ix.incr(r, tier)
+		ix.touch(r, s)
+	}
+	s.stored += uint64(len(engineHashes) - miss)
+	if miss > 0 {
+		s.unresolved += uint64(miss)
+	}
 	return nil
 }
 

@@ -66,6 +66,15 @@ func (m *u64map) Get(k uint64) (uint32, bool) {
 	}
 }
 
+// peek loads k's home slot and returns its key: a cache-warming read whose
+// result only needs to be used somewhere.
+func (m *u64map) peek(k uint64) uint64 {
+	if len(m.slots) == 0 {
+		return 0
+	}
+	return m.slots[m.home(k)].k
+}
+
 // Put stores v under k.
 func (m *u64map) Put(k uint64, v uint32) {
 	if k == 0 {
