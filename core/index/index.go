@@ -9,8 +9,8 @@
 // cover the gap before events arrive (GRPO siblings sent in one burst) and are
 // the only source for servers without an event feed ("approximate" servers).
 //
-// Memory is bounded: every (server, key) pair is one 40-byte record in a slab
-// of fixed-size pages, the slab is capped at Config.MaxEntries records with
+// Memory is bounded: every (server, key) pair is one 40-byte record (32 in
+// a slab of fixed-size pages, 8 for its engine hash alongside), the slab is capped at Config.MaxEntries records with
 // CLOCK (approximate LRU) eviction, and approximate servers additionally cap
 // their own records, least recently used first, at their capacity.
 package index
@@ -18,6 +18,7 @@ package index
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -115,13 +116,12 @@ type ServerOptions struct {
 	Capacity int
 }
 
-// rec is one (server, key) residency record: 40 bytes. The global budget is
+// rec is one (server, key) residency record: 32 bytes. The global budget is
 // enforced with a CLOCK sweep over the slab (one "referenced" bit per
 // record) rather than a doubly linked LRU list, which would cost 8 bytes
 // more per record and two pointer rewrites per touch.
 type rec struct {
 	key    uint64
-	engine uint64 // engine hash last bridged to this record; 0 = none
 	next   uint32 // next record with the same key
 	sprev  uint32 // per-server LRU, towards most recent
 	snext  uint32 // per-server LRU, towards least recent
@@ -150,9 +150,10 @@ type Index struct {
 	mu      sync.RWMutex
 	cfg     Config
 	epoch   time.Time
-	keys    u64map  // block key -> head of its record chain
-	pages   [][]rec // fixed-size pages: growth never copies or over-allocates
-	nrecs   uint32  // records allocated (live + free)
+	keys    u64map     // block key -> head of its record chain
+	pages   [][]rec    // fixed-size pages: growth never copies or over-allocates
+	engines [][]uint64 // engine hash per record, pages parallel to pages
+	nrecs   uint32     // records allocated (live + free)
 	free    uint32
 	nfree   int
 	hand    uint32 // CLOCK hand
@@ -344,13 +345,12 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 	ix.sink = sink
 	for i, key := range keys {
 		r := ix.findOrCreate(id, s, key)
-		rc := ix.at(r)
-		if rc.engine != 0 && rc.engine != engineHashes[i] {
+		if e := ix.eng(r); *e != 0 && *e != engineHashes[i] {
 			// Another engine hash already names this block; keep one
 			// bridge per record so a freed slot never aliases.
-			s.bridge.Delete(rc.engine)
+			s.bridge.Delete(*e)
 		}
-		rc.engine = engineHashes[i]
+		*ix.eng(r) = engineHashes[i]
 		s.bridge.Put(engineHashes[i], r)
 		ix.incr(r, tier)
 		ix.touch(r, s)
@@ -386,8 +386,8 @@ func (ix *Index) parentKey(id ServerID, e uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	if rc := ix.at(r); rc.server == uint16(id) && rc.engine == e {
-		return rc.key, true
+	if ix.at(r).server == uint16(id) && *ix.eng(r) == e {
+		return ix.at(r).key, true
 	}
 	return 0, false
 }
@@ -531,6 +531,10 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	// is one dependent load with no calls or repeated bounds checks.
 	pages := ix.pages
 	out = out[:len(ids)]
+	if len(ids) <= 64 {
+		ix.matchMasked(keys, ids, out, pos, now)
+		return pos
+	}
 	for b, k := range keys {
 		r, ok := ix.keys.Get(k)
 		if !ok {
@@ -570,6 +574,72 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	return pos
 }
 
+// matchMasked is MatchPrefix for up to 64 candidates, the common case.
+// Each block yields bitmasks of the candidates holding it per best tier, so
+// a block costs its chain walk plus a few word operations rather than a
+// read-modify-write of every advancing candidate's Match: candidates drop
+// out of the alive mask, and blocks on which every alive candidate is on
+// GPU (almost all of them) are counted once for all.
+func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []int32, now uint32) {
+	pages := ix.pages
+	alive := ^uint64(0) >> (64 - len(ids))
+	allGPU := 0 // blocks so far on which every alive candidate was on GPU
+	drop := func(mask uint64, blocks int) {
+		for ; mask != 0; mask &= mask - 1 {
+			m := &out[bits.TrailingZeros64(mask)]
+			m.Blocks = blocks
+			m.Tier[GPU] += allGPU
+		}
+	}
+	end := len(keys)
+	for b, k := range keys {
+		r, ok := ix.keys.Get(k)
+		if !ok {
+			end = b
+			break
+		}
+		var g, c, sd uint64
+		for r != nilRec {
+			rc := &pages[r>>pageShift][r&(pageSize-1)]
+			r = rc.next
+			p := pos[rc.server]
+			if p == 0 {
+				continue
+			}
+			bit := uint64(1) << (p - 1)
+			switch {
+			case rc.cnt[GPU] > 0 || rc.spec > now:
+				g |= bit
+			case rc.cnt[CPU] > 0:
+				c |= bit
+			case rc.cnt[SSD] > 0:
+				sd |= bit
+			}
+		}
+		g, c, sd = g&alive, c&alive, sd&alive
+		next := g | c | sd
+		drop(alive&^next, b)
+		alive = next
+		if alive == 0 {
+			return
+		}
+		if g == alive {
+			allGPU++
+			continue
+		}
+		for m := g; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[GPU]++
+		}
+		for m := c; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[CPU]++
+		}
+		for m := sd; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[SSD]++
+		}
+	}
+	drop(alive, end)
+}
+
 func (rc *rec) best(now uint32) (Tier, bool) {
 	switch {
 	case rc.cnt[GPU] > 0 || rc.spec > now:
@@ -589,6 +659,11 @@ const (
 
 func (ix *Index) at(r uint32) *rec { return &ix.pages[r>>pageShift][r&(pageSize-1)] }
 
+// eng is the engine hash last bridged to record r (0 = none). It lives in
+// pages parallel to the records, out of the routing walk's way: a record
+// is then 32 bytes, two per cache line, none straddling one.
+func (ix *Index) eng(r uint32) *uint64 { return &ix.engines[r>>pageShift][r&(pageSize-1)] }
+
 func (ix *Index) incr(r uint32, t Tier) {
 	if c := &ix.at(r).cnt[t]; *c < ^uint8(0) {
 		*c++
@@ -602,7 +677,7 @@ func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
 	if !ok {
 		return 0, false
 	}
-	if rc := ix.at(r); rc.server != uint16(id) || rc.engine != e {
+	if ix.at(r).server != uint16(id) || *ix.eng(r) != e {
 		s.bridge.Delete(e)
 		return 0, false
 	}
@@ -629,10 +704,12 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 		r = ix.nrecs
 		if int(r>>pageShift) == len(ix.pages) {
 			ix.pages = append(ix.pages, make([]rec, pageSize))
+			ix.engines = append(ix.engines, make([]uint64, pageSize))
 		}
 		ix.nrecs++
 	}
 	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
+	*ix.eng(r) = 0
 	ix.keys.Put(key, r)
 	if s.head != nilRec {
 		ix.at(s.head).sprev = r
@@ -693,12 +770,13 @@ func (ix *Index) freeRec(r uint32, s *server) {
 		s.tail = rc.sprev
 	}
 	s.n--
-	if rc.engine != 0 {
-		if b, ok := s.bridge.Get(rc.engine); ok && b == r {
-			s.bridge.Delete(rc.engine)
+	if e := ix.eng(r); *e != 0 {
+		if b, ok := s.bridge.Get(*e); ok && b == r {
+			s.bridge.Delete(*e)
 		}
 	}
 	*rc = rec{server: freeSrv, next: ix.free}
+	*ix.eng(r) = 0
 	ix.free = r
 	ix.nfree++
 }
@@ -761,8 +839,9 @@ type Status struct {
 	Servers         []ServerStatus `json:"servers"`
 }
 
-// recBytes is the size of rec (checked by a test with unsafe.Sizeof).
-const recBytes = 40
+// recBytes is the size of rec plus its engine-hash slot (checked by a test
+// with unsafe.Sizeof).
+const recBytes = 32 + 8
 
 // Status returns counts and the index's memory: slab pages plus hash
 // tables, counted exactly rather than estimated.
@@ -818,7 +897,7 @@ func (ix *Index) Snapshot(id ServerID) []Residency {
 	out := make([]Residency, 0, s.n)
 	for r := s.head; r != nilRec; r = ix.at(r).snext {
 		rc := ix.at(r)
-		out = append(out, Residency{Key: rc.key, Engine: rc.engine, Speculative: rc.spec > now,
+		out = append(out, Residency{Key: rc.key, Engine: *ix.eng(r), Speculative: rc.spec > now,
 			Copies: [NumTiers]int{int(rc.cnt[0]), int(rc.cnt[1]), int(rc.cnt[2])}})
 	}
 	return out

@@ -8,7 +8,7 @@ import (
 )
 
 func TestRecBytesIsRecSize(t *testing.T) {
-	if got := unsafe.Sizeof(rec{}); got != recBytes {
+	if got := unsafe.Sizeof(rec{}) + unsafe.Sizeof(uint64(0)); got != recBytes {
 		t.Fatalf("unsafe.Sizeof(rec) = %d, recBytes = %d", got, recBytes)
 	}
 	if got := unsafe.Sizeof(u64slot{}); got != u64slotBytes {
