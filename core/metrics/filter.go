@@ -39,29 +39,34 @@ var sglangFamilies = set(
 	"sglang:cached_tokens_total",
 )
 
-func set(names ...string) map[string]struct{} {
-	m := make(map[string]struct{}, len(names))
+func set(names ...string) *familySet {
+	fs := &familySet{}
 	for _, n := range names {
-		m[n] = struct{}{}
-		if len(n) < len(wantedLen) {
-			wantedLen[len(n)] = true
+		if len(n) < len(fs.byLen) {
+			fs.byLen[len(n)] = append(fs.byLen[len(n)], n)
 		}
 	}
-	return m
+	return fs
 }
 
-// wantedLen marks the lengths of every wanted family name (both flavors):
-// most lines of a scrape (histogram buckets) are ruled out by their name's
-// length without hashing it.
-var wantedLen [128]bool
+// familySet holds the family names a flavor reads, bucketed by length: most
+// lines of a scrape (histogram buckets) are ruled out by their name's
+// length, the rest by one or two byte comparisons, with no hashing.
+type familySet struct {
+	byLen [128][]string
+}
 
 // isWanted reports whether name is one of wanted's families.
-func isWanted(name []byte, wanted map[string]struct{}) bool {
-	if len(name) >= len(wantedLen) || !wantedLen[len(name)] {
+func isWanted(name []byte, wanted *familySet) bool {
+	if len(name) >= len(wanted.byLen) {
 		return false
 	}
-	_, ok := wanted[string(name)]
-	return ok
+	for _, w := range wanted.byLen[len(name)] {
+		if string(name) == w {
+			return true
+		}
+	}
+	return false
 }
 
 // filtered is the reusable output of filter.
@@ -75,6 +80,9 @@ type filtered struct {
 
 // setFamily remembers name as the current family if it is a valid name.
 func (f *filtered) setFamily(name []byte) {
+	if len(f.family) > 0 && bytes.Equal(name, f.family) {
+		return // the TYPE line after its HELP line
+	}
 	f.family = f.family[:0]
 	for i, c := range name {
 		if !isNameByte(c, i == 0) {
@@ -99,7 +107,7 @@ func (f *filtered) origLine(n int) int {
 	return f.lines[n-1]
 }
 
-func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
+func (f *filtered) filter(body []byte, wanted *familySet) error {
 	f.text, f.lines, f.family = f.text[:0], f.lines[:0], f.family[:0]
 	for ln := 1; len(body) > 0; ln++ {
 		var line []byte
@@ -125,7 +133,7 @@ func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
 }
 
 // checkLine validates one non-blank line and reports whether to keep it.
-func (f *filtered) checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
+func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 	if line[0] == '#' {
 		// "# HELP name ..." / "# TYPE name type"; anything else is a comment
 		// (including OpenMetrics "# EOF" and "# UNIT").

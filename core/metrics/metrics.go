@@ -115,7 +115,7 @@ func ParseBytes(body []byte, flavor Flavor, limit int64) (load.Metrics, error) {
 }
 
 func parse(body []byte, flavor Flavor) (load.Metrics, error) {
-	var wanted map[string]struct{}
+	var wanted *familySet
 	switch flavor {
 	case VLLM:
 		wanted = vllmFamilies
