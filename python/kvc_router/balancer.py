@@ -297,32 +297,6 @@ class KVCAwareBalancer:
         raise TypeError("KVCAwareBalancer instances cannot be pickled; create one per process (Ray actor)")
 
 
-class AsyncKVCAwareBalancer(KVCAwareBalancer):
-    """:class:`KVCAwareBalancer` for a Ray **async** actor.
-
-    verl creates its balancer with ``ray.remote(cls).remote(...)``; with a
-    class of sync methods that is a sync actor, which runs one call at a
-    time and pays Ray's whole per-task path for each. Async hot-path
-    methods make Ray run the actor's calls on an event loop (concurrency
-    1000 by default), so hundreds of awaiting clients are served without a
-    thread hop per call. The methods have verl's names and arguments, and
-    clients ``await ....remote()`` them exactly as before. Each body is a
-    short native call that never waits on I/O, so it does not yield and
-    needs no lock beyond what the native router already takes.
-
-    Use it as the balancer class given to verl (the hook's
-    ``load_balancer_cls``) when the actor serves many concurrent callers.
-    """
-
-    async def acquire_server(self, request_id: str, prompt_ids: Any = None) -> Tuple[str, Any]:  # type: ignore[override]
-        return KVCAwareBalancer.acquire_server(self, request_id, prompt_ids)
-
-    async def release_server(  # type: ignore[override]
-        self, server_id: str, request_id: Optional[str] = None, **kwargs: Any
-    ) -> None:
-        KVCAwareBalancer.release_server(self, server_id, request_id, **kwargs)
-
-
 def _is_mapping(obj: Any) -> bool:
     if isinstance(obj, Mapping):
         return True
@@ -398,4 +372,4 @@ def endpoints_from_handle(handle: Any, timeout_s: float = 5.0, topic: str = "") 
     return out
 
 
-__all__ = ["KVCAwareBalancer", "AsyncKVCAwareBalancer", "DEFAULT_ROUTING_CACHE_SIZE", "endpoints_from_handle"]
+__all__ = ["KVCAwareBalancer", "DEFAULT_ROUTING_CACHE_SIZE", "endpoints_from_handle"]

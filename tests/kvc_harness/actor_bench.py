@@ -51,8 +51,9 @@ def default_variants() -> List[Variant]:
     kvc = {"router_config": kvc_config()}
     return [
         Variant("verl", VERL_CLASS),
+        Variant("verl_prompt", VERL_WITH_PROMPT),
         Variant("kvc_sync", "kvc_router.KVCAwareBalancer", {}, kvc),
-        Variant("kvc_async", "kvc_router.balancer.AsyncKVCAwareBalancer", {}, kvc),
+        Variant("kvc_async", KVC_ASYNC, {}, kvc),
         Variant("kvc_threaded", "kvc_router.KVCAwareBalancer", {"max_concurrency": 8}, kvc),
     ]
 
@@ -76,8 +77,51 @@ def grpo_prompts(n_groups: int, group: int, tokens: int, seed: int = 0) -> List[
 def _import(path: str) -> Any:
     import importlib
 
+    if path == VERL_WITH_PROMPT:
+        return _verl_with_prompt()
+    if path == KVC_ASYNC:
+        return _kvc_async()
     mod, _, name = path.rpartition(".")
     return getattr(importlib.import_module(mod), name)
+
+
+VERL_WITH_PROMPT = "verl+prompt"
+KVC_ASYNC = "kvc+async"
+
+
+def _kvc_async() -> Any:
+    """KVCAwareBalancer with async hot-path methods, which makes Ray create
+    an async actor (calls run on one event loop, concurrency 1000) from a
+    plain ``ray.remote(cls)``. Measured, not shipped: it was slower than the
+    sync actor on the 2-core test machine (docs/performance.md)."""
+    from kvc_router import KVCAwareBalancer
+
+    class AsyncKVCAwareBalancer(KVCAwareBalancer):
+        async def acquire_server(self, request_id: str, prompt_ids: Any = None) -> Any:  # type: ignore[override]
+            return KVCAwareBalancer.acquire_server(self, request_id, prompt_ids)
+
+        async def release_server(  # type: ignore[override]
+            self, server_id: str, request_id: Optional[str] = None, **kwargs: Any
+        ) -> None:
+            KVCAwareBalancer.release_server(self, server_id, request_id, **kwargs)
+
+    return AsyncKVCAwareBalancer
+
+
+def _verl_with_prompt() -> Any:
+    """verl's balancer made to receive the prompt as ours does (and ignore
+    it): the control that separates the cost of the payload from the cost
+    of our routing."""
+    base = _import(VERL_CLASS)
+
+    class VerlWithPrompt(base):  # type: ignore[misc, valid-type]
+        def require_acquire_fields(self) -> List[str]:
+            return ["prompt_ids"]
+
+        def acquire_server(self, request_id: str, prompt_ids: Any = None) -> Any:
+            return base.acquire_server(self, request_id)
+
+    return VerlWithPrompt
 
 
 class _Client:
