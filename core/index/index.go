@@ -552,6 +552,8 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 			if m.Blocks != b {
 				continue
 			}
+			// A block counts on the best tier holding it; unexpired
+			// speculation counts as GPU (matchMasked applies the same rule).
 			var t Tier
 			switch {
 			case rc.cnt[GPU] > 0 || rc.spec > now:
@@ -638,18 +640,6 @@ func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []i
 		}
 	}
 	drop(alive, end)
-}
-
-func (rc *rec) best(now uint32) (Tier, bool) {
-	switch {
-	case rc.cnt[GPU] > 0 || rc.spec > now:
-		return GPU, true
-	case rc.cnt[CPU] > 0:
-		return CPU, true
-	case rc.cnt[SSD] > 0:
-		return SSD, true
-	}
-	return 0, false
 }
 
 const (
