@@ -20,7 +20,7 @@ PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak lint venv clean arena arena-short peers-venv
+.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -40,6 +40,7 @@ help:
 	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
 	@echo "chaos  - long fault/hostile runs: 20 kill/restart cycles, 1M hostile ABI calls, 10M-block flood"
 	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
+	@echo "actor-bench  - acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json"
 	@echo "lint   - gofmt, go vet, ruff"
 
 build:
@@ -142,6 +143,11 @@ fuzz:
 
 chaos: venv $(PYLIB) build
 	$(PYH) scripts/chaos.py
+
+# Balancer actor throughput against verl's own actor, same run (verl's venv has ray).
+actor-bench: $(PYLIB)
+	@[ -x $(VENV_VERL)/bin/python ] || VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
+	$(VENV_VERL)/bin/python scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
 
 soak: venv $(PYLIB) build
 	$(PYH) scripts/soak.py --pairs $(SOAK_PAIRS)

@@ -13,6 +13,7 @@ thread-safe, so concurrent Python threads really run concurrently inside it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import struct
@@ -234,7 +235,14 @@ def pack_tokens(prompt_ids: Any) -> Tuple[Any, Optional[int], int]:
 
 
 def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
-    return struct.pack(f"={n}i", *values)
+    return _int32_struct(n).pack(*values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _int32_struct(n: int) -> struct.Struct:
+    # A compiled Struct per prompt length: struct.pack(fmt, ...) re-derives
+    # the format each call, about 10 us of the ~60 us an 8k-token list costs.
+    return struct.Struct(f"={n}i")
 
 
 def _flat_list(v: Any) -> Any:
