@@ -147,7 +147,7 @@ chaos: venv $(PYLIB) build
 # Balancer actor throughput against verl's own actor, same run (verl's venv has ray).
 actor-bench: $(PYLIB)
 	@[ -x $(VENV_VERL)/bin/python ] || VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
-	$(VENV_VERL)/bin/python scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
+	PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests $(VENV_VERL)/bin/python scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
 
 soak: venv $(PYLIB) build
 	$(PYH) scripts/soak.py --pairs $(SOAK_PAIRS)

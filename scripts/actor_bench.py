@@ -1,6 +1,7 @@
 """Balancer actor throughput, ours against verl's, in one run: writes
 build/overhead/actor.json. Needs an interpreter with verl and ray (see
-`make actor-bench`); kvc_router is imported from python/ of this tree."""
+`make actor-bench`, which runs it with PYTHONPATH=python:tests so that
+kvc_router comes from this tree)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")]
-
-from kvc_harness import actor_bench  # noqa: E402
+try:
+    from kvc_harness import REPO as ROOT
+    from kvc_harness import actor_bench
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests (as `make actor-bench` does)")
 
 
 def main() -> None:

@@ -9,15 +9,20 @@ import argparse
 import sys
 import time
 
-from kvc_harness.arena import (
-    POLICIES,
-    ArenaConfig,
-    format_table,
-    peers_available,
-    run_arena,
-    workload_specs,
-    write_outputs,
-)
+try:
+    from kvc_harness.arena import (
+        POLICIES,
+        ArenaConfig,
+        format_table,
+        peers_available,
+        run_arena,
+        workload_specs,
+        write_outputs,
+    )
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests (as `make arena` does)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,7 +217,7 @@ def test_no_sys_path_edits_and_no_imports_across_tests_and_scripts():
     assert not bad, bad
 
 
-@pytest.mark.parametrize("script", ["demo.py", "soak.py", "overhead.py", "chaos.py"])
+@pytest.mark.parametrize("script", ["demo.py", "soak.py", "overhead.py", "chaos.py", "arena.py", "actor_bench.py"])
 def test_scripts_say_how_to_find_the_harness(script):
     path = os.path.join(REPO, "scripts", script)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
