@@ -65,6 +65,17 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //   - Saved-token scale (saved_scale_tokens): the credit is multiplied by
 //     min(1, saved tokens / saved_scale_tokens); a small hit is worth a few
 //     milliseconds of prefill and must not outweigh load.
+//   - Session load (session_weight): Score places a session (the router
+//     calls it only for a request without a usable sticky binding), and a
+//     multi-turn session's later turns follow it to its server. In-flight
+//     counts and tokens miss that committed work (a batch of first turns
+//     barely moves them), so the load Score ranks by adds
+//     session_weight * sessions / (mean sessions + 1): servers already
+//     holding more bound sessions than the others look busier. The +1 keeps
+//     the term bounded while few sessions exist. It is relative, so a fleet
+//     with evenly spread stale bindings (single-turn GRPO ids that stay in
+//     the LRU) sees no change. The overload penalty and EffectiveLoad (the
+//     router's sticky breakout) do not include it.
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -75,6 +86,7 @@ type KVCAware struct {
 	TokenLoad        bool               `json:"token_load"`
 	KVTokens         int                `json:"kv_tokens"`
 	SavedScaleTokens int                `json:"saved_scale_tokens"`
+	SessionWeight    float64            `json:"session_weight"`
 	tier             [index.NumTiers]float64
 }
 
@@ -83,6 +95,7 @@ func DefaultKVCAware() KVCAware {
 	return KVCAware{
 		Alpha: 0.3, LoadThreshold: 0.9, LayerWeights: map[string]float64{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
+		SessionWeight: DefaultSessionWeight,
 	}
 }
 
@@ -100,6 +113,9 @@ func (k *KVCAware) Validate() error {
 	}
 	if k.SavedScaleTokens < 0 {
 		return strictjson.Errorf("saved_scale_tokens", "must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
+	}
+	if !(k.SessionWeight >= 0 && k.SessionWeight <= 10) {
+		return strictjson.Errorf("session_weight", "must be in [0, 10] (0 disables), got %v", k.SessionWeight)
 	}
 	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
@@ -126,12 +142,22 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			}
 		}
 	}
+	// Session load is relative to the mean over candidates; sessScale 0
+	// switches it off (disabled, or a single candidate).
+	sessScale := 0.0
+	if k.SessionWeight > 0 && len(c) > 1 {
+		total := 0
+		for i := range c {
+			total += c[i].Sessions
+		}
+		sessScale = k.SessionWeight / (float64(total)/float64(len(c)) + 1)
+	}
 	for i := range c {
-		out[i] = k.score(req, &c[i], &base)
+		out[i] = k.score(req, &c[i], &base, sessScale)
 	}
 }
 
-func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) float64 {
+func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sessScale float64) float64 {
 	var cache float64
 	if c.HittableBlocks > 0 {
 		n := float64(c.HittableBlocks)
@@ -147,12 +173,16 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) 
 		}
 	}
 	load := k.EffectiveLoad(c)
-	s := k.Alpha*cache + (1-k.Alpha)*(1-load)
+	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessScale*float64(c.Sessions))
 	if load > k.LoadThreshold {
 		s--
 	}
 	return s
 }
+
+// DefaultSessionWeight is session_weight's default, chosen with kvbench on
+// the held-out protocol's tuning seeds (docs/kvbench.md).
+const DefaultSessionWeight = 0.5
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

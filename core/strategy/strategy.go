@@ -36,6 +36,11 @@ type Candidate struct {
 	// KVCapacityTokens is how many tokens the server's GPU KV cache holds,
 	// from its metrics (num_gpu_blocks x block_size); 0 when unknown.
 	KVCapacityTokens int
+	// Sessions is how many sticky request_id bindings point at this server
+	// (the router's sticky LRU). A bound session's later turns will land
+	// there, so it is work the server has committed to beyond its in-flight
+	// requests.
+	Sessions int
 }
 
 // Request is the request being routed.

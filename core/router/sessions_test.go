@@ -1,0 +1,107 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+)
+
+// sessionsOf reads the router's per-server binding counts.
+func sessionsOf(r *Router, ids ...string) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		if p := r.sessions[id]; p != nil {
+			out[i] = *p
+		}
+	}
+	return out
+}
+
+// bindings counts the LRU's bindings per server, the ground truth the
+// counters must track.
+func bindings(r *Router, ids ...string) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int, len(ids))
+	for _, k := range r.sticky.Keys() {
+		v, _ := r.sticky.Peek(k)
+		for i, id := range ids {
+			if v == id {
+				out[i]++
+			}
+		}
+	}
+	return out
+}
+
+func TestSessionCounts(t *testing.T) {
+	ids := []string{"s0", "s1", "s2"}
+	check := func(t *testing.T, r *Router, want ...int) {
+		t.Helper()
+		got, truth := sessionsOf(r, ids...), bindings(r, ids...)
+		if fmt.Sprint(got) != fmt.Sprint(want) || fmt.Sprint(truth) != fmt.Sprint(want) {
+			t.Fatalf("sessions %v, LRU bindings %v, want %v", got, truth, want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		run  func(t *testing.T, r *Router)
+		want []int
+	}{
+		{"bind counts once per id (default mode)", Config{}, func(t *testing.T, r *Router) {
+			acq(t, r, "a") // s0
+			acq(t, r, "b") // s1
+			acq(t, r, "a") // sticky: no new binding
+			acq(t, r, "c") // s2
+		}, []int{1, 1, 1}},
+		{"LRU eviction uncounts", Config{StickyMaxSize: 2}, func(t *testing.T, r *Router) {
+			acq(t, r, "a") // s0
+			acq(t, r, "b") // s1
+			acq(t, r, "c") // s2, evicts a
+		}, []int{0, 1, 1}},
+		{"probe binds nothing", kvcConfig(), func(t *testing.T, r *Router) {
+			if _, err := r.Acquire(Request{ID: "p", Tokens: prompt(32, 1), Pin: -1, Probe: true}); err != nil {
+				t.Fatal(err)
+			}
+		}, []int{0, 0, 0}},
+		{"pinned binding counts", Config{}, func(t *testing.T, r *Router) {
+			if _, err := r.Acquire(Request{ID: "x", Pin: 2}); err != nil {
+				t.Fatal(err)
+			}
+		}, []int{0, 0, 1}},
+		{"clear sticky zeroes", Config{}, func(t *testing.T, r *Router) {
+			acq(t, r, "a")
+			acq(t, r, "b")
+			r.ClearSticky()
+		}, []int{0, 0, 0}},
+		{"binding to a removed server uncounts when dropped", Config{}, func(t *testing.T, r *Router) {
+			acq(t, r, "a") // s0
+			r.RemoveServers([]string{"s0"})
+			acq(t, r, "a") // stale: dropped, re-bound to s1
+			if err := r.AddServers([]string{"s0"}); err != nil {
+				t.Fatal(err)
+			}
+		}, []int{0, 1, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, tc.cfg, ids...)
+			tc.run(t, r)
+			check(t, r, tc.want...)
+		})
+	}
+	t.Run("overload rebind moves the count", func(t *testing.T) {
+		r := mustNew(t, kvcConfig(), "s0", "s1")
+		p := prompt(128, 1)
+		acq(t, r, "conv", p...) // s0
+		r.ld.Acquire("s0", 10_000_000)
+		d, err := r.Acquire(Request{ID: "conv", Tokens: p, Pin: -1})
+		if err != nil || d.Reason != ReasonRebalanced || d.Server != "s1" {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if got, truth := sessionsOf(r, "s0", "s1"), bindings(r, "s0", "s1"); fmt.Sprint(got) != "[0 1]" || fmt.Sprint(truth) != "[0 1]" {
+			t.Fatalf("sessions %v, bindings %v", got, truth)
+		}
+	})
+}
