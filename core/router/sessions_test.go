@@ -105,3 +105,48 @@ func TestSessionCounts(t *testing.T) {
 		}
 	})
 }
+
+// TestFirstTurnsSpreadAcrossServers is kvbench's agent_long step start in
+// miniature: 8 tasks x 4 trajectories (one request_id each) arrive at once;
+// every first turn is a 1k-token system prompt plus its task's 1k tokens;
+// speculation records each placement. Siblings of a task share their whole
+// prompt, tasks share only the system prompt. With session load every
+// server ends up with one task's four trajectories; without it the
+// system-prompt credit crowds tasks onto a few servers, whose sticky
+// sessions then keep all later turns there.
+func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
+	servers := []string{"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"}
+	system := prompt(1024, 1)
+	run := func(t *testing.T, params string) (perServer map[string]int, tasksOn map[string]map[int]bool) {
+		t.Helper()
+		cfg := Config{Mode: ModeKVCAware, Model: "m", Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(params)}}}
+		r := mustNew(t, cfg, servers...)
+		perServer, tasksOn = map[string]int{}, map[string]map[int]bool{}
+		for task := 0; task < 8; task++ {
+			p := append(append([]int32{}, system...), prompt(1024, int32(100_000*(task+1)))...)
+			for g := 0; g < 4; g++ {
+				s := acq(t, r, fmt.Sprintf("t%d-g%d", task, g), p...)
+				perServer[s]++
+				if tasksOn[s] == nil {
+					tasksOn[s] = map[int]bool{}
+				}
+				tasksOn[s][task] = true
+			}
+		}
+		return perServer, tasksOn
+	}
+	t.Run("default session_weight", func(t *testing.T) {
+		per, tasks := run(t, `{}`)
+		for _, s := range servers {
+			if per[s] != 4 || len(tasks[s]) != 1 {
+				t.Fatalf("sessions per server %v, tasks per server %v: want one task's 4 trajectories each", per, tasks)
+			}
+		}
+	})
+	t.Run("session_weight 0 crowds", func(t *testing.T) {
+		per, _ := run(t, `{"session_weight":0}`)
+		if len(per) == len(servers) {
+			t.Fatalf("without session load every server got sessions %v: the scenario no longer shows the crowding", per)
+		}
+	})
+}

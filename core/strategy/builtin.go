@@ -70,12 +70,16 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     multi-turn session's later turns follow it to its server. In-flight
 //     counts and tokens miss that committed work (a batch of first turns
 //     barely moves them), so the load Score ranks by adds
-//     session_weight * sessions / (mean sessions + 1): servers already
-//     holding more bound sessions than the others look busier. The +1 keeps
-//     the term bounded while few sessions exist. It is relative, so a fleet
-//     with evenly spread stale bindings (single-turn GRPO ids that stay in
-//     the LRU) sees no change. The overload penalty and EffectiveLoad (the
-//     router's sticky breakout) do not include it.
+//     session_weight * (1 - covered) * (sessions - least sessions) /
+//     (mean sessions + 1). It is relative (evenly spread stale bindings,
+//     such as single-turn GRPO ids left in the LRU, change nothing; the +1
+//     bounds it while few sessions exist), and covered, the share of the
+//     prompt's hittable blocks credited on that server, spares servers
+//     whose cache holds the whole prompt: those hold the request's
+//     siblings (GRPO samples, an agent task's trajectories), which share
+//     it at no prefill cost, while a server that only shares the system
+//     prompt gets most of the term. The overload penalty and EffectiveLoad
+//     (the router's sticky breakout) do not include it.
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -142,23 +146,32 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			}
 		}
 	}
-	// Session load is relative to the mean over candidates; sessScale 0
-	// switches it off (disabled, or a single candidate).
-	sessScale := 0.0
+	// Session load counts sessions beyond the least-bound candidate, over
+	// the mean (+1); sess.scale 0 switches it off (disabled, or a single
+	// candidate).
+	var sess sessionTerm
 	if k.SessionWeight > 0 && len(c) > 1 {
 		total := 0
+		sess.min = c[0].Sessions
 		for i := range c {
 			total += c[i].Sessions
+			sess.min = min(sess.min, c[i].Sessions)
 		}
-		sessScale = k.SessionWeight / (float64(total)/float64(len(c)) + 1)
+		sess.scale = k.SessionWeight / (float64(total)/float64(len(c)) + 1)
 	}
 	for i := range c {
-		out[i] = k.score(req, &c[i], &base, sessScale)
+		out[i] = k.score(req, &c[i], &base, &sess)
 	}
 }
 
-func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sessScale float64) float64 {
-	var cache float64
+// sessionTerm is the per-decision part of the session load.
+type sessionTerm struct {
+	scale float64
+	min   int
+}
+
+func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sess *sessionTerm) float64 {
+	var cache, covered float64
 	if c.HittableBlocks > 0 {
 		n := float64(c.HittableBlocks)
 		saved := 0
@@ -167,13 +180,19 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 			cache += k.tier[t] * float64(b) / n
 			saved += b
 		}
+		covered = math.Min(1, float64(saved)/n)
 		if k.SavedScaleTokens > 0 && len(req.Tokens) > 0 {
 			tokens := float64(saved) * float64(len(req.Tokens)) / float64(c.HittableBlocks+1)
 			cache *= math.Min(1, tokens/float64(k.SavedScaleTokens))
 		}
 	}
 	load := k.EffectiveLoad(c)
-	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessScale*float64(c.Sessions))
+	// A server whose cache covers the whole prompt holds its siblings
+	// (GRPO samples, an agent task's trajectories): co-locating them costs
+	// no prefill, so their sessions weigh less there; a server that only
+	// shares a system prompt gets most of the term.
+	sessLoad := sess.scale * (1 - covered) * float64(c.Sessions-sess.min)
+	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
 		s--
 	}

@@ -118,6 +118,24 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 1, 1, 1552
 			return c
 		}, "a"},
+		// A task's whole group stays together: the server holding the full
+		// prompt carries no session load for it, even with four bound.
+		{"four siblings bound: full hit still wins", `{}`, func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			return c
+		}, "a"},
+		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
+		// new) weigh like a cold fleet: only the excess over the least
+		// counts.
+		{"stale bindings do not dilute the excess", `{}`, func() []Candidate {
+			c := crowd()
+			for i := range c {
+				c[i].Sessions = 4
+			}
+			c[0].Sessions = 8
+			return c
+		}, "b"},
 		// Among servers without a hit, the fewest sessions wins even when
 		// in-flight counts are equal.
 		{"fewest sessions among equals", `{}`, func() []Candidate {
