@@ -97,6 +97,7 @@ type Router struct {
 	// on rebind, eviction, stale removal and purge (the LRU's eviction
 	// callback), so a candidate's Sessions is a pointer read per decision.
 	sessions map[string]*int
+	bound    uint64 // new bindings made (sessions started)
 	pool     []*server
 	byID     map[string]*server
 	seq      int
@@ -454,7 +455,8 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			break
 		}
 	}
-	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens}, r.cands[:n], r.scores[:n])
+	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}, r.cands[:n], r.scores[:n])
 	best := strategy.Pick(r.cands[:n], r.scores[:n])
 	reason := ReasonScored
 	if bound != nil {
@@ -484,6 +486,7 @@ func (r *Router) bind(req *Request, server string) {
 	}
 	r.sticky.Add(req.ID, server)
 	*r.sessionCount(server)++
+	r.bound++
 }
 
 func (r *Router) decision(i int, reason string, n int) Decision {

@@ -3,6 +3,9 @@ package router
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/strategy"
 )
 
 // sessionsOf reads the router's per-server binding counts.
@@ -149,4 +152,32 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			t.Fatalf("without session load every server got sessions %v: the scenario no longer shows the crowding", per)
 		}
 	})
+}
+
+// historySpy records the sticky history the router hands the strategy.
+type historySpy struct{ bound, later []uint64 }
+
+func (*historySpy) Name() string { return "history_spy" }
+
+func (h *historySpy) Score(req *strategy.Request, c []strategy.Candidate, out []float64) {
+	h.bound, h.later = append(h.bound, req.SessionsBound), append(h.later, req.LaterTurns)
+	for i := range c {
+		out[i] = 0
+	}
+}
+
+func TestStickyHistoryReachesStrategy(t *testing.T) {
+	spy := &historySpy{}
+	r := mustNew(t, Config{Mode: ModeKVCAware, Strategy: spy}, "s0", "s1")
+	acq(t, r, "a") // scored: 0 bound so far
+	acq(t, r, "a") // sticky: not scored
+	acq(t, r, "a") // sticky
+	acq(t, r, "b") // scored: 1 bound, 2 later turns
+	// Overload s0: a's next turn is re-scored.
+	r.UpdateMetrics("s1", load.Metrics{HasKVUsage: true})
+	r.UpdateMetrics("s0", load.Metrics{Running: 256, Waiting: 300, KVUsage: 0.99, HasKVUsage: true})
+	acq(t, r, "a") // rebalanced: 2 bound, 2 later turns
+	if fmt.Sprint(spy.bound) != "[0 1 2]" || fmt.Sprint(spy.later) != "[0 2 2]" {
+		t.Fatalf("history bound %v later %v, want [0 1 2] and [0 2 2]", spy.bound, spy.later)
+	}
 }

@@ -78,8 +78,11 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     whose cache holds the whole prompt: those hold the request's
 //     siblings (GRPO samples, an agent task's trajectories), which share
 //     it at no prefill cost, while a server that only shares the system
-//     prompt gets most of the term. The overload penalty and EffectiveLoad
-//     (the router's sticky breakout) do not include it.
+//     prompt gets most of the term. The term is scaled by the router's
+//     evidence that sessions are multi-turn (later turns per bound session,
+//     see multiTurn): bindings of one-request sessions (GRPO samples) stay
+//     in the LRU but are not future work. The overload penalty and
+//     EffectiveLoad (the router's sticky breakout) do not include it.
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -157,11 +160,25 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			total += c[i].Sessions
 			sess.min = min(sess.min, c[i].Sessions)
 		}
-		sess.scale = k.SessionWeight / (float64(total)/float64(len(c)) + 1)
+		sess.scale = k.SessionWeight * multiTurn(req) / (float64(total)/float64(len(c)) + 1)
 	}
 	for i := range c {
 		out[i] = k.score(req, &c[i], &base, &sess)
 	}
+}
+
+// sessionPrior is how many sessions' worth of evidence multiTurn assumes
+// before any history: a fresh router treats sessions as multi-turn, and a
+// burst of one-request sessions (a GRPO step) outweighs the prior within a
+// few dozen placements.
+const sessionPrior = 32
+
+// multiTurn is the router's estimate, in [0, 1], that a bound session sends
+// more requests: later turns per bound session, with sessionPrior sessions
+// of prior evidence for "multi-turn". Bound sessions that never return
+// (single-turn ids left in the LRU) are then not counted as future work.
+func multiTurn(req *Request) float64 {
+	return math.Min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
 }
 
 // sessionTerm is the per-decision part of the session load.

@@ -94,13 +94,16 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 		params string
 		cands  func() []Candidate
 		want   string
+		// bound, later: the router's sticky history (zero: a fresh router,
+		// which presumes multi-turn sessions).
+		bound, later uint64
 	}{
 		// Without the term the system-prompt credit outweighs a's small
 		// in-flight load: the crowding kvbench's agent_long showed.
-		{"off: system prompt pulls to the crowded server", `{"session_weight":0}`, crowd, "a"},
-		{"default: bound sessions push the new session away", `{}`, crowd, "b"},
-		{"tuned alpha 0.15", `{"alpha":0.15}`, crowd, "b"},
-		{"alpha 0.5", `{"alpha":0.5}`, crowd, "b"},
+		{"off: system prompt pulls to the crowded server", `{"session_weight":0}`, crowd, "a", 0, 0},
+		{"default: bound sessions push the new session away", `{}`, crowd, "b", 0, 0},
+		{"tuned alpha 0.15", `{"alpha":0.15}`, crowd, "b", 0, 0},
+		{"alpha 0.5", `{"alpha":0.5}`, crowd, "b", 0, 0},
 		// Equal session counts change no ranking (the term is relative):
 		// the prefix holder still wins.
 		{"balanced sessions keep cache affinity", `{}`, func() []Candidate {
@@ -109,7 +112,7 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 				c[i].Sessions = 4
 			}
 			return c
-		}, "a"},
+		}, "a", 0, 0},
 		// A full-prompt sibling hit (same task, cold fleet, one session
 		// bound) still outweighs one session: siblings stay together.
 		{"one sibling bound: full hit wins", `{}`, func() []Candidate {
@@ -117,14 +120,14 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
 			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 1, 1, 1552
 			return c
-		}, "a"},
+		}, "a", 0, 0},
 		// A task's whole group stays together: the server holding the full
 		// prompt carries no session load for it, even with four bound.
 		{"four siblings bound: full hit still wins", `{}`, func() []Candidate {
 			c := crowd()
 			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
 			return c
-		}, "a"},
+		}, "a", 0, 0},
 		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
 		// new) weigh like a cold fleet: only the excess over the least
 		// counts.
@@ -135,7 +138,14 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			}
 			c[0].Sessions = 8
 			return c
-		}, "b"},
+		}, "b", 0, 0},
+		// History of multi-turn sessions (agents: ~30 turns each) keeps
+		// the term at full weight.
+		{"agent history", `{}`, crowd, "b", 64, 64 * 29},
+		// 2,000 sessions bound and none ever returned (GRPO samples): bound
+		// sessions are not future work, the term fades and cache affinity
+		// decides as with session_weight 0.
+		{"single-turn history switches it off", `{}`, crowd, "a", 2000, 0},
 		// Among servers without a hit, the fewest sessions wins even when
 		// in-flight counts are equal.
 		{"fewest sessions among equals", `{}`, func() []Candidate {
@@ -146,13 +156,13 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			}
 			c[5].Sessions = 1
 			return c
-		}, "f"},
+		}, "f", 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := build(t, "kvc_aware", tc.params)
 			c := tc.cands()
 			out := make([]float64, len(c))
-			s.Score(&Request{Tokens: tokens}, c, out)
+			s.Score(&Request{Tokens: tokens, SessionsBound: tc.bound, LaterTurns: tc.later}, c, out)
 			if got := c[Pick(c, out)].ID; got != tc.want {
 				t.Fatalf("picked %s, want %s (scores %v)", got, tc.want, out)
 			}

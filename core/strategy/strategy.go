@@ -47,6 +47,12 @@ type Candidate struct {
 type Request struct {
 	ID     string
 	Tokens []int32
+	// SessionsBound and LaterTurns are the router's sticky history: how
+	// many sessions it has bound, and how many requests arrived for a
+	// session already bound (a session's second and later turns). Their
+	// ratio says whether sessions here are multi-turn (agents) or one
+	// request each (GRPO samples).
+	SessionsBound, LaterTurns uint64
 }
 
 // Strategy scores candidates: out[i] scores c[i]; higher is better.
