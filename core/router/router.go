@@ -477,7 +477,8 @@ func (r *Router) bind(req *Request, server string) {
 	}
 	// Add on a present key replaces the value without the eviction
 	// callback, so a rebind moves the count here.
-	if old, ok := r.sticky.Peek(req.ID); ok {
+	old, rebind := r.sticky.Peek(req.ID)
+	if rebind {
 		if old == server {
 			r.sticky.Add(req.ID, server)
 			return
@@ -486,7 +487,9 @@ func (r *Router) bind(req *Request, server string) {
 	}
 	r.sticky.Add(req.ID, server)
 	*r.sessionCount(server)++
-	r.bound++
+	if !rebind {
+		r.bound++
+	}
 }
 
 func (r *Router) decision(i int, reason string, n int) Decision {
