@@ -76,6 +76,9 @@ type server struct {
 	spec    ServerSpec
 	events  bool
 	gpuBlks int
+	// sessions counts sticky bindings to this id (shared with
+	// Router.sessions, so a removed and re-added id keeps its count).
+	sessions *int
 }
 
 // Router is safe for concurrent use.
@@ -90,10 +93,15 @@ type Router struct {
 	ix        *index.Index
 	ld        *load.Store
 	sticky    *simplelru.LRU[string, string]
-	pool      []*server
-	byID      map[string]*server
-	seq       int
-	now       func() time.Time
+	// sessions counts live sticky bindings per server id: +1 on bind, -1
+	// on rebind, eviction, stale removal and purge (the LRU's eviction
+	// callback), so a candidate's Sessions is a pointer read per decision.
+	sessions map[string]*int
+	bound    uint64 // new bindings made (sessions started)
+	pool     []*server
+	byID     map[string]*server
+	seq      int
+	now      func() time.Time
 
 	// Per-decision buffers, reused under mu.
 	names   []string
@@ -136,16 +144,12 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	sticky, err := simplelru.NewLRU[string, string](cfg.StickyMaxSize, nil)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
 	kvc := cfg.Mode == ModeKVCAware
 	now := cfg.Now
 	if now == nil {
 		now = time.Now
 	}
-	return &Router{
+	r := &Router{
 		cfg:       cfg,
 		kvc:       kvc,
 		overload:  kvc && boolOr(cfg.StickyOverload, true),
@@ -154,11 +158,35 @@ func New(cfg Config) (*Router, error) {
 		strat:     strat,
 		ix:        index.New(cfg.indexConfig()),
 		ld:        load.New(cfg.loadConfig()),
-		sticky:    sticky,
+		sessions:  make(map[string]*int),
 		byID:      make(map[string]*server),
 		keys:      make(map[int][]uint64),
 		now:       now,
-	}, nil
+	}
+	sticky, err := simplelru.NewLRU[string, string](cfg.StickyMaxSize, r.unbound)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	r.sticky = sticky
+	return r, nil
+}
+
+// sessionCount is the binding counter of a server id, created on first use.
+func (r *Router) sessionCount(id string) *int {
+	p := r.sessions[id]
+	if p == nil {
+		p = new(int)
+		r.sessions[id] = p
+	}
+	return p
+}
+
+// unbound is the sticky LRU's eviction callback (eviction, Remove, Purge);
+// it runs under r.mu, inside the LRU call.
+func (r *Router) unbound(_ string, server string) {
+	if p := r.sessions[server]; p != nil && *p > 0 {
+		*p--
+	}
 }
 
 // Index exposes the block index to collectors.
@@ -186,7 +214,7 @@ func (r *Router) AddServers(ids []string) error {
 			continue
 		}
 		spec := r.cfg.Servers[id]
-		s := &server{id: id, order: r.seq, spec: spec, events: boolOr(spec.Events, r.cfg.EventsDefault)}
+		s := &server{id: id, order: r.seq, spec: spec, events: boolOr(spec.Events, r.cfg.EventsDefault), sessions: r.sessionCount(id)}
 		r.seq++
 		ixID, err := r.ix.AddServer(id, r.indexOptions(s))
 		if err != nil {
@@ -428,7 +456,8 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			break
 		}
 	}
-	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens}, r.cands[:n], r.scores[:n])
+	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}, r.cands[:n], r.scores[:n])
 	best := strategy.Pick(r.cands[:n], r.scores[:n])
 	reason := ReasonScored
 	if bound != nil {
@@ -444,8 +473,23 @@ func (r *Router) decide(req *Request) (Decision, error) {
 }
 
 func (r *Router) bind(req *Request, server string) {
-	if !req.Probe {
-		r.sticky.Add(req.ID, server)
+	if req.Probe {
+		return
+	}
+	// Add on a present key replaces the value without the eviction
+	// callback, so a rebind moves the count here.
+	old, rebind := r.sticky.Peek(req.ID)
+	if rebind {
+		if old == server {
+			r.sticky.Add(req.ID, server)
+			return
+		}
+		r.unbound(req.ID, old)
+	}
+	r.sticky.Add(req.ID, server)
+	*r.sessionCount(server)++
+	if !rebind {
+		r.bound++
 	}
 }
 
@@ -491,6 +535,7 @@ func (r *Router) fillCandidates(req *Request) int {
 		r.cands[n] = strategy.Candidate{
 			ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
 			Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
+			Sessions: *s.sessions,
 		}
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s

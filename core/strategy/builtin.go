@@ -65,6 +65,24 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //   - Saved-token scale (saved_scale_tokens): the credit is multiplied by
 //     min(1, saved tokens / saved_scale_tokens); a small hit is worth a few
 //     milliseconds of prefill and must not outweigh load.
+//   - Session load (session_weight): Score places a session (the router
+//     calls it only for a request without a usable sticky binding), and a
+//     multi-turn session's later turns follow it to its server. In-flight
+//     counts and tokens miss that committed work (a batch of first turns
+//     barely moves them), so the load Score ranks by adds
+//     session_weight * (1 - covered) * (sessions - least sessions) /
+//     (mean sessions + 1). It is relative (evenly spread stale bindings,
+//     such as single-turn GRPO ids left in the LRU, change nothing; the +1
+//     bounds it while few sessions exist), and covered, the share of the
+//     prompt's hittable blocks credited on that server, spares servers
+//     whose cache holds the whole prompt: those hold the request's
+//     siblings (GRPO samples, an agent task's trajectories), which share
+//     it at no prefill cost, while a server that only shares the system
+//     prompt gets most of the term. The term is scaled by the router's
+//     evidence that sessions are multi-turn (later turns per bound session,
+//     see multiTurn): bindings of one-request sessions (GRPO samples) stay
+//     in the LRU but are not future work. The overload penalty and
+//     EffectiveLoad (the router's sticky breakout) do not include it.
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -75,6 +93,7 @@ type KVCAware struct {
 	TokenLoad        bool               `json:"token_load"`
 	KVTokens         int                `json:"kv_tokens"`
 	SavedScaleTokens int                `json:"saved_scale_tokens"`
+	SessionWeight    float64            `json:"session_weight"`
 	tier             [index.NumTiers]float64
 }
 
@@ -83,6 +102,7 @@ func DefaultKVCAware() KVCAware {
 	return KVCAware{
 		Alpha: 0.3, LoadThreshold: 0.9, LayerWeights: map[string]float64{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
+		SessionWeight: DefaultSessionWeight,
 	}
 }
 
@@ -100,6 +120,9 @@ func (k *KVCAware) Validate() error {
 	}
 	if k.SavedScaleTokens < 0 {
 		return strictjson.Errorf("saved_scale_tokens", "must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
+	}
+	if !(k.SessionWeight >= 0 && k.SessionWeight <= 10) {
+		return strictjson.Errorf("session_weight", "must be in [0, 10] (0 disables), got %v", k.SessionWeight)
 	}
 	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
@@ -126,13 +149,46 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			}
 		}
 	}
+	// Session load counts sessions beyond the least-bound candidate, over
+	// the mean (+1); sess.scale 0 switches it off (disabled, or a single
+	// candidate).
+	var sess sessionTerm
+	if k.SessionWeight > 0 && len(c) > 1 {
+		total := 0
+		sess.min = c[0].Sessions
+		for i := range c {
+			total += c[i].Sessions
+			sess.min = min(sess.min, c[i].Sessions)
+		}
+		sess.scale = k.SessionWeight * multiTurn(req) / (float64(total)/float64(len(c)) + 1)
+	}
 	for i := range c {
-		out[i] = k.score(req, &c[i], &base)
+		out[i] = k.score(req, &c[i], &base, &sess)
 	}
 }
 
-func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) float64 {
-	var cache float64
+// sessionPrior is how many sessions' worth of evidence multiTurn assumes
+// before any history: a fresh router treats sessions as multi-turn, and a
+// burst of one-request sessions (a GRPO step) outweighs the prior within a
+// few dozen placements.
+const sessionPrior = 32
+
+// multiTurn is the router's estimate, in [0, 1], that a bound session sends
+// more requests: later turns per bound session, with sessionPrior sessions
+// of prior evidence for "multi-turn". Bound sessions that never return
+// (single-turn ids left in the LRU) are then not counted as future work.
+func multiTurn(req *Request) float64 {
+	return math.Min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
+}
+
+// sessionTerm is the per-decision part of the session load.
+type sessionTerm struct {
+	scale float64
+	min   int
+}
+
+func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sess *sessionTerm) float64 {
+	var cache, covered float64
 	if c.HittableBlocks > 0 {
 		n := float64(c.HittableBlocks)
 		saved := 0
@@ -141,18 +197,28 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) 
 			cache += k.tier[t] * float64(b) / n
 			saved += b
 		}
+		covered = math.Min(1, float64(saved)/n)
 		if k.SavedScaleTokens > 0 && len(req.Tokens) > 0 {
 			tokens := float64(saved) * float64(len(req.Tokens)) / float64(c.HittableBlocks+1)
 			cache *= math.Min(1, tokens/float64(k.SavedScaleTokens))
 		}
 	}
 	load := k.EffectiveLoad(c)
-	s := k.Alpha*cache + (1-k.Alpha)*(1-load)
+	// A server whose cache covers the whole prompt holds its siblings
+	// (GRPO samples, an agent task's trajectories): co-locating them costs
+	// no prefill, so their sessions weigh less there; a server that only
+	// shares a system prompt gets most of the term.
+	sessLoad := sess.scale * (1 - covered) * float64(c.Sessions-sess.min)
+	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
 		s--
 	}
 	return s
 }
+
+// DefaultSessionWeight is session_weight's default, chosen with kvbench on
+// the held-out protocol's tuning seeds (docs/kvbench.md).
+const DefaultSessionWeight = 0.5
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

@@ -73,3 +73,119 @@ func TestKVCAwareMarginalAndTokenLoad(t *testing.T) {
 		t.Fatalf("saved-scale score %v, want %v", out[0], want)
 	}
 }
+
+// TestKVCAwareSessionLoad covers session_weight: bound sticky sessions count
+// as load when a session is placed, relative to the mean over candidates.
+func TestKVCAwareSessionLoad(t *testing.T) {
+	// Eight servers; a holds four bound sessions and, from them, the shared
+	// 1k-token system prompt (64 of the prompt's 96 hittable blocks).
+	crowd := func() []Candidate {
+		c := make([]Candidate, 8)
+		for i := range c {
+			c[i] = cand(string(rune('a'+i)), i, 0, [3]int{}, 96)
+		}
+		c[0].Hit = index.Match{Blocks: 64, Tier: [3]int{64}}
+		c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 4, 4, 4*1552
+		return c
+	}
+	tokens := make([]int32, 1552)
+	for _, tc := range []struct {
+		name   string
+		params string
+		cands  func() []Candidate
+		want   string
+		// bound, later: the router's sticky history (zero: a fresh router,
+		// which presumes multi-turn sessions).
+		bound, later uint64
+	}{
+		// Without the term the system-prompt credit outweighs a's small
+		// in-flight load: the crowding kvbench's agent_long showed.
+		{"off: system prompt pulls to the crowded server", `{"session_weight":0}`, crowd, "a", 0, 0},
+		{"default: bound sessions push the new session away", `{}`, crowd, "b", 0, 0},
+		{"tuned alpha 0.15", `{"alpha":0.15}`, crowd, "b", 0, 0},
+		{"alpha 0.5", `{"alpha":0.5}`, crowd, "b", 0, 0},
+		// Equal session counts change no ranking (the term is relative):
+		// the prefix holder still wins.
+		{"balanced sessions keep cache affinity", `{}`, func() []Candidate {
+			c := crowd()
+			for i := range c {
+				c[i].Sessions = 4
+			}
+			return c
+		}, "a", 0, 0},
+		// A full-prompt sibling hit (same task, cold fleet, one session
+		// bound) still outweighs one session: siblings stay together.
+		{"one sibling bound: full hit wins", `{}`, func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 1, 1, 1552
+			return c
+		}, "a", 0, 0},
+		// A task's whole group stays together: the server holding the full
+		// prompt carries no session load for it, even with four bound.
+		{"four siblings bound: full hit still wins", `{}`, func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			return c
+		}, "a", 0, 0},
+		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
+		// new) weigh like a cold fleet: only the excess over the least
+		// counts.
+		{"stale bindings do not dilute the excess", `{}`, func() []Candidate {
+			c := crowd()
+			for i := range c {
+				c[i].Sessions = 4
+			}
+			c[0].Sessions = 8
+			return c
+		}, "b", 0, 0},
+		// History of multi-turn sessions (agents: ~30 turns each) keeps
+		// the term at full weight.
+		{"agent history", `{}`, crowd, "b", 64, 64 * 29},
+		// 2,000 sessions bound and none ever returned (GRPO samples): bound
+		// sessions are not future work, the term fades and cache affinity
+		// decides as with session_weight 0.
+		{"single-turn history switches it off", `{}`, crowd, "a", 2000, 0},
+		// Among servers without a hit, the fewest sessions wins even when
+		// in-flight counts are equal.
+		{"fewest sessions among equals", `{}`, func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{}
+			for i := range c {
+				c[i].Sessions, c[i].InflightTokens = 3, 0
+			}
+			c[5].Sessions = 1
+			return c
+		}, "f", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := build(t, "kvc_aware", tc.params)
+			c := tc.cands()
+			out := make([]float64, len(c))
+			s.Score(&Request{Tokens: tokens, SessionsBound: tc.bound, LaterTurns: tc.later}, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s, want %s (scores %v)", got, tc.want, out)
+			}
+		})
+	}
+	// The term ranks placements only: the load the router compares with
+	// load_threshold for sticky breakout ignores sessions.
+	k := build(t, "kvc_aware", `{"session_weight":1}`)
+	c := Candidate{InflightTokens: 48_000, Sessions: 100}
+	if got := EffectiveLoad(k, &c); got != 0.1 {
+		t.Fatalf("EffectiveLoad with sessions = %v, want 0.1", got)
+	}
+	// A lone candidate scores as without the term.
+	one := []Candidate{cand("a", 0, 0, [3]int{}, 8)}
+	one[0].Sessions = 50
+	out := make([]float64, 1)
+	k.Score(&Request{}, one, out)
+	if math.Abs(out[0]-0.7) > 1e-9 {
+		t.Fatalf("single candidate score %v, want 0.7", out[0])
+	}
+	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -36,12 +36,23 @@ type Candidate struct {
 	// KVCapacityTokens is how many tokens the server's GPU KV cache holds,
 	// from its metrics (num_gpu_blocks x block_size); 0 when unknown.
 	KVCapacityTokens int
+	// Sessions is how many sticky request_id bindings point at this server
+	// (the router's sticky LRU). A bound session's later turns will land
+	// there, so it is work the server has committed to beyond its in-flight
+	// requests.
+	Sessions int
 }
 
 // Request is the request being routed.
 type Request struct {
 	ID     string
 	Tokens []int32
+	// SessionsBound and LaterTurns are the router's sticky history: how
+	// many sessions it has bound, and how many requests arrived for a
+	// session already bound (a session's second and later turns). Their
+	// ratio says whether sessions here are multi-turn (agents) or one
+	// request each (GRPO samples).
+	SessionsBound, LaterTurns uint64
 }
 
 // Strategy scores candidates: out[i] scores c[i]; higher is better.
