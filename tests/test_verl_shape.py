@@ -271,3 +271,18 @@ def test_verl_own_llm_router_wins(tmp_path):
     assert got["own"] is True and "same_balancer" not in got  # verl's package has no KVCAwareBalancer
     lines = [ln for ln in err.splitlines() if "verl ships verl.workers.rollout.llm_router itself" in ln]
     assert len(lines) == 1, err
+
+
+def test_status_command_reports_patch_records():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "kvc_router.verl", "status"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert st["pth"].endswith("kvc_router_verl.pth") and st["patches"] == {} and st["balancers_in_process"] == 0
+    bad = subprocess.run([sys.executable, "-m", "kvc_router.verl", "bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
