@@ -49,15 +49,29 @@ def wait_for(pred, timeout=20.0, every=0.05):
     return pred()
 
 
-def free_base_port():
-    """A base for the kv_events port block (2 replicas x 2 ports)."""
-    from verl_sim import free_port
+def free_base_port(span=8):
+    """A base for the kv_events port block (2 replicas x 2 ports, with room):
+    every port of the block is checked. Drawn from 20000-32000: below the
+    kernel's ephemeral range (where the simulated servers' HTTP ports and
+    other processes' sockets land) and above Ray's worker ports (10002-19999)."""
+    import socket
 
-    for _ in range(50):
-        base = free_port()
-        if base + 8 < 65535:
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - span)
+        socks = []
+        try:
+            for p in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
             return base
-    raise RuntimeError("no port")
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
 
 
 @pytest.fixture
