@@ -362,3 +362,21 @@ def test_fully_async_client_and_pool_changes(manager):
     assert cleared["cleared_entries"] == 1 and set(cleared["server_loads"]) == set(servers)
     assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
     assert ray.get(lb.get_all_servers.remote()) == list(servers)
+
+
+# -- actor options: the hook creates the actor itself ---------------------------
+
+
+def test_actor_options_create_the_balancer_directly(manager, monkeypatch):
+    from kvc_router.verl import actor
+
+    monkeypatch.setitem(actor.ACTOR_OPTIONS, "max_concurrency", 4)
+    m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    lb = m.global_load_balancer
+    # Not the load_balancer_cls subclass (kvc_router.verl.actor): created with the options.
+    assert lb_classes(lb)[0] == "kvc_router.balancer.KVCAwareBalancer"
+    assert any(h is lb for h in actor.registered_balancers())
+    client = m.get_client()
+    p = prompt(60)
+    generate(client, "opt-1", p)
+    assert ray.get(lb.get_status.remote())["router"]["counters"]["prompt_tokens"] == len(p)
