@@ -20,6 +20,9 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV_VERL:-.venv-verl}"
 VERL_VERSIONS="${VERL_VERSIONS:-0.9.1 0.9.0 0.8.0}"
+# A release the hook refuses (tests/verl/test_incompatible_verl.py checks the
+# start-up error names it); also an overlay, never tested as supported.
+VERL_UNSUPPORTED="${VERL_UNSUPPORTED:-0.7.1}"
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 read -r -a versions <<<"$VERL_VERSIONS"
 BASE_VERSION="${versions[0]}"
@@ -40,7 +43,7 @@ PIP=("$VENV/bin/python" -m pip install -q)
   pyyaml orjson codetiming "packaging>=20.0" \
   pytest pyzmq msgpack "setuptools>=70.1" wheel
 "${PIP[@]}" --no-deps "verl==${BASE_VERSION}"
-for v in "${versions[@]:1}"; do
+for v in "${versions[@]:1}" $VERL_UNSUPPORTED; do
   dir="$VENV/verl-overlays/$v"
   if [ ! -f "$dir/.stamp" ]; then
     rm -rf "$dir"

@@ -86,3 +86,39 @@ def test_unpatchable_verl_fails_start_up_naming_version_and_patch(expected_verl)
         msg = got[key]
         assert msg and f"verl {expected_verl}" in msg and INIT_LB in msg, got
     assert "cannot apply" in out.stderr  # the warning at import time, before any config asked
+
+
+UNSUPPORTED = "0.7.1"
+OLD_CHILD = r"""
+import json, os, verl
+from hydra import compose, initialize_config_dir
+from kvc_router.verl import VerlIncompatibleError, verl_version
+from verl.utils.config import omega_conf_to_dataclass
+
+with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                           version_base=None):
+    kvc = compose("ppo_trainer", overrides=["actor_rollout_ref.rollout.name=vllm",
+                                            "+actor_rollout_ref.rollout.router.type=kvc_aware"])
+try:
+    omega_conf_to_dataclass(kvc.actor_rollout_ref.rollout)
+    err = None
+except VerlIncompatibleError as e:
+    err = str(e)
+print(json.dumps({"version": verl_version(), "error": err}))
+"""
+
+
+def test_unsupported_release_refuses_kvc_aware_at_start_up():
+    """verl 0.7.1 (published wheel, a --no-deps overlay from scripts/verl_venv.sh)."""
+    import pytest
+
+    overlay = os.path.join(sys.prefix, "verl-overlays", UNSUPPORTED)
+    if not os.path.isdir(overlay):
+        pytest.skip(f"no verl {UNSUPPORTED} overlay at {overlay} (scripts/verl_venv.sh makes it)")
+    env = {k: v for k, v in os.environ.items() if k != "KVC_ROUTER_VERL_HOOK"}
+    env["PYTHONPATH"] = overlay
+    out = subprocess.run([sys.executable, "-c", OLD_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["version"] == UNSUPPORTED
+    assert f"verl {UNSUPPORTED} has no LLMServerManager" in got["error"] and "verl >= 0.8.0" in got["error"]
