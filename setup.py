@@ -1,13 +1,12 @@
 """Builds libkvcrouter.so (Go, cgo c-shared) into the kvc_router package.
 
 * ``build_py`` (run by ``pip install .``, ``pip install -e .``, ``pip wheel``
-  and ``python -m build``) runs ``go build -buildmode=c-shared`` on ./cabi with
-  the linker version script cabi/kvcrouter.map, writing
-  python/kvc_router/libkvcrouter.so. Set ``KVC_ROUTER_SKIP_GO_BUILD=1`` to
+  and ``python -m build``) runs ``cabi/build.sh`` (the one c-shared build
+  command, shared with the Makefile), writing python/kvc_router/libkvcrouter.so. Set ``KVC_ROUTER_SKIP_GO_BUILD=1`` to
   package an existing library instead (it must already be there).
 * ``kvc_router_verl.pth`` goes to the root of the wheel (site-packages once
   installed): it imports ``_kvc_router_verl_boot``, the verl post-import hook
-  (see python/kvc_router/verl_hook.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
+  (see python/kvc_router.verl.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
 * The wheel is ``py3-none-<platform>``: one wheel serves every CPython (ctypes,
   no CPython ABI). On Linux the platform tag is ``manylinux_2_<N>_<arch>``
   where 2.<N> is the newest GLIBC_ symbol version the built library needs
@@ -36,7 +35,7 @@ except ImportError:  # setuptools < 70.1
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.join(ROOT, "python", "kvc_router")
 LIB = os.path.join(PKG, "libkvcrouter.so")
-VERSION_SCRIPT = os.path.join(ROOT, "cabi", "kvcrouter.map")
+BUILD_SCRIPT = os.path.join(ROOT, "cabi", "build.sh")
 
 
 def build_library() -> None:
@@ -50,24 +49,9 @@ def build_library() -> None:
             "building kvc-router from source needs Go >= 1.26 on PATH (or GO=/path/to/go); "
             "install a prebuilt wheel to avoid it"
         )
-    env = dict(os.environ, CGO_ENABLED="1")
-    cmd = [
-        go,
-        "build",
-        "-buildmode=c-shared",
-        "-trimpath",
-        "-buildvcs=false",
-        "-ldflags",
-        f"-s -w -extldflags=-Wl,--version-script={VERSION_SCRIPT}",
-        "-o",
-        LIB,
-        "./cabi",
-    ]
+    cmd = ["bash", BUILD_SCRIPT, LIB]
     print("kvc-router: " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
-    header = os.path.splitext(LIB)[0] + ".h"  # cgo's generated header; cabi/kvcrouter.h is the real one
-    if os.path.exists(header):
-        os.remove(header)
+    subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, GO=go), check=True)
 
 
 def max_glibc(path: str) -> tuple[int, int] | None:
@@ -106,7 +90,7 @@ class BuildPyWithGo(build_py):
         super().run()
         # The verl post-import hook: a .pth at the root of site-packages
         # (imports _kvc_router_verl_boot). Editable installs do not get it;
-        # `python -m kvc_router.verl_hook install` writes it by hand.
+        # `python -m kvc_router.verl install` writes it by hand.
         if not getattr(self, "editable_mode", False):
             self.copy_file(PTH, os.path.join(self.build_lib, os.path.basename(PTH)))
 

@@ -157,3 +157,15 @@ func abiPlain(h uint64, which string, nullOut bool) abiResult {
 	}
 	return abiResult{Code: int32(code), Err: takeC(e), Out: takeC(js)}
 }
+
+func abiValidate(cfg []byte, n int64, nullOut bool) abiResult {
+	p := cBuf(cfg)
+	defer freeC(p)
+	var e, js *C.char
+	out := &js
+	if nullOut {
+		out = nil
+	}
+	code := kvr_validate_config((*C.char)(p), C.int64_t(n), out, &e)
+	return abiResult{Code: int32(code), Err: takeC(e), Out: takeC(js)}
+}

@@ -190,11 +190,21 @@ func FuzzABI(f *testing.F) {
 				}
 			case 9:
 				cfg, n := r.arg(r.bytes())
+				// kvr_validate_config starts nothing, so any config is safe.
+				vres := abiValidate(cfg, n, false)
+				checkResult(t, "validate (fuzzed)", vres)
+				if vres.Code == codeOK && !json.Valid([]byte(vres.Out)) {
+					t.Fatalf("validate: output is not JSON: %q", vres.Out)
+				}
 				if !safeConfig(cfg) {
 					continue
 				}
-				nh, res := abiNew(cfg, n, r.byte()%8 == 0)
+				nullOut := r.byte()%8 == 0
+				nh, res := abiNew(cfg, n, nullOut)
 				checkResult(t, "new (fuzzed)", res)
+				if !nullOut && (vres.Code == codeOK) != (res.Code == codeOK) {
+					t.Fatalf("validate says %d (%s) but kvr_router_new says %d (%s)", vres.Code, vres.Err, res.Code, res.Err)
+				}
 				if res.Code == codeOK {
 					checkResult(t, "close (fuzzed)", abiClose(nh))
 				} else if nh != 0 {

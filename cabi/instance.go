@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime"
 	"runtime/cgo"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/kvc-router/kvc-router/core/collector"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Limits on borrowed inputs, checked before any copy.
@@ -73,21 +77,36 @@ type instance struct {
 	poisoned atomic.Pointer[string]
 }
 
-func newInstance(data []byte) (*instance, error) {
-	var lc libConfig
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&lc); err != nil {
-		return nil, errf(codeInvalidConfig, "invalid config JSON: %v", err)
+// parsedConfig is a validated libConfig: everything kvr_router_new needs
+// before it starts anything.
+type parsedConfig struct {
+	lib    libConfig
+	router router.Config
+	level  slog.Level
+	coll   collector.Config
+}
+
+// parseConfig decodes and validates the kvr_router_new JSON without side
+// effects. Every error is codeInvalidConfig and starts with the key at
+// fault as a path from the document's root ("router.strategies[0].params.alpha:
+// must be in [0, 1], got 2"), which callers map back onto their own keys.
+func parseConfig(data []byte) (*parsedConfig, error) {
+	p := &parsedConfig{}
+	lc := &p.lib
+	if len(bytes.TrimSpace(data)) == 0 {
+		data = []byte("{}")
 	}
-	if dec.More() {
-		return nil, errf(codeInvalidConfig, "invalid config JSON: trailing data after the top-level object")
+	if err := strictjson.Decode(data, lc); err != nil {
+		return nil, configError("", err)
 	}
 	if lc.MaxProcs < 0 || lc.MaxProcs > 4096 {
-		return nil, errf(codeInvalidConfig, "max_procs must be in [0, 4096], got %d", lc.MaxProcs)
+		return nil, configError("", strictjson.Errorf("max_procs", "must be in [0, 4096], got %d", lc.MaxProcs))
 	}
-	if lc.Push.MaxMetricsBytes < 0 || lc.Push.MaxEventBytes < 0 {
-		return nil, errf(codeInvalidConfig, "push.max_metrics_bytes and push.max_event_bytes must not be negative")
+	if lc.Push.MaxMetricsBytes < 0 {
+		return nil, configError("", strictjson.Errorf("push.max_metrics_bytes", "must not be negative, got %d", lc.Push.MaxMetricsBytes))
+	}
+	if lc.Push.MaxEventBytes < 0 {
+		return nil, configError("", strictjson.Errorf("push.max_event_bytes", "must not be negative, got %d", lc.Push.MaxEventBytes))
 	}
 	if lc.Push.MaxMetricsBytes == 0 {
 		lc.Push.MaxMetricsBytes = defaultMaxMetrics
@@ -95,41 +114,108 @@ func newInstance(data []byte) (*instance, error) {
 	if lc.Push.MaxEventBytes == 0 {
 		lc.Push.MaxEventBytes = defaultMaxEvents
 	}
+	switch lc.LogLevel {
+	case "", "warn":
+		lc.LogLevel, p.level = "warn", slog.LevelWarn
+	case "debug":
+		p.level = slog.LevelDebug
+	case "info":
+		p.level = slog.LevelInfo
+	case "error":
+		p.level = slog.LevelError
+	default:
+		return nil, configError("", strictjson.Errorf("log_level", "%q (allowed: debug, info, warn, error)", lc.LogLevel))
+	}
 	raw := lc.Router
 	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		raw = []byte("{}")
 	}
 	cfg, err := router.ParseConfig(raw)
 	if err != nil {
-		return nil, err
+		return nil, configError("router", err)
 	}
-	r, err := router.New(cfg)
+	p.router = cfg
+	craw := lc.Collectors
+	if len(bytes.TrimSpace(craw)) > 0 && !bytes.Equal(bytes.TrimSpace(craw), []byte("null")) {
+		// Strict decoding first, for key-named errors; ParseConfig then
+		// checks values (its messages name "collectors[i].key").
+		var probe collector.Config
+		if err := strictjson.Decode(craw, &probe); err != nil {
+			return nil, configError("collectors", err)
+		}
+	}
+	ccfg, err := collector.ParseConfig(craw)
+	if err != nil {
+		return nil, collectorConfigError(err)
+	}
+	p.coll = ccfg
+	return p, nil
+}
+
+// collectorKey splits collector.ParseConfig's messages, which start with
+// the key ("collectors[1].interval_ms must not be negative").
+var collectorKey = regexp.MustCompile(`^(collectors\[\d+\](?:\.[a-z_]+|\[[^\]]*\])*):? (.*)$`)
+
+// collectorConfigError puts a collector configuration error in the
+// "key: reason" form, rooted at the document's "collectors" key.
+func collectorConfigError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), collector.ErrConfig.Error()+": ")
+	if m := collectorKey.FindStringSubmatch(msg); m != nil {
+		return errf(codeInvalidConfig, "collectors.%s: %s", m[1], m[2])
+	}
+	return errf(codeInvalidConfig, "collectors: %s", msg)
+}
+
+// configError is a codeInvalidConfig error whose message starts with the
+// key path under prefix.
+func configError(prefix string, err error) error {
+	var ke *strictjson.KeyError
+	if errors.As(err, &ke) {
+		return errf(codeInvalidConfig, "%s", strictjson.Prefixed(prefix, ke).Error())
+	}
+	if prefix == "" {
+		return errf(codeInvalidConfig, "%v", err)
+	}
+	return errf(codeInvalidConfig, "%s: %v", prefix, err)
+}
+
+// effective is the configuration a router built from p runs with: every
+// key that has a default filled in (the document kvr_validate_config returns).
+func (p *parsedConfig) effective() (map[string]any, error) {
+	rc := p.router
+	strategies, err := rc.ResolvedStrategies()
+	if err != nil {
+		return nil, configError("router", err)
+	}
+	rc.Strategies = strategies
+	colls := p.coll.Collectors
+	if colls == nil {
+		colls = []collector.Spec{}
+	}
+	return map[string]any{
+		"router":     rc,
+		"collectors": collector.Config{Collectors: colls},
+		"max_procs":  p.lib.MaxProcs,
+		"log_level":  p.lib.LogLevel,
+		"push":       p.lib.Push,
+	}, nil
+}
+
+func newInstance(data []byte) (*instance, error) {
+	p, err := parseConfig(data)
 	if err != nil {
 		return nil, err
 	}
-	if lc.MaxProcs > 0 {
-		runtime.GOMAXPROCS(lc.MaxProcs)
-	}
-	var level slog.Level
-	switch lc.LogLevel {
-	case "", "warn":
-		level = slog.LevelWarn
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	case "error":
-		level = slog.LevelError
-	default:
-		return nil, errf(codeInvalidConfig, "log_level %q (allowed: debug, info, warn, error)", lc.LogLevel)
-	}
-	ccfg, err := collector.ParseConfig(lc.Collectors)
+	r, err := router.New(p.router)
 	if err != nil {
-		return nil, err
+		return nil, configError("router", err)
 	}
-	inst := &instance{r: r, maxTokens: r.Config().MaxPromptTokens, push: lc.Push, pos: map[string]int32{}}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	coll, err := collector.Start(r, ccfg, logger)
+	if p.lib.MaxProcs > 0 {
+		runtime.GOMAXPROCS(p.lib.MaxProcs)
+	}
+	inst := &instance{r: r, maxTokens: r.Config().MaxPromptTokens, push: p.lib.Push, pos: map[string]int32{}}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: p.level}))
+	coll, err := collector.Start(r, p.coll, logger)
 	if err != nil {
 		return nil, err
 	}

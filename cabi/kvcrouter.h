@@ -1,7 +1,10 @@
 /*
  * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.
  *
- * Hand-maintained; cabi/main.go holds the implementation. Every function is
+ * Hand-maintained, and the one definition of the status codes and the ABI
+ * version: cabi's Go constants and kvc_router's Python constants are checked
+ * against this file by tests (cabi/abi_test.go, tests/test_errors.py).
+ * cabi/main.go holds the implementation. Every function is
  * thread-safe, never blocks on network I/O and never calls back into the
  * host. Background work (metrics polling, KV-event subscriptions) runs in
  * goroutines owned by the handle.
@@ -38,8 +41,9 @@ extern "C" {
 #define KVR_OK 0
 #define KVR_INVALID_ARGUMENT 1 /* bad pointer, length, UTF-8, JSON, prompt size, payload */
 #define KVR_NOT_FOUND 2        /* server id not in the pool (push paths) */
-#define KVR_INVALID_STATE 3    /* closed or stale handle, disabled debug export */
-#define KVR_INTERNAL 4         /* a recovered Go panic */
+#define KVR_INVALID_STATE 3    /* closed or stale handle */
+#define KVR_INTERNAL 4         /* a library bug: a recovered Go panic (the handle is then
+                                  poisoned) or an error the library could not classify */
 #define KVR_POISONED 5         /* the handle saw an earlier panic */
 #define KVR_NO_SERVERS 6       /* empty pool: "No available servers in load balancer" */
 #define KVR_INVALID_CONFIG 7   /* configuration rejected */
@@ -70,6 +74,23 @@ void kvr_free(void *p);
  * The pool starts empty. On success *out_handle is non-zero.
  */
 int32_t kvr_router_new(const char *cfg_json, int64_t cfg_len, kvr_handle *out_handle, char **err);
+
+/*
+ * Validates a configuration exactly as kvr_router_new would, without creating
+ * anything (no handle, no goroutines, no GOMAXPROCS change): the status-style
+ * call for a configuration rather than a router. cfg_json may be empty (the
+ * default configuration). On success, when out_json is non-NULL, it receives
+ * the effective configuration: the same JSON shape with every default filled
+ * in, including each strategy's full "params" -- so
+ * kvr_validate_config("{\"router\":{\"mode\":\"kvc_aware\"}}") reports the
+ * kvc_aware defaults. This library is the one place defaults live.
+ * A rejected configuration is KVR_INVALID_CONFIG and *err starts with the key
+ * path at fault, from the document's root, then ": " and the reason, e.g.
+ *   router.strategies[0].params.alpha: must be in [0, 1], got 2
+ *   collectors.collectors[1].interval_ms: must not be negative
+ * (kvr_router_new reports configuration errors the same way.)
+ */
+int32_t kvr_validate_config(const char *cfg_json, int64_t cfg_len, char **out_json, char **err);
 
 /* Stops the collectors and invalidates the handle. Closing twice, or using
  * the handle afterwards, is KVR_INVALID_STATE. */
@@ -156,11 +177,14 @@ int32_t kvr_clear_sticky(kvr_handle h, char **out_json, char **err);
 /* Forgets every cached prefix (after a weight update). */
 int32_t kvr_reset_cache(kvr_handle h, char **err);
 
-/* Test only: panics inside Go (kind 0 panic, 1 nil-map write, 2 nil
- * dereference, 3 index out of range), poisoning h when h is a live handle.
- * Disabled (KVR_INVALID_STATE) unless KVR_DEBUG_PANIC=1 was in the
- * environment when the process started. */
+#ifdef KVR_TEST_BUILD
+/* Only in the test build of the library (go build -tags kvrdebug; `make
+ * testlib`); the release libkvcrouter.so does not export it. Panics inside Go
+ * (kind 0 panic, 1 nil-map write, 2 nil dereference, 3 index out of range),
+ * poisoning h when h is a live handle; any other kind is
+ * KVR_INVALID_ARGUMENT. */
 int32_t kvr_debug_panic(kvr_handle h, int32_t kind, char **err);
+#endif
 
 #ifdef __cplusplus
 }

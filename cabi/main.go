@@ -7,7 +7,11 @@
 //   - it returns an int32 status code (KVR_OK = 0) and, when the caller passes
 //     a non-NULL char** err, a message the caller frees with kvr_free;
 //   - a Go panic is recovered, reported as KVR_INTERNAL, and poisons the
-//     handle involved (later calls on it return KVR_POISONED);
+//     handle involved (later calls on it return KVR_POISONED); an error
+//     codeOf cannot classify is KVR_INTERNAL too (a library bug), never
+//     blamed on the caller's input;
+//   - configuration errors (kvr_router_new, kvr_validate_config) start with
+//     the key path at fault ("router.strategies[0].params.alpha: ...");
 //   - borrowed inputs (ids, JSON, metrics text, event payloads) are copied
 //     before use; the token array is only read during kvr_acquire; no Go
 //     pointer is ever handed to C, and every returned string is C memory;
@@ -15,7 +19,9 @@
 //   - the library never calls signal.Notify.
 //
 // A handle (runtime/cgo.Handle, 0 never valid) owns one router and its
-// collector manager; kvr_router_close stops both.
+// collector manager; kvr_router_close stops both. kvr_validate_config needs
+// no handle: it reports on a configuration, status-style, and starts nothing.
+// kvr_debug_panic exists only in the kvrdebug test build (debugpanic.go).
 package main
 
 /*
@@ -27,7 +33,6 @@ import "C"
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/cgo"
 	"unicode/utf8"
@@ -153,6 +158,29 @@ func kvr_router_new(cfg *C.char, cfgLen C.int64_t, outHandle *C.uint64_t, errOut
 	inst.mu.Unlock()
 	*outHandle = C.uint64_t(inst.handle)
 	return codeOK
+}
+
+//export kvr_validate_config
+func kvr_validate_config(cfg *C.char, cfgLen C.int64_t, outJSON **C.char, errOut **C.char) (code C.int32_t) {
+	defer recoverExport("kvr_validate_config", 0, &code, errOut)
+	clearOut(errOut)
+	clearOut(outJSON)
+	data, err := goBytes(unsafe.Pointer(cfg), cfgLen, "config JSON", maxJSONBytes)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	p, err := parseConfig(data)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	doc, err := p.effective()
+	if err != nil {
+		return fail(errOut, err)
+	}
+	if outJSON == nil {
+		return codeOK
+	}
+	return result(errOut, cJSON(outJSON, doc))
 }
 
 //export kvr_router_close
@@ -520,38 +548,4 @@ func kvr_reset_cache(h C.uint64_t, errOut **C.char) (code C.int32_t) {
 		inst.r.ResetCache()
 		return nil
 	}))
-}
-
-// debugPanicEnv enables kvr_debug_panic; it must be in the environment when
-// the process starts (Go reads the environment once).
-const debugPanicEnv = "KVR_DEBUG_PANIC"
-
-var sink map[string]int
-
-//export kvr_debug_panic
-func kvr_debug_panic(h C.uint64_t, kind C.int32_t, errOut **C.char) (code C.int32_t) {
-	defer recoverExport("kvr_debug_panic", h, &code, errOut)
-	clearOut(errOut)
-	if os.Getenv(debugPanicEnv) != "1" {
-		return fail(errOut, errf(codeInvalidState, "kvr_debug_panic is disabled (start the process with %s=1)", debugPanicEnv))
-	}
-	if h != 0 {
-		if _, err := lookup(uint64(h)); err != nil {
-			return fail(errOut, err)
-		}
-	}
-	switch kind {
-	case 0:
-		panic("kvr_debug_panic: requested panic")
-	case 1:
-		sink["x"] = 1 // write to a nil map
-	case 2:
-		var p *instance
-		_ = p.maxTokens // nil dereference
-	case 3:
-		var a []int
-		i := int(kind)
-		_ = a[i] // index out of range
-	}
-	return fail(errOut, errf(codeInvalidArgument, "kvr_debug_panic: unknown kind %d (allowed: 0..3)", int32(kind)))
 }

@@ -15,16 +15,20 @@ import (
 	"unsafe"
 
 	"github.com/kvc-router/kvc-router/core/collector"
+	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/router"
 )
 
-// Status codes returned by every export (mirrored in kvcrouter.h).
+// Status codes returned by every export. kvcrouter.h is their definition;
+// TestHeaderMatchesGo checks these values (and abiVersion) against it.
 const (
 	codeOK              = 0
 	codeInvalidArgument = 1
 	codeNotFound        = 2
 	codeInvalidState    = 3
-	codeInternal        = 4 // a recovered Go panic
+	codeInternal        = 4 // a recovered Go panic, or an error no case below classifies
 	codePoisoned        = 5 // the handle saw an earlier panic
 	codeNoServers       = 6
 	codeInvalidConfig   = 7
@@ -61,10 +65,15 @@ func codeOf(err error) int32 {
 		return codeInvalidArgument
 	case errors.Is(err, collector.ErrConfig):
 		return codeInvalidConfig
-	case errors.Is(err, collector.ErrUnknownServer):
+	case errors.Is(err, collector.ErrUnknownServer), errors.Is(err, index.ErrUnknownServer):
 		return codeNotFound
+	case errors.Is(err, metrics.ErrMalformed), errors.Is(err, metrics.ErrTooLarge), errors.Is(err, metrics.ErrNoMetrics),
+		errors.Is(err, kvevents.ErrMalformed), errors.Is(err, index.ErrBadEvent), errors.Is(err, index.ErrTooManyServer):
+		return codeInvalidArgument
 	}
-	return codeInvalidArgument
+	// Every error a caller can cause is classified above; anything else is
+	// a bug in the library, not in the caller's input.
+	return codeInternal
 }
 
 // setErr stores a C copy of msg in *out when the caller asked for messages.

@@ -13,67 +13,34 @@ then the 10M-block event flood, then every figure in one summary.
 Only loopback is used; every process started is stopped by the tests'
 fixtures. Exit status 1 when any part fails.
 
-    .venv/bin/python scripts/chaos.py [--cycles 20] [--flood-blocks 10000000]
+    PYTHONPATH=tests .venv/bin/python scripts/chaos.py [--cycles 20] [--flood-blocks 10000000]
+
+The parts are kvc_harness.chaos.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import time
+from typing import List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-FIGURES = re.compile(
-    r"(kill/restart cycles|replay:|no replay:|failure episodes|goroutines \d+ with|slow /metrics|ALL OK|"
-    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|passed|failed|^ok|^FAIL)"
-)
-
-
-def run(title: str, cmd: list, env: dict, timeout: float) -> bool:
-    print(f"== {title}: {' '.join(cmd)}", flush=True)
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
-    for line in (p.stdout + p.stderr).splitlines():
-        if FIGURES.search(line) and "level=" not in line:
-            print("   " + line.strip())
-    ok = p.returncode == 0
-    print(f"   -> {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.0f}s", flush=True)
-    if not ok:
-        print((p.stdout + p.stderr)[-6000:])
-    return ok
+try:
+    from kvc_harness.chaos import ChaosOptions, run_chaos
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests (as `make chaos` does)")
 
 
-def main() -> int:
+def main(argv: Optional[List[str]] = None) -> int:
+    d = ChaosOptions()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--completions", type=int, default=400)
-    ap.add_argument("--c-iters", type=int, default=1_000_000)
-    ap.add_argument("--py-flood-blocks", type=int, default=2_000_000)
-    ap.add_argument("--flood-blocks", type=int, default=10_000_000)
-    args = ap.parse_args()
-    py = sys.executable
-    ok = run(
-        "faults",
-        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_faults.py"],
-        {"KVR_CHAOS_CYCLES": str(args.cycles), "KVR_CHAOS_COMPLETIONS": str(args.completions)},
-        timeout=3600,
-    )
-    ok &= run(
-        "hostile input",
-        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_hostile.py"],
-        {"KVR_C_HOSTILE_ITERS": str(args.c_iters), "KVR_PY_FLOOD_BLOCKS": str(args.py_flood_blocks)},
-        timeout=3600,
-    )
-    ok &= run(
-        "event flood (Go push path)",
-        ["go", "test", "-count=1", "-run", "^TestEventFlood$", "-v", "-timeout", "30m", "./core/collector"],
-        {"KVR_FLOOD_BLOCKS": str(args.flood_blocks)},
-        timeout=3600,
-    )
+    ap.add_argument("--cycles", type=int, default=d.cycles)
+    ap.add_argument("--completions", type=int, default=d.completions)
+    ap.add_argument("--c-iters", type=int, default=d.c_iters)
+    ap.add_argument("--py-flood-blocks", type=int, default=d.py_flood_blocks)
+    ap.add_argument("--flood-blocks", type=int, default=d.flood_blocks)
+    ok = run_chaos(ChaosOptions(**vars(ap.parse_args(argv))))
     print("chaos:", "OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -195,7 +195,8 @@ fi
 
 # ---- 4. the demo workload through the Ray balancer actor ---------------------
 if [[ "$BACKEND" == vllm ]]; then title="gpu-validate (vLLM, $MODEL)"; else title="gpu-validate (vllm-sim at 4x speed)"; fi
-drv=("$PY" "$REPO/scripts/demo.py" --servers-file "$SERVERS_FILE" --out "$OUT" --title "$title")
+# demo.py imports the harness package tests/kvc_harness.
+drv=(env "PYTHONPATH=$REPO/tests" "$PY" "$REPO/scripts/demo.py" --servers-file "$SERVERS_FILE" --out "$OUT" --title "$title")
 [[ -z "$QUICK" ]] || drv+=(--quick)
 drv+=("${DEMO_ARGS[@]}")
 run "${drv[@]}"

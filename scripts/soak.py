@@ -5,31 +5,35 @@ and metrics. Fails (exit 1) unless nothing is lost (in-flight back to 0,
 acquires == releases == pairs), the actor's RSS grows under 5% after warm-up
 and the goroutine count does not grow. Prints one JSON line of figures.
 
-    .venv/bin/python scripts/soak.py [--pairs 1000000] [--clients 4]
+    PYTHONPATH=tests .venv/bin/python scripts/soak.py [--pairs 1000000] [--clients 4]
+
+The soak itself is kvc_harness.soak (tests/test_soak.py runs it scaled down).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from typing import List, Optional
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+try:
+    from kvc_harness.procs import start_ray
+    from kvc_harness.soak import check_soak, run_soak
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests (as `make soak` does)")
 
-from soak_lib import check_soak, run_soak  # noqa: E402
 
-
-def main() -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=1_000_000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--warmup", type=float, default=0.1, help="fraction of pairs before the RSS baseline")
     ap.add_argument("--rss-slack", type=float, default=0.05, help="allowed RSS growth after warm-up")
-    args = ap.parse_args()
-    import ray
-
-    ray.init(num_cpus=max(4, args.clients + 1), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    args = ap.parse_args(argv)
+    ray = start_ray(num_cpus=max(4, args.clients + 1))
     try:
         out = run_soak(ray, pairs=args.pairs, clients=args.clients, warmup_frac=args.warmup)
     finally:

@@ -1,30 +1,23 @@
-"""Shared fixtures: one real local Ray instance per test session."""
+"""Shared fixtures: one real local Ray instance per test session.
+
+Helpers live in the kvc_harness package (tests/kvc_harness), which pytest
+imports through ``pythonpath = ["tests"]`` in pyproject.toml; tests import it,
+never this file."""
 
 from __future__ import annotations
 
-import os
+from typing import Any, Callable, Iterator
 
 import pytest
 
-# Tests exercise the library shipped inside the package unless told otherwise.
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-KVC_NO_COLLECTORS = {
-    "type": "kvc_aware",
-    "config": {"strategies": [{"_target_": "kvc_router.config.KVCAwareStrategyConfig"}]},
-}
-
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        namespace="kvc-router-tests",
-    )
+def ray_cluster() -> Iterator[Any]:
+    pytest.importorskip("ray")
+    from kvc_harness.procs import start_ray
+
+    # A private cluster whose workers can import kvc_harness.
+    ray = start_ray(num_cpus=4, namespace="kvc-router-tests")
     try:
         yield ray
     finally:
@@ -32,13 +25,13 @@ def ray_cluster():
 
 
 @pytest.fixture
-def make_actor(ray_cluster):
+def make_actor(ray_cluster: Any) -> Iterator[Callable[..., Any]]:
     """Creates balancer actors exactly as verl does and kills them afterwards."""
     from kvc_router import KVCAwareBalancer
 
     actors = []
 
-    def make(**kwargs):
+    def make(**kwargs: Any) -> Any:
         actor = ray_cluster.remote(KVCAwareBalancer).remote(**kwargs)
         actors.append(actor)
         return actor

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from kvc_harness import REPO, debuglib
 from kvc_router import _native
 
 HEADER_DIR = os.path.join(REPO, "cabi")
@@ -42,7 +42,15 @@ int main(void) {
     const char *bad = "{\"router\": {\"mode\": \"fast\"}}";
     EXPECT(kvr_router_new(bad, (int64_t)strlen(bad), &h, &err), KVR_INVALID_CONFIG, err, "allowed: default, kvc_aware", "bad mode");
     CHECK(h == 0, "no handle on error");
-    EXPECT(kvr_router_new("{", 1, &h, &err), KVR_INVALID_CONFIG, err, "invalid config JSON", "malformed JSON");
+    EXPECT(kvr_router_new("{", 1, &h, &err), KVR_INVALID_CONFIG, err, "invalid JSON", "malformed JSON");
+    const char *defaults = "{\"router\": {\"mode\": \"kvc_aware\"}}";
+    EXPECT(kvr_validate_config(defaults, (int64_t)strlen(defaults), &json, &err), KVR_OK, err, NULL, "validate");
+    CHECK(json && strstr(json, "\"alpha\":0.3") && strstr(json, "\"kv_tokens\":480000"), "library defaults");
+    kvr_free(json); json = NULL;
+    const char *badp = "{\"router\": {\"mode\": \"kvc_aware\", \"strategies\": [{\"name\": \"kvc_aware\", \"weight\": 1, \"params\": {\"alpha\": 2}}]}}";
+    EXPECT(kvr_validate_config(badp, (int64_t)strlen(badp), &json, &err), KVR_INVALID_CONFIG, err,
+           "router.strategies[0].params.alpha: must be in [0, 1]", "validate names the key");
+    CHECK(json == NULL, "no output on error");
     EXPECT(kvr_router_new(NULL, 4, &h, &err), KVR_INVALID_ARGUMENT, err, "NULL with length 4", "null config");
 
     const char *cfg = "{\"router\": {\"mode\": \"kvc_aware\", \"max_prompt_tokens\": 4096}}";
@@ -106,7 +114,6 @@ int main(void) {
     EXPECT(kvr_reset_cache(h, &err), KVR_OK, err, NULL, "reset");
     EXPECT(kvr_remove_servers(h, "[\"10.0.0.1:8000\"]", 17, &gen, &err), KVR_OK, err, NULL, "remove");
     EXPECT(kvr_add_servers(h, "[1]", 3, &gen, &err), KVR_INVALID_ARGUMENT, err, "JSON array of strings", "bad ids");
-    EXPECT(kvr_debug_panic(h, 0, &err), KVR_INVALID_STATE, err, "disabled", "debug panic disabled");
 
     EXPECT(kvr_router_close(h, &err), KVR_OK, err, NULL, "close");
     EXPECT(kvr_router_close(h, &err), KVR_INVALID_STATE, err, "invalid or closed", "double close");
@@ -157,14 +164,75 @@ def _exports(lib_path):
     return sorted({line.split()[-1] for line in out.splitlines() if line.strip()})
 
 
+def _declared():
+    """The header's functions: (release ABI, test build only)."""
+    with open(os.path.join(HEADER_DIR, "kvcrouter.h")) as f:
+        text = f.read()
+    test_block = re.search(r"^#ifdef KVR_TEST_BUILD$(.*?)^#endif$", text, re.M | re.S).group(1)
+    names = lambda t: sorted(set(re.findall(r"^\S.*?\b(kvr_\w+)\(", t, re.M)))  # noqa: E731
+    test_only = names(test_block)
+    return [n for n in names(text) if n not in test_only], test_only
+
+
 def test_only_kvr_symbols_exported(lib_path):
     if not shutil.which("nm"):
         pytest.skip("no nm")
     exports = _exports(lib_path)
     assert exports and all(s.startswith("kvr_") for s in exports), [s for s in exports if not s.startswith("kvr_")]
-    with open(os.path.join(HEADER_DIR, "kvcrouter.h")) as f:
-        declared = sorted(set(re.findall(r"^\S.*?\b(kvr_\w+)\(", f.read(), re.M)))
-    assert exports == declared
+    release, test_only = _declared()
+    assert test_only == ["kvr_debug_panic"]
+    assert exports == release  # the release library has no debug export
+
+
+def test_test_build_adds_only_the_debug_export(tmp_path):
+    if not shutil.which("nm"):
+        pytest.skip("no nm")
+    release, test_only = _declared()
+    assert _exports(debuglib.path()) == sorted(release + test_only)
+
+
+def test_debug_panic_from_c(tmp_path):
+    """The test build, from C: a panic is KVR_INTERNAL and poisons the handle."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lib = debuglib.path()
+    src = tmp_path / "panic.c"
+    src.write_text(PANIC_PROGRAM)
+    exe = tmp_path / "panic"
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", "-DKVR_TEST_BUILD", "-I", HEADER_DIR, str(src), "-o", str(exe), lib,
+         f"-Wl,-rpath,{os.path.dirname(lib)}"],
+        check=True,
+    )
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ALL OK", out.stdout + out.stderr
+
+
+PANIC_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include "kvcrouter.h"
+
+int main(void) {
+    char *err = NULL;
+    kvr_handle h = 0;
+    int64_t n = 0;
+    if (kvr_router_new("{}", 2, &h, &err) != KVR_OK) { printf("new failed\n"); return 1; }
+    int32_t c = kvr_debug_panic(h, 0, &err);
+    if (c != KVR_INTERNAL || !err || !strstr(err, "requested panic")) { printf("panic: %d %s\n", c, err ? err : ""); return 1; }
+    kvr_free(err); err = NULL;
+    c = kvr_total_inflight(h, &n, &err);
+    if (c != KVR_POISONED) { printf("after panic: %d\n", c); return 1; }
+    kvr_free(err); err = NULL;
+    c = kvr_debug_panic(0, 9, &err);
+    if (c != KVR_INVALID_ARGUMENT) { printf("unknown kind: %d\n", c); return 1; }
+    kvr_free(err);
+    kvr_router_close(h, NULL);
+    printf("ALL OK\n");
+    return 0;
+}
+"""
 
 
 def test_glibc_requirement_matches_wheel_tag(lib_path):

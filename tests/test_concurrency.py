@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import KVC_NO_COLLECTORS
+from kvc_harness.balancer import KVC_NO_COLLECTORS
 
 N_CLIENTS = 8
 PAIRS = 1000

@@ -4,12 +4,13 @@ packaged defaults, translation to the native JSON, and ConfigError cases."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvc_router import ConfigError, KVCAwareBalancer, load_router_config
-from kvc_router.config import KVCAwareStrategyConfig, LeastInflightStrategyConfig, packaged_config_path
+from kvc_router.config import library_defaults, packaged_config_path
 
 UPSTREAM_YAML = """\
 router:
@@ -36,29 +37,22 @@ def upstream():
 def _check_upstream(cfg):
     assert cfg.type == "kvc_aware"
     assert cfg.sticky_max_size == 10000
-    (s,) = cfg.strategies
-    assert isinstance(s, KVCAwareStrategyConfig)
-    assert (s.alpha, s.load_threshold, s.weight) == (0.7, 0.9, 1.0)
-    assert dict(s.layer_weights) == {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}
-    assert cfg.collector_names == ("vllm_metrics",)
-    native = cfg.native()
-    assert native["router"]["mode"] == "kvc_aware"
-    assert native["router"]["strategies"] == [
+    # Only what the block sets crosses to the library ...
+    assert cfg.strategies == (
         {
             "name": "kvc_aware",
             "weight": 1.0,
-            "params": {
-                "alpha": 0.7,
-                "load_threshold": 0.9,
-                "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
-                "marginal": True,
-                "token_load": True,
-                "saved_scale_tokens": 4096,
-                "kv_tokens": 480_000,
-            },
-        }
-    ]
+            "params": {"alpha": 0.7, "load_threshold": 0.9, "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}},
+        },
+    )
+    assert cfg.collector_names == ("vllm_metrics",)
+    native = cfg.native()
+    assert native["router"] == {"mode": "kvc_aware", "sticky_max_size": 10000, "strategies": list(cfg.strategies)}
     assert native["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
+    # ... and the library fills in the rest.
+    (s,) = cfg.validate()["router"]["strategies"]
+    defaults = library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
+    assert s["params"] == {**defaults, "alpha": 0.7}
 
 
 def test_upstream_block_every_shape(upstream, tmp_path):
@@ -121,17 +115,21 @@ def test_full_translation():
             },
         }
     )
-    assert isinstance(cfg.strategies[1], LeastInflightStrategyConfig)
     n = cfg.native()
     r = n["router"]
+    assert r["strategies"] == [
+        {"name": "kvc_aware", "weight": 1.0, "params": {"alpha": 0.5}},
+        {"name": "least_inflight", "weight": 0.5},
+    ]
     assert r["block_size"] == 32 and r["model"] == "m" and r["speculate"] is False
     assert r["servers"] == {"a:1": {"block_size": 16, "events": False}}
     assert r["load"] == {"max_num_seqs": 64, "unhealthy_after": 5} and r["index"] == {"max_entries": 1000}
-    assert n["max_procs"] == 2
+    assert n["max_procs"] == 2 and "log_level" not in n
     zmq, met = n["collectors"]["collectors"]
+    library_keys = {"interval_ms": 250, "urls": {"a:1": "http://a:1/m"}, "replay_timeout_ms": 100}
     assert zmq == {
         "name": "vllm_zmq",
-        "replay_timeout_ms": 100,
+        **library_keys,
         "endpoints": {
             "a:1": [
                 {"endpoint": "tcp://a:5557", "topic": "kv-event"},
@@ -139,9 +137,29 @@ def test_full_translation():
             ]
         },
     }
-    assert met == {"name": "vllm_metrics", "interval_ms": 250, "urls": {"a:1": "http://a:1/m"}}
+    assert met == {"name": "vllm_metrics", **library_keys}
     # The library accepts it.
     KVCAwareBalancer({"a:1": None}, router_config=cfg).close()
+
+
+def test_packaged_yaml_is_the_library_defaults():
+    """configs/kvc_aware.yaml writes out the library's defaults: every
+    kvc_aware parameter, each equal to the library's value, and loading it
+    yields exactly the library's effective defaults."""
+    import yaml
+
+    with open(packaged_config_path("kvc_aware"), encoding="utf-8") as f:
+        (strategy,) = yaml.safe_load(f)["router"]["config"]["strategies"]
+    lib = library_defaults("kvc_aware")
+    (lib_strategy,) = lib["router"]["strategies"]
+    written = {k: v for k, v in strategy.items() if k not in ("_target_", "collector_names", "weight")}
+    assert written == lib_strategy["params"]
+    assert strategy["weight"] == lib_strategy["weight"]
+    effective = load_router_config("kvc_aware").validate()
+    assert effective["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
+    assert {**effective, "collectors": lib["collectors"]} == lib
+    # The default mode likewise.
+    assert {**load_router_config(None).validate()} == library_defaults("default")
 
 
 def _mut(upstream, path, value):
@@ -161,18 +179,19 @@ S0 = ("router", "config", "strategies", 0)
     [
         (S0 + ("_target_",), "os.system", "router.config.strategies[0]._target_", "not an allowed strategy"),
         (S0 + ("_target_",), "builtins.eval", "router.config.strategies[0]._target_", "allowed: "),
-        (S0 + ("alpha",), 1.5, "router.config.strategies[0].alpha", r"in \[0.0, 1.0\]"),
+        (S0 + ("alpha",), 1.5, "router.config.strategies[0].alpha", r"in \[0, 1\]"),
         (S0 + ("alpha",), "0.7", "router.config.strategies[0].alpha", "must be a number"),
         (S0 + ("alpha",), True, "router.config.strategies[0].alpha", "must be a number"),
-        (S0 + ("load_threshold",), 0, "router.config.strategies[0].load_threshold", r"\(0.0, 1.0\]"),
-        (S0 + ("weight",), -1.0, "router.config.strategies[0].weight", "must be in"),
+        (S0 + ("alpha",), float("inf"), "router.config.strategies[0].alpha", "finite"),
+        (S0 + ("load_threshold",), 0, "router.config.strategies[0].load_threshold", r"\(0, 1\]"),
+        (S0 + ("weight",), -1.0, "router.config.strategies[0].weight", "must be > 0"),
         (
             S0 + ("layer_weights",),
             {"gpu": 0.5, "nvme": 0.5},
             "router.config.strategies[0].layer_weights.nvme",
-            "allowed: 'gpu', 'cpu', 'ssd'",
+            "allowed: gpu, cpu, ssd",
         ),
-        (S0 + ("layer_weights",), [0.7], "router.config.strategies[0].layer_weights", "mapping"),
+        (S0 + ("layer_weights",), [0.7], "router.config.strategies[0].layer_weights", "must be an object"),
         (
             S0 + ("collector_names",),
             ["vllm_pollin"],
@@ -180,20 +199,22 @@ S0 = ("router", "config", "strategies", 0)
             "allowed: 'vllm_metrics', 'vllm_polling', 'sglang_metrics', 'vllm_zmq'",
         ),
         (S0 + ("colector_names",), [], "router.config.strategies[0].colector_names", "unknown key"),
-        (("router", "config", "sticky_max_size"), -5, "router.config.sticky_max_size", "must be in"),
+        (("router", "config", "sticky_max_size"), -5, "router.config.sticky_max_size", "must be positive"),
         (("router", "config", "sticky_max_size"), 10.5, "router.config.sticky_max_size", "must be an integer"),
-        (("router", "config", "strategies"), [], "router.config.strategies", "at least one strategy"),
         (("router", "config", "strategies"), "kvc_aware", "router.config.strategies", "must be a list"),
         (("router", "config", "cache_size"), 1, "router.config.cache_size", "unknown key"),
         (("router", "type"), "round_robin", "router.type", "allowed: 'default', 'kvc_aware'"),
-        (("router", "config", "collector"), {"interval_ms": -1}, "router.config.collector.interval_ms", "must be in"),
+        (("router", "config", "collector"), {"interval_ms": -1}, "router.config.collector.interval_ms", "negative"),
+        (("router", "config", "collector"), {"intervl_ms": 1}, "router.config.collector.intervl_ms", "unknown key"),
         (
             ("router", "config", "collector"),
             {"endpoints": {"s": "http://x:1"}},
             "router.config.collector.endpoints['s'][0]",
             "allowed schemes",
         ),
-        (("router", "config", "max_prompt_tokens"), 0, "router.config.max_prompt_tokens", "must be in"),
+        (("router", "config", "max_prompt_tokens"), -1, "router.config.max_prompt_tokens", "must be positive"),
+        (("router", "config", "index"), {"max_entries": -1}, "router.config.index.max_entries", "negative"),
+        (("router", "config", "log_level"), "loud", "router.config.log_level", "allowed: debug"),
         (("router", "config", "metrics_flavor"), "tgi", "router.config.metrics_flavor", "'vllm', 'sglang'"),
         (("router", "extra"), 1, "router.extra", "unknown key"),
     ],
@@ -216,8 +237,9 @@ def test_other_config_errors(tmp_path):
         load_router_config(str(bad))
     with pytest.raises(ConfigError, match="must be a dict"):
         load_router_config(42)
-    with pytest.raises(ConfigError, match="type 'default' routes by least in-flight only"):
+    with pytest.raises(ConfigError, match="needs mode kvc_aware") as info:
         load_router_config({"type": "default", "config": {"strategies": [{"name": "kvc_aware"}]}})
+    assert info.value.key == "config.strategies[0].name"
     with pytest.raises(ConfigError, match="contradicts"):
         load_router_config(
             {"strategies": [{"name": "least_inflight", "_target_": "kvc_router.config.KVCAwareStrategyConfig"}]}
@@ -283,8 +305,6 @@ def test_arbitrary_input_never_crashes(tree):
 
 
 def test_kvc_aware_refinement_knobs_reach_the_native_config() -> None:
-    from kvc_router.config import load_router_config
-
     cfg = load_router_config(
         {
             "type": "kvc_aware",
@@ -301,10 +321,11 @@ def test_kvc_aware_refinement_knobs_reach_the_native_config() -> None:
             },
         }
     )
-    params = cfg.strategies[0].native()["params"]
-    assert params["marginal"] is False and params["token_load"] is False
-    assert params["saved_scale_tokens"] == 0 and params["kv_tokens"] == 1000
-    assert params["alpha"] == 0.3  # the tuned default
+    set_params = {"marginal": False, "token_load": False, "saved_scale_tokens": 0, "kv_tokens": 1000}
+    assert cfg.strategies[0]["params"] == set_params  # only what was set crosses
+    params = cfg.validate()["router"]["strategies"][0]["params"]
+    assert {k: params[k] for k in set_params} == set_params
+    assert params["alpha"] == library_defaults("kvc_aware")["router"]["strategies"][0]["params"]["alpha"]
 
 
 @pytest.mark.parametrize(
@@ -318,3 +339,123 @@ def test_kvc_aware_refinement_knobs_are_validated(key: str, value: object) -> No
     strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", key: value}
     with pytest.raises(ConfigError, match=key):
         load_router_config({"type": "kvc_aware", "config": {"strategies": [strategy]}})
+
+
+# --------------------------------------------------------------------------
+# Python and the library agree: configurations drawn from every key, with
+# values in and out of range and of the wrong type.
+
+_junk = st.one_of(st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=1), st.none())
+_ints = st.one_of(st.integers(-3, 70000), st.floats(-2, 3, allow_nan=False), _junk)
+_fracs = st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.integers(-1, 2), _junk)
+
+
+def _maybe(**fields):
+    """A dict of any subset of fields (optional keys), plus maybe a typo key."""
+    return st.fixed_dictionaries({}, optional={**fields, "typo_key": st.integers()})
+
+
+_kvc_params = _maybe(
+    alpha=_fracs,
+    load_threshold=_fracs,
+    weight=_fracs,
+    marginal=st.one_of(st.booleans(), _junk),
+    token_load=st.one_of(st.booleans(), _junk),
+    kv_tokens=_ints,
+    saved_scale_tokens=_ints,
+    layer_weights=st.one_of(st.dictionaries(st.sampled_from(["gpu", "cpu", "ssd", "hbm"]), _fracs, max_size=3), _junk),
+    collector_names=st.lists(st.sampled_from(["vllm_metrics", "vllm_polling", "vllm_zmq", "tgi"]), max_size=2),
+)
+_strategy = st.one_of(
+    _kvc_params.map(lambda d: {"_target_": "kvc_router.config.KVCAwareStrategyConfig", **d}),
+    _maybe(weight=_fracs).map(lambda d: {"name": "least_inflight", **d}),
+    st.sampled_from([{"name": "round_robin"}, {"name": "kvc_aware"}, {"_target_": "os.system"}]),
+)
+_inner = _maybe(
+    strategies=st.lists(_strategy, max_size=2),
+    sticky_max_size=_ints,
+    load_threshold=_fracs,
+    sticky_overload=st.one_of(st.booleans(), _junk),
+    block_size=_ints,
+    model=st.one_of(st.text(max_size=4), st.integers()),
+    speculate=st.one_of(st.booleans(), _junk),
+    events_default=st.one_of(st.booleans(), _junk),
+    max_prompt_tokens=_ints,
+    max_procs=st.one_of(st.integers(-1, 5000), _junk),
+    log_level=st.sampled_from(["debug", "warn", "loud", 3]),
+    servers=st.dictionaries(st.sampled_from(["a:1", "b:2"]), _maybe(block_size=_ints, capacity=_ints), max_size=2),
+    index=_maybe(max_entries=_ints, spec_ttl_ms=_ints),
+    load=_maybe(max_num_seqs=_ints, unhealthy_after=_ints),
+    collector=_maybe(interval_ms=_ints, timeout_ms=_ints, unhealthy_after=_ints, max_bytes=_ints),
+)
+_block = st.tuples(st.sampled_from(["kvc_aware", "default"]), _inner).map(
+    lambda t: {"router": {"type": t[0], "config": t[1]}}
+)
+
+
+def _resolves(tree, key):
+    """The ConfigError key names an entry of the input (``router.config.x[0].y``
+    or ``...servers['a:1']``), not only some path of the library's own."""
+    node = tree
+    for part in re.findall(r"""\.?([^.\[\]]+)|\[(\d+)\]|\[["']([^"']*)["']\]""", key):
+        name, idx, quoted = part
+        if idx:
+            if not isinstance(node, list) or int(idx) >= len(node):
+                return False
+            node = node[int(idx)]
+            continue
+        k = name or quoted
+        if not isinstance(node, dict) or k not in node:
+            return False
+        node = node[k]
+    return True
+
+
+@settings(max_examples=250, deadline=None)
+@given(_block)
+def test_python_and_library_agree(tree):
+    from kvc_router import _native
+
+    try:
+        unchecked = load_router_config(tree, validate=False)
+    except ConfigError as e:  # a shape or a Python-only key: Python's own check
+        assert e.key and _resolves(tree, e.key), (e.key, str(e))
+        return
+    try:
+        _native.validate_config(unchecked.validation_document())
+        library_accepts = True
+    except ConfigError:
+        library_accepts = False
+    try:
+        cfg = load_router_config(tree)
+    except ConfigError as e:
+        # Rejected: the library said no too, and the user sees their key.
+        assert not library_accepts, f"Python rejected what the library accepts: {e}"
+        assert e.key and _resolves(tree, e.key), (e.key, str(e))
+        assert str(e).startswith(e.key + ": ")
+        return
+    # Accepted by Python: the library builds a router from it.
+    assert library_accepts
+    _native.Router(cfg.native(sticky_default=10000)).close()
+
+
+def test_strategy_dataclass_covers_the_library_params_and_sends_only_what_is_set():
+    """KVCAwareStrategyConfig (verl PR #6940's name) has a field for every
+    parameter the library's kvc_aware takes, and sends only the fields set."""
+    import dataclasses
+
+    from kvc_router import KVCAwareStrategyConfig, RouterConfig, library_defaults
+
+    params = library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
+    names = {f.name for f in dataclasses.fields(KVCAwareStrategyConfig)}
+    assert names - {"collector_names", "weight"} == set(params)
+    s = KVCAwareStrategyConfig(alpha=0.6, collector_names=("vllm_zmq",), weight=2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.alpha = 0.1  # type: ignore[misc]
+    rc = RouterConfig(type="kvc_aware", strategies=(s,))
+    assert rc.strategies == ({"name": "kvc_aware", "weight": 2.0, "params": {"alpha": 0.6}},)
+    assert rc.collector_names == ("vllm_zmq",)
+    eff = rc.validate()["router"]["strategies"][0]["params"]
+    assert eff == {**params, "alpha": 0.6}
+    with pytest.raises(ConfigError, match=r"strategies\[0\]\.alpha"):
+        load_router_config({"type": "kvc_aware", "config": {"strategies": [KVCAwareStrategyConfig(alpha=7)]}})

@@ -17,57 +17,21 @@ import sys
 import time
 
 import pytest
+from kvc_harness import REPO
+from kvc_harness.procs import alive, descendants, harness_env, ports_free, wait_gone
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = os.path.join(REPO, "bin", "vllm-sim")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 needs_sim = pytest.mark.skipif(not os.access(SIM, os.X_OK), reason="bin/vllm-sim not built (make build)")
 
 
 def _env():
-    env = dict(os.environ)
+    """The scripts' environment as `make demo` gives it: kvc_harness on
+    PYTHONPATH, a private Ray."""
+    env = harness_env()
     env.pop("RAY_ADDRESS", None)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
-
-
-def _descendants(pid):
-    """Every live descendant of pid (from /proc)."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pids, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.2)
-    return [p for p in pids if _alive(p)]
 
 
 @needs_sim
@@ -92,7 +56,7 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert k["hit_rate"] > d["hit_rate"] + 0.05, (d["hit_rate"], k["hit_rate"])
     assert k["router"]["event_stored_blocks"] > 0  # the KV-event subscription was live
     assert (out / "demo.png").stat().st_size > 10_000
-    assert not [p for p in res["pids"] if _alive(p)], "vllm-sim fleet left running"
+    assert not [p for p in res["pids"] if alive(p)], "vllm-sim fleet left running"
 
 
 @needs_sim
@@ -113,12 +77,12 @@ def test_demo_ctrl_c_cleans_up(tmp_path):
             if "grpo-1" in line or time.time() > deadline:
                 break
         assert any("grpo-1" in s for s in seen), "".join(seen)
-        kids = _descendants(proc.pid)
+        kids = descendants(proc.pid)
         assert kids
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=60)
         assert rc == 130, "".join(seen) + proc.stdout.read()
-        assert _wait_gone(kids) == [], "processes left after Ctrl-C"
+        assert wait_gone(kids) == [], "processes left after Ctrl-C"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -126,12 +90,10 @@ def test_demo_ctrl_c_cleans_up(tmp_path):
 
 
 def _free_base():
-    import demo_lib
-
     rng = random.Random()
     for _ in range(50):
         base = rng.randrange(41000, 50000)
-        if demo_lib.ports_free([base, base + 1, base + 2, base + 1000, base + 1001, base + 1002, base + 1003]):
+        if ports_free([base, base + 1, base + 2, base + 1000, base + 1001, base + 1002, base + 1003]):
             return base
     pytest.skip("no free ports")
 
@@ -172,9 +134,7 @@ def test_gpu_validate_sim_backend(tmp_path):
     assert by["default"]["errors"] == by["kvc_aware"]["errors"] == 0
     assert by["kvc_aware"]["hit_rate"] > by["default"]["hit_rate"]
     assert len((tmp_path / "servers.jsonl").read_text().splitlines()) == 2
-    import demo_lib
-
-    assert demo_lib.ports_free([base, base + 1]), "servers left running"
+    assert ports_free([base, base + 1]), "servers left running"
 
 
 def test_gpu_validate_dry_run_vllm_commands(tmp_path):

@@ -6,12 +6,15 @@ from __future__ import annotations
 import array
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from kvc_harness import debuglib
+from kvc_harness.wire import metrics_text
 from kvc_router import (
     ConfigError,
     ForkError,
@@ -21,9 +24,9 @@ from kvc_router import (
     NativeError,
     NoServerError,
     _native,
+    errors,
 )
-from kvc_router.errors import KVR_INVALID_ARGUMENT, KVR_INVALID_STATE, InternalError, PoisonedError
-from vllm_fixtures import metrics_text
+from kvc_router.errors import KVR_INVALID_ARGUMENT, KVR_INVALID_STATE, InternalError, NativeConfigError, PoisonedError
 
 
 @pytest.fixture
@@ -211,11 +214,11 @@ def test_raw_abi_rejects_bad_pointers_and_lengths():
     assert (code, _native.take_string(lib, err)) == (1, "out_handle is NULL")
     h = ctypes.c_uint64()
     for bad, want in [
-        (b"{not json", "invalid config JSON"),
-        (b'{"routr": {}}', "unknown field"),
-        (b'{"router": {"mode": "x"}}', "allowed: default, kvc_aware"),
-        (b'{"router": {"sticky_max_size": -1}}', "sticky_max_size must be positive"),
-        (b'{"max_procs": -2}', "max_procs must be in"),
+        (b"{not json", "invalid JSON"),
+        (b'{"routr": {}}', "routr: unknown key"),
+        (b'{"router": {"mode": "x"}}', "router.mode: \"x\" (allowed: default, kvc_aware)"),
+        (b'{"router": {"sticky_max_size": -1}}', "router.sticky_max_size: must be positive"),
+        (b'{"max_procs": -2}', "max_procs: must be in"),
         (b'{"collectors": {"collectors": [{"name": "os.system"}]}}', "allowed: vllm_metrics"),
     ]:
         code = lib.kvr_router_new(bad, len(bad), ctypes.byref(h), ctypes.byref(err))
@@ -229,10 +232,10 @@ def test_raw_abi_rejects_bad_pointers_and_lengths():
     r.close()
 
 
-def test_debug_panic_disabled_without_env():
-    if os.environ.get("KVR_DEBUG_PANIC") == "1":
-        pytest.skip("debug panics enabled in this process")
-    with pytest.raises(InvalidStateError, match="kvr_debug_panic is disabled"):
+def test_release_library_has_no_debug_panic():
+    lib = _native.load()
+    assert not hasattr(lib, "kvr_debug_panic")
+    with pytest.raises(InvalidStateError, match="release build"):
         _native.debug_panic(0)
 
 
@@ -266,7 +269,7 @@ def test_panic_recovered_in_subprocess():
         print("other", other.acquire_server("r")[0], other.get_status()["router"]["panics"])
         lb.close()
         """,
-        {"KVR_DEBUG_PANIC": "1"},
+        {"KVC_ROUTER_LIB": debuglib.path()},
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -314,6 +317,7 @@ def test_error_classes_pickle():
 
     for e in (
         NoServerError(),
+        NativeConfigError("router.mode: bad"),
         InvalidArgumentError("bad", 1),
         ConfigError("k: bad", "k", (1, 2)),
         ForkError("f", 3),
@@ -322,3 +326,25 @@ def test_error_classes_pickle():
     ):
         e2 = pickle.loads(pickle.dumps(e))
         assert type(e2) is type(e) and str(e2) == str(e)
+
+
+def test_codes_and_abi_version_match_the_header():
+    """cabi/kvcrouter.h defines the status codes and the ABI version; the
+    Python constants must agree with it (cabi/abi_test.go checks Go's)."""
+    from kvc_harness import REPO
+
+    with open(os.path.join(REPO, "cabi", "kvcrouter.h"), encoding="utf-8") as f:
+        defines = dict(re.findall(r"^#define (KVR_[A-Z_]+) (-?\d+)", f.read(), re.M))
+    codes = {k: int(v) for k, v in defines.items() if k != "KVR_ABI_VERSION" and not k.startswith("KVR_METRICS_")}
+    python = {k: v for k, v in vars(errors).items() if re.fullmatch(r"KVR_[A-Z_]+", k)}
+    assert python == codes
+    assert set(errors.CODE_NAMES) == set(codes.values())
+    assert int(defines["KVR_ABI_VERSION"]) == _native.ABI_VERSION == _native.load().kvr_abi_version()
+    assert {k: int(v) for k, v in defines.items() if k.startswith("KVR_METRICS_")} == {
+        f"KVR_METRICS_{k.upper()}": v for k, v in _native.METRICS_FLAVORS.items()
+    }
+
+
+def test_unclassified_library_error_is_internal():
+    e = errors.error_for(errors.KVR_INTERNAL, "internal error: something unexpected")
+    assert isinstance(e, InternalError) and e.code == errors.KVR_INTERNAL

@@ -24,20 +24,13 @@ import re
 import time
 
 import pytest
+from kvc_harness.balancer import index_server, kvc_config, poller_target, publisher_status, server_status
+from kvc_harness.fleet import Sim
+from kvc_harness.procs import Reaper, wait_for
+from kvc_harness.report import percentiles
+from kvc_harness.wire import MetricsStub, metrics_text
+from kvc_harness.workloads import seeded_prompt as prompt
 from kvc_router import KVCAwareBalancer, NoServerError
-from sim_harness import (
-    MetricsStub,
-    Reaper,
-    Sim,
-    index_server,
-    kvc_config,
-    percentiles,
-    poller_target,
-    publisher_status,
-    server_status,
-    wait_for,
-)
-from vllm_fixtures import metrics_text
 
 INTERVAL_MS = 50
 TIMEOUT_MS = 200
@@ -48,10 +41,6 @@ def reaper():
     r = Reaper()
     yield r
     r.close()
-
-
-def prompt(seed: int, n: int = 256) -> list:
-    return [(seed * 7919 + i * 31) % 30000 + 1 for i in range(n)]
 
 
 def start_balancer(reaper, sims, replay=True, **kw):

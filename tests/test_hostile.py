@@ -27,18 +27,11 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvc_harness.balancer import kvc_config, poller_target, publisher_status
+from kvc_harness.procs import Reaper, rss_bytes, wait_for
+from kvc_harness.report import percentiles
+from kvc_harness.wire import MetricsStub, metrics_text
 from kvc_router import ConfigError, InvalidArgumentError, KVCAwareBalancer, _native, load_router_config
-from sim_harness import (
-    MetricsStub,
-    Reaper,
-    kvc_config,
-    percentiles,
-    poller_target,
-    publisher_status,
-    rss_bytes,
-    wait_for,
-)
-from vllm_fixtures import metrics_text
 
 HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cabi")
 CODES = {0, 1, 2, 3, 6, 7}  # everything but KVR_INTERNAL (4) and KVR_POISONED (5)
@@ -236,7 +229,8 @@ int main(int argc, char **argv) {
     CALL(kvr_update_metrics(live, "a:1", 3, NULL, -5, 0, &err), "metrics negative");
     CALL(kvr_set_kv_endpoints(live, "a:1", 3, "[{\"endpoint\": 5}]", 17, &err), "endpoints junk");
     CALL(kvr_remove_servers(live, "{\"a\":1}", 7, NULL, &err), "remove junk");
-    CALL(kvr_debug_panic(live, 0, &err), "debug panic disabled");
+    CALL(kvr_validate_config(NULL, 9, NULL, &err), "validate NULL config");
+    CALL(kvr_validate_config("{\"router\":", 10, NULL, &err), "validate truncated");
 
     /* Seeded random calls. */
     int32_t toks[64];
@@ -445,21 +439,23 @@ def test_random_configs_raise_only_config_error(sentinel, cfg):
         ({"index": {"max_entries": -1}}, "index.max_entries"),
         ({"load": {"unhealthy_after": -3}}, "load.unhealthy_after"),
         ({"collector": {"max_bytes": -1}}, "collector.max_bytes"),
-        ({"collector": {"max_payload_bytes": 2**40}}, "collector.max_payload_bytes"),
+        ({"collector": {"max_payload_bytes": -1}}, "collector.max_payload_bytes"),
+        ({"collector": {"max_payload_bytes": 2**70}}, "collector.max_payload_bytes"),
         ({"collector": {"interval_ms": "50"}}, "collector.interval_ms"),
-        ({"collector": {"urls": {"s": "file:///etc/passwd"}}}, "collector.urls['s']"),
+        ({"collector": {"urls": {"s": "file:///etc/passwd"}}}, 'collector.urls["s"]'),
         ({"collector": {"urls": ["http://x"]}}, "collector.urls"),
-        ({"sticky_max_size": 0}, "sticky_max_size"),
+        ({"sticky_max_size": -1}, "sticky_max_size"),
         ({"block_size": True}, "block_size"),
         ({"max_procs": 5000}, "max_procs"),
-        ({"servers": {"s": {"capacity": -1}}}, "servers['s'].capacity"),
+        ({"servers": {"s": {"capacity": -1}}}, 'servers["s"]'),
+        ({"servers": {"s": {"capacity": "x"}}}, 'servers["s"].capacity'),
     ],
 )
 def test_wrong_types_and_negative_sizes(inner, key):
     cfg = {"strategies": [{"_target_": "kvc_router.config.KVCAwareStrategyConfig"}], **inner}
     with pytest.raises(ConfigError) as info:
         KVCAwareBalancer({"s": None}, router_config=cfg)
-    assert key in str(info.value)
+    assert info.value.key == key and str(info.value).startswith(key + ": ")
 
 
 # ---------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from conftest import KVC_NO_COLLECTORS
-from vllm_fixtures import block_stored, event_batch, metrics_text
+from kvc_harness.balancer import KVC_NO_COLLECTORS
+from kvc_harness.wire import block_stored, event_batch, metrics_text
 
 SERVERS = {"s0": None, "s1": None, "s2": None}
 

@@ -7,7 +7,7 @@ and in kvc_aware mode without prompts."""
 from __future__ import annotations
 
 import pytest
-from conftest import KVC_NO_COLLECTORS
+from kvc_harness.balancer import KVC_NO_COLLECTORS
 
 MODES = ["default", "kvc_aware"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from soak_lib import check_soak, run_soak
+from kvc_harness.soak import check_soak, run_soak
 
 
 def test_soak_short(ray_cluster):

@@ -10,7 +10,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import REPO
+from kvc_harness import REPO
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,13 @@
 // multi-turn agent rollout) against N simulated vLLM engines on a virtual
 // clock and compares routing policies side by side: prefix-cache hit rate,
 // TTFT, end-to-end latency, throughput, rollout-step makespan, load
-// imbalance and router decision time, against the infinite-cache oracle and
-// a pooled-LRU bound.
+// imbalance and router decision time, against the infinite-cache oracle,
+// a pooled-LRU reference and the prefill-free makespan.
 //
-//	kvbench --workload mooncake|grpo|agent [--trace FILE] --engines N \
+//	kvbench --workload mooncake|grpo|agent|agent_long [--trace FILE] --engines N \
 //	        --policies a,b,c [--seed S] [--json FILE] [--csv FILE] [--plot FILE.png]
+//	kvbench --heldout --workload W ...     tune on some seeds, report others
+//	kvbench --sweep-spread 0,0.1,0.5 ...   policies under arrival spread
 //
 // Every policy runs through the same router interface (core/router) with
 // KV events carried by the live code path (kvevents.Encode +
@@ -39,8 +41,26 @@ type config struct {
 	steps, grpoPrompts, grpoN, agentTasks, agentGroup              int
 	promptMedian, responseMedian                                   float64
 	sweepAlpha, sweepThreshold, sweepSeeds, sweepTiers             string
-	sweepPolicy, v2Params                                          string
+	spread                                                         float64
+	params                                                         paramFlag
+	makespanBound                                                  bool
+	sweepSpread, tuneSeeds, reportSeeds                            string
+	heldout                                                        bool
 	quiet                                                          bool
+}
+
+// paramFlag collects repeated --params NAME=JSON.
+type paramFlag map[string]json.RawMessage
+
+func (p paramFlag) String() string { return fmt.Sprint(map[string]json.RawMessage(p)) }
+
+func (p paramFlag) Set(v string) error {
+	name, raw, ok := strings.Cut(v, "=")
+	if !ok || name == "" || !json.Valid([]byte(raw)) {
+		return fmt.Errorf("want NAME=JSON-object, got %q", v)
+	}
+	p[bench.BaseName(name)] = json.RawMessage(raw)
+	return nil
 }
 
 // Workload defaults. Mooncake: the public conversation trace at 4× speed
@@ -59,12 +79,12 @@ func main() {
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	c := &config{}
+	c := &config{params: paramFlag{}}
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | agent")
-	fs.StringVar(&c.trace, "trace", "", "Mooncake jsonl trace (default <repo>/../shared/data/mooncake/conversation_trace.jsonl)")
-	fs.StringVar(&c.policies, "policies", strings.Join(bench.PolicyNames, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", ")+"; proposals: "+strings.Join(bench.ProposalNames, ", "))
+	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | agent | agent_long")
+	fs.StringVar(&c.trace, "trace", defaultTraceFlag, "Mooncake jsonl trace; a relative path is resolved against the repository root (the default is the full public trace beside the repository; "+sliceTrace+" is a 1,000-row slice shipped with the repository)")
+	fs.StringVar(&c.policies, "policies", strings.Join(bench.DefaultPolicies, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", "))
 	fs.IntVar(&c.engines, "engines", 8, "number of simulated engines")
 	fs.Uint64Var(&c.seed, "seed", 1, "workload, jitter and random-policy seed")
 	fs.StringVar(&c.jsonOut, "json", "", "write the JSON report to FILE")
@@ -87,14 +107,19 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.agentGroup, "agent-group", 0, "agent: trajectories per task (default 4)")
 	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
 	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
-	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9}`)
+	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
+	fs.Var(c.params, "params", `NAME=JSON: override a policy's main parameters (repeatable), e.g. sglang_cache_aware={"balance_abs_threshold":8}, llmd_precise={"prefix_weight":3}, dynamo_cost={"overlap_score_credit":2}`)
+	fs.Float64Var(&c.spread, "arrival-spread", 0, "spread each phase's initial arrivals uniformly over this many virtual seconds (0 = a burst)")
+	fs.BoolVar(&c.makespanBound, "makespan-bound", true, "also run verl_default with free prefill and report each policy's share of the makespan gain")
+	fs.StringVar(&c.sweepSpread, "sweep-spread", "", "arrival-spread values (comma list): run --policies at each over --sweep-seeds")
+	fs.BoolVar(&c.heldout, "heldout", false, "held-out evaluation: tune each tunable policy's main knob on --tune-seeds, report --report-seeds")
+	fs.StringVar(&c.tuneSeeds, "tune-seeds", "101,102", "held-out: seeds used only for tuning")
+	fs.StringVar(&c.reportSeeds, "report-seeds", "1,2,3,4,5", "held-out: seeds reported (never tuned on)")
 	fs.IntVar(&c.parallel, "parallel", 2, "policies run concurrently")
 	fs.StringVar(&c.sweepAlpha, "sweep-alpha", "", "sensitivity: kvc_aware alpha values (comma list); runs the grid instead of --policies")
 	fs.StringVar(&c.sweepThreshold, "sweep-threshold", "0.9", "sensitivity: load_threshold values")
 	fs.StringVar(&c.sweepTiers, "sweep-tiers", "", "sensitivity: layer_weights variants as gpu/cpu pairs, e.g. 0.7/0.2,1/0.8")
 	fs.StringVar(&c.sweepSeeds, "sweep-seeds", "1", "sensitivity: seeds")
-	fs.StringVar(&c.sweepPolicy, "sweep-policy", "kvc_aware", "sensitivity: kvc_aware or kvc_aware_v2 (proposal)")
-	fs.StringVar(&c.v2Params, "v2-params", "", "kvc_aware_v2 (proposal) parameters as JSON")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress bar")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -103,12 +128,21 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	switch c.workload {
-	case "mooncake", "grpo", "agent":
+	case "mooncake", "grpo", "agent", "agent_long":
 	default:
-		return nil, fmt.Errorf("--workload must be mooncake, grpo or agent, got %q", c.workload)
+		return nil, fmt.Errorf("--workload must be mooncake, grpo, agent or agent_long, got %q", c.workload)
 	}
 	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
 		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
+	}
+	if c.spread < 0 || c.eventDelay < 0 {
+		return nil, errors.New("--arrival-spread and --event-delay must not be negative")
+	}
+	if c.kvcParams != "" {
+		if !json.Valid([]byte(c.kvcParams)) {
+			return nil, errors.New("--kvc-params is not valid JSON")
+		}
+		c.params["kvc_aware"] = json.RawMessage(c.kvcParams)
 	}
 	return c, nil
 }
@@ -131,12 +165,28 @@ func repoRoot() (string, error) {
 	}
 }
 
-func defaultTrace() (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
+// defaultTraceFlag is the public Mooncake conversation trace where the
+// project's shared data sits beside the repository; sliceTrace is its
+// first 1,000 rows, shipped in the repository.
+const (
+	defaultTraceFlag = "../shared/data/mooncake/conversation_trace.jsonl"
+	sliceTrace       = "cmd/kvbench/testdata/conversation_trace_1000.jsonl"
+)
+
+// resolveTrace resolves a relative trace path against the repository root
+// and fails clearly when the file is missing.
+func resolveTrace(p string) (string, error) {
+	if !filepath.IsAbs(p) {
+		root, err := repoRoot()
+		if err != nil {
+			return "", err
+		}
+		p = filepath.Join(root, p)
 	}
-	return filepath.Join(root, "..", "shared", "data", "mooncake", "conversation_trace.jsonl"), nil
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("mooncake trace %s not found (%v): pass --trace FILE (the public Mooncake conversation_trace.jsonl) or --trace %s", p, err, sliceTrace)
+	}
+	return p, nil
 }
 
 // workloadFactory returns a constructor of fresh workload instances and
@@ -144,13 +194,9 @@ func defaultTrace() (string, error) {
 func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error) {
 	switch c.workload {
 	case "mooncake":
-		path := c.trace
-		if path == "" {
-			p, err := defaultTrace()
-			if err != nil {
-				return nil, 0, err
-			}
-			path = p
+		path, err := resolveTrace(c.trace)
+		if err != nil {
+			return nil, 0, err
 		}
 		m, err := bench.LoadMooncake(path, bench.MooncakeConfig{RateScale: c.rateScale, Limit: c.limit, BinSeconds: c.jitter, Seed: seed})
 		if err != nil {
@@ -178,6 +224,9 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
 	default:
 		a := bench.DefaultAgent()
+		if c.workload == "agent_long" {
+			a = bench.DefaultAgentLong()
+		}
 		a.Seed = seed
 		if c.steps > 0 {
 			a.Steps = c.steps
@@ -202,7 +251,7 @@ func (c *config) options(progress *atomic.Int64) bench.Options {
 	return bench.Options{
 		Engines: bench.EngineSpec{Engines: c.engines, GPUBlocks: c.gpuBlocks, CPUBlocks: c.cpuBlocks, BlockSize: c.blockSize,
 			MaxNumSeqs: c.maxSeqs, MaxBatchedTokens: c.maxBatched, Seed: c.seed},
-		ScrapeInterval: c.scrape, EventDelay: c.eventDelay, Progress: progress,
+		ScrapeInterval: c.scrape, EventDelay: c.eventDelay, ArrivalSpread: c.spread, Progress: progress,
 	}
 }
 
@@ -214,6 +263,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, "kvbench:", err)
 		return 2
+	}
+	if c.heldout {
+		if err := heldout(c, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "kvbench:", err)
+			return 1
+		}
+		return 0
+	}
+	if c.sweepSpread != "" {
+		if err := sweepSpread(c, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "kvbench:", err)
+			return 1
+		}
+		return 0
 	}
 	if c.sweepAlpha != "" {
 		if err := sweep(c, stdout, stderr); err != nil {
@@ -249,20 +312,9 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize}
-	if c.kvcParams != "" {
-		if !json.Valid([]byte(c.kvcParams)) {
-			return fmt.Errorf("--kvc-params is not valid JSON")
-		}
-		popt.KVCParams = json.RawMessage(c.kvcParams)
-	}
-	if c.v2Params != "" {
-		if !json.Valid([]byte(c.v2Params)) {
-			return fmt.Errorf("--v2-params is not valid JSON")
-		}
-		popt.V2Params = json.RawMessage(c.v2Params)
-	}
-	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params}
+	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
+		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)
 	start := time.Now()
 	rep, results, err := s.Run()
@@ -273,14 +325,17 @@ func single(c *config, stdout, stderr io.Writer) error {
 	rep.Config = map[string]any{
 		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
-		"event_delay_s": c.eventDelay, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
+		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
+	}
+	if len(c.params) > 0 {
+		rep.Config["params"] = c.params
 	}
 	if c.workload == "mooncake" {
 		rep.Config["rate_scale"] = c.rateScale
 		rep.Config["limit"] = c.limit
 	}
-	fmt.Fprintf(stdout, "workload %s, %d engines x %d GPU blocks (block %d), cpu blocks %d, scrape %.3gs, seed %d\n",
-		rep.Workload, c.engines, c.gpuBlocks, c.blockSize, c.cpuBlocks, c.scrape, c.seed)
+	fmt.Fprintf(stdout, "workload %s, %d engines x %d GPU blocks (block %d), cpu blocks %d, scrape %.3gs (llm-d %.3gs), arrival spread %.3gs, event delay %.3gs, seed %d\n",
+		rep.Workload, c.engines, c.gpuBlocks, c.blockSize, c.cpuBlocks, c.scrape, bench.LLMDScrapeInterval, c.spread, c.eventDelay, c.seed)
 	rep.WriteTable(stdout)
 	if c.jsonOut != "" {
 		b, err := json.MarshalIndent(rep, "", "  ")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	stdjson "encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,7 +50,7 @@ func TestKvbenchEndToEnd(t *testing.T) {
 	}
 	var rep struct {
 		Policies map[string]map[string]float64 `json:"policies"`
-		Bounds   map[string]float64            `json:"bounds"`
+		Bounds   map[string]any                `json:"bounds"`
 	}
 	b, err := os.ReadFile(jsonPath)
 	if err != nil {
@@ -74,14 +75,18 @@ func TestKvbenchEndToEnd(t *testing.T) {
 		}
 	}
 	for _, f := range []string{"oracle_hit_rate", "pooled_lru_hit_rate"} {
-		if v, ok := rep.Bounds[f]; !ok || v <= 0 || v > 1 {
-			t.Fatalf("bounds.%s = %v", f, v)
+		if v, ok := rep.Bounds[f].(float64); !ok || v <= 0 || v > 1 {
+			t.Fatalf("bounds.%s = %v", f, rep.Bounds[f])
 		}
+	}
+	if v, ok := rep.Bounds["makespan_prefill_free_s"].(float64); !ok || v <= 0 {
+		t.Fatalf("bounds.makespan_prefill_free_s = %v", rep.Bounds["makespan_prefill_free_s"])
 	}
 	if kv, rr := rep.Policies["kvc_aware"]["hit_rate"], rep.Policies["round_robin"]["hit_rate"]; !(kv > rr) {
 		t.Fatalf("kvc_aware hit %.3f does not beat round_robin %.3f", kv, rr)
 	}
-	if !strings.Contains(out.String(), "kvc_aware") || !strings.Contains(out.String(), "bounds: oracle") {
+	if !strings.Contains(out.String(), "kvc_aware") || !strings.Contains(out.String(), "oracle hit rate (upper bound)") ||
+		!strings.Contains(out.String(), "a reference, not a bound") {
 		t.Fatalf("table missing rows:\n%s", out.String())
 	}
 	csv, _ := os.ReadFile(csvPath)
@@ -100,6 +105,14 @@ func TestKvbenchFlagErrors(t *testing.T) {
 		{"--engines", "0"},
 		{"--policies", "nope", "--workload", "grpo", "--steps", "1", "--grpo-prompts", "1", "--quiet"},
 		{"--workload", "mooncake", "--trace", "/nonexistent/trace.jsonl", "--quiet"},
+		{"--workload", "grpo", "--params", "dynamo_cost={bad"},
+		{"--workload", "grpo", "--params", "noequals"},
+		{"--workload", "grpo", "--arrival-spread", "-1"},
+		{"--workload", "grpo", "--steps", "1", "--grpo-prompts", "1", "--quiet", "--params", `sglang_cache_aware={"balance_rel_threshold":0.2}`, "--policies", "sglang_cache_aware"},
+		{"--heldout", "--workload", "grpo", "--tune-seeds", "1,2", "--report-seeds", "2,3", "--quiet"},
+		{"--kvc-params", "{", "--workload", "grpo"},
+		{"--sweep-policy", "kvc_aware_v2"},
+		{"--v2-params", "{}"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(args, &out, &errb); code == 0 {
@@ -120,7 +133,7 @@ func TestKvbenchSweepSmall(t *testing.T) {
 	}
 }
 
-func TestRepoRootFindsGoMod(t *testing.T) {
+func TestTraceResolution(t *testing.T) {
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -128,8 +141,80 @@ func TestRepoRootFindsGoMod(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := defaultTrace()
-	if !strings.HasSuffix(p, filepath.Join("shared", "data", "mooncake", "conversation_trace.jsonl")) {
-		t.Fatalf("default trace %s", p)
+	// The shipped slice resolves from the repository root.
+	p, err := resolveTrace(sliceTrace)
+	if err != nil || p != filepath.Join(root, sliceTrace) {
+		t.Fatalf("slice: %s %v", p, err)
+	}
+	// A missing default names the way out.
+	_, err = resolveTrace("no/such/trace.jsonl")
+	if err == nil || !strings.Contains(err.Error(), "--trace") || !strings.Contains(err.Error(), filepath.Join(root, "no/such/trace.jsonl")) {
+		t.Fatalf("missing trace error %v", err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"--workload", "mooncake", "--trace", sliceTrace, "--limit", "60", "--engines", "2", "--policies", "verl_default,kvc_aware", "--quiet"}
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("slice run: exit %d: %s", code, errb.String())
+	}
+}
+
+// tinyGRPO are flags for a seconds-long grpo run.
+var tinyGRPO = []string{"--workload", "grpo", "--steps", "1", "--grpo-prompts", "4", "--grpo-n", "4", "--response-median", "40",
+	"--engines", "2", "--gpu-blocks", "4000", "--quiet"}
+
+func TestHeldoutSmall(t *testing.T) {
+	var out, errb bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "h.json")
+	args := append(append([]string{}, tinyGRPO...), "--heldout", "--tune-seeds", "9", "--report-seeds", "1,2",
+		"--policies", "verl_default,dynamo_cost+session,kvc_aware", "--json", jsonPath)
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		ReportSeeds []uint64 `json:"report_seeds"`
+		Rows        []struct {
+			Policy string          `json:"policy"`
+			Params json.RawMessage `json:"params"`
+			Tuned  bool            `json:"tuned"`
+		} `json:"rows"`
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Rows) != 3 || len(doc.ReportSeeds) != 2 {
+		t.Fatalf("rows %d seeds %v", len(doc.Rows), doc.ReportSeeds)
+	}
+	for _, r := range doc.Rows {
+		inGrid := false
+		var got bytes.Buffer
+		if r.Tuned {
+			if err := stdjson.Compact(&got, r.Params); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, g := range tuneGrid[strings.Split(r.Policy, "+")[0]] {
+			inGrid = inGrid || got.String() == g
+		}
+		if r.Tuned != (r.Policy != "verl_default") || (r.Tuned && !inGrid) {
+			t.Fatalf("%s: tuned %v params %s (not from its grid)", r.Policy, r.Tuned, r.Params)
+		}
+	}
+	if !strings.Contains(out.String(), "| kvc_aware |") || !strings.Contains(out.String(), "prefill-free makespan") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+}
+
+func TestSweepSpreadSmall(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, tinyGRPO...), "--sweep-spread", "0,0.3", "--sweep-seeds", "1,2", "--policies", "verl_default,sglang_cache_aware")
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if n := strings.Count(out.String(), "\n| 0"); n != 4 { // 2 spreads x 2 policies
+		t.Fatalf("%d rows:\n%s", n, out.String())
 	}
 }

@@ -21,7 +21,7 @@ var palette = []color.RGBA{
 }
 
 // writePlot draws three panels side by side: hit rate by policy (with the
-// oracle and pooled-LRU bounds as lines), the TTFT CDF (log time axis), and
+// oracle bound and the pooled-LRU reference as lines), the TTFT CDF (log time axis), and
 // the summed rollout-step makespan (or the trace span for mooncake).
 func writePlot(path string, rep *bench.Report, results map[string]*bench.Result) error {
 	names := rep.Order
@@ -34,7 +34,7 @@ func writePlot(path string, rep *bench.Report, results map[string]*bench.Result)
 		label string
 		v     float64
 		c     color.RGBA
-	}{{"oracle", rep.Bounds.Oracle, color.RGBA{200, 0, 0, 255}}, {"pooled LRU", rep.Bounds.Pooled, color.RGBA{0, 0, 200, 255}}} {
+	}{{"oracle", rep.Bounds.Oracle, color.RGBA{200, 0, 0, 255}}, {"pooled LRU (reference)", rep.Bounds.Pooled, color.RGBA{0, 0, 200, 255}}} {
 		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 100 * b.v}, {X: float64(len(names)) - 0.5, Y: 100 * b.v}})
 		if err != nil {
 			return err

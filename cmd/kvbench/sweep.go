@@ -27,15 +27,9 @@ func (p sweepPoint) params() json.RawMessage {
 		cv, _ := strconv.ParseFloat(cpu, 64)
 		m["layer_weights"] = map[string]float64{"gpu": gv, "cpu": cv, "ssd": cv / 2}
 	}
-	for k, v := range extraParams {
-		m[k] = v
-	}
 	b, _ := json.Marshal(m)
 	return b
 }
-
-// extraParams are merged into every sweep point (from --v2-params).
-var extraParams map[string]any
 
 // sweep runs kvc_aware over an alpha × load_threshold (× tier weights) grid
 // for each seed, plus verl_default per seed as the reference, and prints
@@ -60,11 +54,6 @@ func sweep(c *config, stdout, stderr io.Writer) error {
 			return fmt.Errorf("bad seed %q", s)
 		}
 		seeds = append(seeds, v)
-	}
-	if c.v2Params != "" {
-		if err := json.Unmarshal([]byte(c.v2Params), &extraParams); err != nil {
-			return fmt.Errorf("--v2-params: %w", err)
-		}
 	}
 	var points []sweepPoint
 	for _, a := range alphas {
@@ -112,9 +101,8 @@ func sweep(c *config, stdout, stderr io.Writer) error {
 			popt := bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize}
 			name := "verl_default"
 			if j.point >= 0 {
-				name = c.sweepPolicy
-				popt.KVCParams = points[j.point].params()
-				popt.V2Params = popt.KVCParams
+				name = "kvc_aware"
+				popt.Params = map[string]json.RawMessage{"kvc_aware": points[j.point].params()}
 			}
 			pol, err := bench.NewPolicy(name, popt)
 			if err != nil {
@@ -144,7 +132,7 @@ func sweep(c *config, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintf(stdout, "sensitivity of %s: workload %s, %d engines, seeds %s (means over seeds; ratios vs verl_default of the same seed)\n",
-		c.sweepPolicy, c.workload, c.engines, c.sweepSeeds)
+		"kvc_aware", c.workload, c.engines, c.sweepSeeds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "alpha\tload_thr\ttiers\thit\tttft_p50\tttft_p99\tmakespan\tmakespan/verl\tp99/verl\timbal\t")
 	vb := meanOf(seeds, func(s uint64) bench.Summary { return base[s] })

@@ -50,6 +50,9 @@ func Root(namespace uint64, blockSize int) uint64 {
 
 // Chain returns the key of a block whose parent key is parent.
 func Chain(parent uint64, block []int32) uint64 {
+	if littleEndian {
+		return chainLE(parent, tokenBytes(block))
+	}
 	n := 8 + 4*len(block)
 	if n <= stackBlockBytes {
 		var buf [stackBlockBytes]byte
@@ -100,6 +103,15 @@ func AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) [
 		return dst
 	}
 	parent := Root(namespace, blockSize)
+	if littleEndian {
+		tb := tokenBytes(tokens[:nb*blockSize])
+		w := 4 * blockSize
+		for i := 0; i < nb; i++ {
+			parent = chainLE(parent, tb[i*w:(i+1)*w])
+			dst = append(dst, parent)
+		}
+		return dst
+	}
 	n := 8 + 4*blockSize
 	if n > stackBlockBytes {
 		for i := 0; i < nb; i++ {

@@ -189,7 +189,7 @@ func (s *Subscriber) session(ctx context.Context) error {
 	defer cancel()
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithDialerRetry(s.cfg.RetryInterval))
-	defer sub.Close()
+	defer closeDrained(sub)
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
 		return err
 	}
@@ -432,7 +432,7 @@ func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialT
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
-	defer d.Close()
+	defer closeDrained(d)
 	if err := d.Dial(dialEndpoint(endpoint)); err != nil {
 		return false, 0, err
 	}

@@ -78,3 +78,23 @@ func (c *handshakeConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// closeDrainAttempts bounds the receives closeDrained makes after Close.
+const closeDrainAttempts = 64
+
+// closeDrained closes a go-zeromq socket and frees its reader goroutines.
+// go-zeromq's per-connection reader blocks on its 10-message queue without
+// watching its context, so a socket closed while a publisher was still
+// sending (a replay ended early, a session ended during a burst) left that
+// goroutine blocked forever: the slow goroutine growth of the 1M-pair soak.
+// After Close a Recv either takes a queued message or returns the context
+// error (Go picks between ready select cases at random); taking one message
+// is enough, because the reader then sees the cancelled context and exits.
+// closeDrainAttempts receives leave a full queue undrained with
+// probability 2^-64.
+func closeDrained(s zmq4.Socket) {
+	_ = s.Close()
+	for i := 0; i < closeDrainAttempts; i++ {
+		_, _ = s.Recv()
+	}
+}

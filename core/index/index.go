@@ -9,8 +9,8 @@
 // cover the gap before events arrive (GRPO siblings sent in one burst) and are
 // the only source for servers without an event feed ("approximate" servers).
 //
-// Memory is bounded: every (server, key) pair is one 40-byte record in a slab
-// of fixed-size pages, the slab is capped at Config.MaxEntries records with
+// Memory is bounded: every (server, key) pair is one 40-byte record (32 in
+// a slab of fixed-size pages, 8 for its engine hash alongside), the slab is capped at Config.MaxEntries records with
 // CLOCK (approximate LRU) eviction, and approximate servers additionally cap
 // their own records, least recently used first, at their capacity.
 package index
@@ -18,6 +18,7 @@ package index
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -115,13 +116,12 @@ type ServerOptions struct {
 	Capacity int
 }
 
-// rec is one (server, key) residency record: 40 bytes. The global budget is
+// rec is one (server, key) residency record: 32 bytes. The global budget is
 // enforced with a CLOCK sweep over the slab (one "referenced" bit per
 // record) rather than a doubly linked LRU list, which would cost 8 bytes
 // more per record and two pointer rewrites per touch.
 type rec struct {
 	key    uint64
-	engine uint64 // engine hash last bridged to this record; 0 = none
 	next   uint32 // next record with the same key
 	sprev  uint32 // per-server LRU, towards most recent
 	snext  uint32 // per-server LRU, towards least recent
@@ -137,7 +137,7 @@ func (rc *rec) empty() bool { return rc.cnt == [NumTiers]uint8{} }
 type server struct {
 	name   string
 	opts   ServerOptions
-	bridge map[uint64]uint32
+	bridge u64map // engine hash -> record
 	head   uint32 // most recent record of this server
 	tail   uint32
 	n      int
@@ -150,9 +150,10 @@ type Index struct {
 	mu      sync.RWMutex
 	cfg     Config
 	epoch   time.Time
-	keys    map[uint64]uint32
-	pages   [][]rec // fixed-size pages: growth never copies or over-allocates
-	nrecs   uint32  // records allocated (live + free)
+	keys    u64map     // block key -> head of its record chain
+	pages   [][]rec    // fixed-size pages: growth never copies or over-allocates
+	engines [][]uint64 // engine hash per record, pages parallel to pages
+	nrecs   uint32     // records allocated (live + free)
 	free    uint32
 	nfree   int
 	hand    uint32 // CLOCK hand
@@ -161,6 +162,7 @@ type Index struct {
 	byName  map[string]ServerID
 
 	evictedBudget, evictedCapacity uint64
+	sink                           uint64 // keeps Stored's cache-warming loads alive
 }
 
 // New returns an empty index.
@@ -169,7 +171,6 @@ func New(cfg Config) *Index {
 	return &Index{
 		cfg:    cfg,
 		epoch:  cfg.Now(),
-		keys:   make(map[uint64]uint32),
 		free:   nilRec,
 		byName: make(map[string]ServerID),
 	}
@@ -196,7 +197,7 @@ func (ix *Index) AddServer(name string, opts ServerOptions) (ServerID, error) {
 		ix.enforceCapacity(s)
 		return id, nil
 	}
-	s := &server{name: name, opts: opts, bridge: make(map[uint64]uint32), head: nilRec, tail: nilRec}
+	s := &server{name: name, opts: opts, head: nilRec, tail: nilRec}
 	var id ServerID
 	if n := len(ix.freeIDs); n > 0 {
 		id = ix.freeIDs[n-1]
@@ -284,9 +285,7 @@ func (ix *Index) clearServer(id ServerID, s *server) {
 		ix.freeRec(r, s)
 		r = next
 	}
-	if len(s.bridge) > 0 {
-		s.bridge = make(map[uint64]uint32)
-	}
+	s.bridge.Reset()
 }
 
 // Stored applies a BlockStored event. parent is the engine hash of the block
@@ -298,55 +297,61 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 	if tier >= NumTiers {
 		return fmt.Errorf("%w: tier %d", ErrBadEvent, tier)
 	}
+	if len(tokens) == 0 {
+		return ix.storedTokenless(id, tier, engineHashes)
+	}
+	if blockSize <= 0 {
+		return fmt.Errorf("%w: block_size %d with %d tokens", ErrBadEvent, blockSize, len(tokens))
+	}
+	n := min(len(engineHashes), len(tokens)/blockSize)
+	// Keys are hashed before the write lock is taken (they depend only on
+	// the parent's key), so routing calls wait for the apply alone.
+	start, known := blockhash.Root(namespace, blockSize), true
+	if hasParent {
+		ix.mu.RLock()
+		start, known = ix.parentKey(id, parent)
+		ix.mu.RUnlock()
+	}
+	kp := keyPool.Get().(*[]uint64)
+	defer keyPool.Put(kp)
+	keys := chainKeys((*kp)[:0], start, tokens, blockSize, n)
+	*kp = keys
+
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	s := ix.srv(id)
 	if s == nil {
 		return ErrUnknownServer
 	}
-	if len(tokens) == 0 {
-		var miss int
-		for _, e := range engineHashes {
-			r, ok := ix.bridged(s, id, e)
-			if !ok {
-				miss++
-				continue
-			}
-			ix.incr(r, tier)
-			ix.touch(r, s)
-		}
-		s.stored += uint64(len(engineHashes) - miss)
-		if miss > 0 {
-			s.unresolved += uint64(miss)
-		}
-		return nil
-	}
-	if blockSize <= 0 {
-		return fmt.Errorf("%w: block_size %d with %d tokens", ErrBadEvent, blockSize, len(tokens))
-	}
-	var key uint64
 	if hasParent {
 		r, ok := ix.bridged(s, id, parent)
 		if !ok {
 			s.unanchored += uint64(len(engineHashes))
 			return ErrUnanchored
 		}
-		key = ix.at(r).key
-	} else {
-		key = blockhash.Root(namespace, blockSize)
+		if k := ix.at(r).key; !known || k != start {
+			// The parent changed between the two locks: rehash.
+			keys = chainKeys(keys[:0], k, tokens, blockSize, n)
+			*kp = keys
+		}
 	}
-	n := min(len(engineHashes), len(tokens)/blockSize)
-	for i := 0; i < n; i++ {
-		key = blockhash.Chain(key, tokens[i*blockSize:(i+1)*blockSize])
+	// Touch every slot the loop below will probe first: the loads are
+	// independent, so their cache misses overlap instead of queueing one
+	// behind the other inside the dependent apply loop.
+	var sink uint64
+	for i, k := range keys {
+		sink += ix.keys.peek(k) + s.bridge.peek(engineHashes[i])
+	}
+	ix.sink = sink
+	for i, key := range keys {
 		r := ix.findOrCreate(id, s, key)
-		rc := ix.at(r)
-		if rc.engine != 0 && rc.engine != engineHashes[i] {
+		if e := ix.eng(r); *e != 0 && *e != engineHashes[i] {
 			// Another engine hash already names this block; keep one
 			// bridge per record so a freed slot never aliases.
-			delete(s.bridge, rc.engine)
+			s.bridge.Delete(*e)
 		}
-		rc.engine = engineHashes[i]
-		s.bridge[engineHashes[i]] = r
+		*ix.eng(r) = engineHashes[i]
+		s.bridge.Put(engineHashes[i], r)
 		ix.incr(r, tier)
 		ix.touch(r, s)
 	}
@@ -357,6 +362,59 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 		ix.enforceCapacity(s)
 	}
 	ix.enforceBudget()
+	return nil
+}
+
+var keyPool = sync.Pool{New: func() any { return new([]uint64) }}
+
+func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
+	for i := 0; i < n; i++ {
+		key = blockhash.Chain(key, tokens[i*bs:(i+1)*bs])
+		dst = append(dst, key)
+	}
+	return dst
+}
+
+// parentKey reads the key an engine hash bridges to, without repairing
+// stale bridges (the caller holds only the read lock).
+func (ix *Index) parentKey(id ServerID, e uint64) (uint64, bool) {
+	s := ix.srv(id)
+	if s == nil {
+		return 0, false
+	}
+	r, ok := s.bridge.Get(e)
+	if !ok {
+		return 0, false
+	}
+	if ix.at(r).server == uint16(id) && *ix.eng(r) == e {
+		return ix.at(r).key, true
+	}
+	return 0, false
+}
+
+// storedTokenless applies a token-less BlockStored (a lower-tier copy of
+// blocks the engine hashes already bridge to).
+func (ix *Index) storedTokenless(id ServerID, tier Tier, engineHashes []uint64) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	var miss int
+	for _, e := range engineHashes {
+		r, ok := ix.bridged(s, id, e)
+		if !ok {
+			miss++
+			continue
+		}
+		ix.incr(r, tier)
+		ix.touch(r, s)
+	}
+	s.stored += uint64(len(engineHashes) - miss)
+	if miss > 0 {
+		s.unresolved += uint64(miss)
+	}
 	return nil
 }
 
@@ -468,15 +526,25 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 		}
 	}
 	now := ix.tick(ix.cfg.Now())
+	// The walk below is the routing hot path: pages and pos are hoisted
+	// into locals and the record is addressed inline, so each chain step
+	// is one dependent load with no calls or repeated bounds checks.
+	pages := ix.pages
+	out = out[:len(ids)]
+	if len(ids) <= 64 {
+		ix.matchMasked(keys, ids, out, pos, now)
+		return pos
+	}
 	for b, k := range keys {
-		r, ok := ix.keys[k]
+		r, ok := ix.keys.Get(k)
 		if !ok {
 			break
 		}
 		advanced := false
-		for ; r != nilRec; r = ix.at(r).next {
-			rc := ix.at(r)
-			p := pos[rc.server]
+		for r != nilRec {
+			rc := &pages[r>>pageShift][r&(pageSize-1)]
+			r = rc.next
+			p := int(pos[rc.server])
 			if p == 0 {
 				continue
 			}
@@ -484,8 +552,17 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 			if m.Blocks != b {
 				continue
 			}
-			t, ok := rc.best(now)
-			if !ok {
+			// A block counts on the best tier holding it; unexpired
+			// speculation counts as GPU (matchMasked applies the same rule).
+			var t Tier
+			switch {
+			case rc.cnt[GPU] > 0 || rc.spec > now:
+				t = GPU
+			case rc.cnt[CPU] > 0:
+				t = CPU
+			case rc.cnt[SSD] > 0:
+				t = SSD
+			default:
 				continue
 			}
 			m.Blocks++
@@ -499,16 +576,70 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	return pos
 }
 
-func (rc *rec) best(now uint32) (Tier, bool) {
-	switch {
-	case rc.cnt[GPU] > 0 || rc.spec > now:
-		return GPU, true
-	case rc.cnt[CPU] > 0:
-		return CPU, true
-	case rc.cnt[SSD] > 0:
-		return SSD, true
+// matchMasked is MatchPrefix for up to 64 candidates, the common case.
+// Each block yields bitmasks of the candidates holding it per best tier, so
+// a block costs its chain walk plus a few word operations rather than a
+// read-modify-write of every advancing candidate's Match: candidates drop
+// out of the alive mask, and blocks on which every alive candidate is on
+// GPU (almost all of them) are counted once for all.
+func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []int32, now uint32) {
+	pages := ix.pages
+	alive := ^uint64(0) >> (64 - len(ids))
+	allGPU := 0 // blocks so far on which every alive candidate was on GPU
+	drop := func(mask uint64, blocks int) {
+		for ; mask != 0; mask &= mask - 1 {
+			m := &out[bits.TrailingZeros64(mask)]
+			m.Blocks = blocks
+			m.Tier[GPU] += allGPU
+		}
 	}
-	return 0, false
+	end := len(keys)
+	for b, k := range keys {
+		r, ok := ix.keys.Get(k)
+		if !ok {
+			end = b
+			break
+		}
+		var g, c, sd uint64
+		for r != nilRec {
+			rc := &pages[r>>pageShift][r&(pageSize-1)]
+			r = rc.next
+			p := pos[rc.server]
+			if p == 0 {
+				continue
+			}
+			bit := uint64(1) << (p - 1)
+			switch {
+			case rc.cnt[GPU] > 0 || rc.spec > now:
+				g |= bit
+			case rc.cnt[CPU] > 0:
+				c |= bit
+			case rc.cnt[SSD] > 0:
+				sd |= bit
+			}
+		}
+		g, c, sd = g&alive, c&alive, sd&alive
+		next := g | c | sd
+		drop(alive&^next, b)
+		alive = next
+		if alive == 0 {
+			return
+		}
+		if g == alive {
+			allGPU++
+			continue
+		}
+		for m := g; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[GPU]++
+		}
+		for m := c; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[CPU]++
+		}
+		for m := sd; m != 0; m &= m - 1 {
+			out[bits.TrailingZeros64(m)].Tier[SSD]++
+		}
+	}
+	drop(alive, end)
 }
 
 const (
@@ -517,6 +648,11 @@ const (
 )
 
 func (ix *Index) at(r uint32) *rec { return &ix.pages[r>>pageShift][r&(pageSize-1)] }
+
+// eng is the engine hash last bridged to record r (0 = none). It lives in
+// pages parallel to the records, out of the routing walk's way: a record
+// is then 32 bytes, two per cache line, none straddling one.
+func (ix *Index) eng(r uint32) *uint64 { return &ix.engines[r>>pageShift][r&(pageSize-1)] }
 
 func (ix *Index) incr(r uint32, t Tier) {
 	if c := &ix.at(r).cnt[t]; *c < ^uint8(0) {
@@ -527,19 +663,19 @@ func (ix *Index) incr(r uint32, t Tier) {
 // bridged resolves an engine hash to its live record, dropping a stale
 // bridge entry on the way.
 func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
-	r, ok := s.bridge[e]
+	r, ok := s.bridge.Get(e)
 	if !ok {
 		return 0, false
 	}
-	if rc := ix.at(r); rc.server != uint16(id) || rc.engine != e {
-		delete(s.bridge, e)
+	if ix.at(r).server != uint16(id) || *ix.eng(r) != e {
+		s.bridge.Delete(e)
 		return 0, false
 	}
 	return r, true
 }
 
 func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
-	head, ok := ix.keys[key]
+	head, ok := ix.keys.Get(key)
 	if ok {
 		for r := head; r != nilRec; r = ix.at(r).next {
 			if ix.at(r).server == uint16(id) {
@@ -558,11 +694,13 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 		r = ix.nrecs
 		if int(r>>pageShift) == len(ix.pages) {
 			ix.pages = append(ix.pages, make([]rec, pageSize))
+			ix.engines = append(ix.engines, make([]uint64, pageSize))
 		}
 		ix.nrecs++
 	}
 	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
-	ix.keys[key] = r
+	*ix.eng(r) = 0
+	ix.keys.Put(key, r)
 	if s.head != nilRec {
 		ix.at(s.head).sprev = r
 	}
@@ -596,11 +734,11 @@ func (ix *Index) touch(r uint32, s *server) {
 func (ix *Index) freeRec(r uint32, s *server) {
 	rc := ix.at(r)
 	// Unlink from the key chain.
-	if head := ix.keys[rc.key]; head == r {
+	if head, _ := ix.keys.Get(rc.key); head == r {
 		if rc.next == nilRec {
-			delete(ix.keys, rc.key)
+			ix.keys.Delete(rc.key)
 		} else {
-			ix.keys[rc.key] = rc.next
+			ix.keys.Put(rc.key, rc.next)
 		}
 	} else {
 		for p := head; p != nilRec; p = ix.at(p).next {
@@ -622,12 +760,13 @@ func (ix *Index) freeRec(r uint32, s *server) {
 		s.tail = rc.sprev
 	}
 	s.n--
-	if rc.engine != 0 {
-		if b, ok := s.bridge[rc.engine]; ok && b == r {
-			delete(s.bridge, rc.engine)
+	if e := ix.eng(r); *e != 0 {
+		if b, ok := s.bridge.Get(*e); ok && b == r {
+			s.bridge.Delete(*e)
 		}
 	}
 	*rc = rec{server: freeSrv, next: ix.free}
+	*ix.eng(r) = 0
 	ix.free = r
 	ix.nfree++
 }
@@ -690,37 +829,37 @@ type Status struct {
 	Servers         []ServerStatus `json:"servers"`
 }
 
-// recBytes is the size of rec; mapEntryBytes is an estimate of one map
-// entry of a uint64 -> uint32 map (slot plus control byte and slack).
-const (
-	recBytes      = 40
-	mapEntryBytes = 20
-)
+// recBytes is the size of rec plus its engine-hash slot (checked by a test
+// with unsafe.Sizeof).
+const recBytes = 32 + 8
 
-// Status returns counts and a memory estimate.
+// Status returns counts and the index's memory: slab pages plus hash
+// tables, counted exactly rather than estimated.
 func (ix *Index) Status() Status {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := Status{
 		Entries:         int(ix.nrecs) - ix.nfree,
-		Keys:            len(ix.keys),
+		Keys:            ix.keys.Len(),
 		MaxEntries:      ix.cfg.MaxEntries,
 		EvictedBudget:   ix.evictedBudget,
 		EvictedCapacity: ix.evictedCapacity,
 	}
-	bridged := 0
+	bytes := int64(len(ix.pages))*pageSize*recBytes + ix.keys.Bytes()
 	for _, s := range ix.servers {
 		if s == nil {
 			continue
 		}
-		bridged += len(s.bridge)
+		bytes += s.bridge.Bytes()
 		st.Servers = append(st.Servers, ServerStatus{
-			Name: s.name, Entries: s.n, Bridged: len(s.bridge), Approximate: s.opts.Approximate,
+			Name: s.name, Entries: s.n, Bridged: s.bridge.Len(), Approximate: s.opts.Approximate,
 			Capacity: s.opts.Capacity, Stored: s.stored, Removed: s.removed, Cleared: s.cleared,
 			Unanchored: s.unanchored, Unresolved: s.unresolved,
 		})
 	}
-	st.Bytes = int64(len(ix.pages))*pageSize*recBytes + int64(len(ix.keys)+bridged)*mapEntryBytes
+	// The slab pages and the hash tables are the index; everything else
+	// (server structs, names) is a few hundred bytes per server.
+	st.Bytes = bytes
 	return st
 }
 
@@ -748,7 +887,7 @@ func (ix *Index) Snapshot(id ServerID) []Residency {
 	out := make([]Residency, 0, s.n)
 	for r := s.head; r != nilRec; r = ix.at(r).snext {
 		rc := ix.at(r)
-		out = append(out, Residency{Key: rc.key, Engine: rc.engine, Speculative: rc.spec > now,
+		out = append(out, Residency{Key: rc.key, Engine: *ix.eng(r), Speculative: rc.spec > now,
 			Copies: [NumTiers]int{int(rc.cnt[0]), int(rc.cnt[1]), int(rc.cnt[2])}})
 	}
 	return out

@@ -39,18 +39,57 @@ var sglangFamilies = set(
 	"sglang:cached_tokens_total",
 )
 
-func set(names ...string) map[string]struct{} {
-	m := make(map[string]struct{}, len(names))
+func set(names ...string) *familySet {
+	fs := &familySet{}
 	for _, n := range names {
-		m[n] = struct{}{}
+		if len(n) < len(fs.byLen) {
+			fs.byLen[len(n)] = append(fs.byLen[len(n)], n)
+		}
 	}
-	return m
+	return fs
+}
+
+// familySet holds the family names a flavor reads, bucketed by length: most
+// lines of a scrape (histogram buckets) are ruled out by their name's
+// length, the rest by one or two byte comparisons, with no hashing.
+type familySet struct {
+	byLen [128][]string
+}
+
+// isWanted reports whether name is one of wanted's families.
+func isWanted(name []byte, wanted *familySet) bool {
+	if len(name) >= len(wanted.byLen) {
+		return false
+	}
+	for _, w := range wanted.byLen[len(name)] {
+		if string(name) == w {
+			return true
+		}
+	}
+	return false
 }
 
 // filtered is the reusable output of filter.
 type filtered struct {
 	text  []byte
 	lines []int // original line number of each kept line
+	// family is the valid metric name of the last HELP/TYPE line (empty
+	// if none or invalid).
+	family []byte
+}
+
+// setFamily remembers name as the current family if it is a valid name.
+func (f *filtered) setFamily(name []byte) {
+	if len(f.family) > 0 && bytes.Equal(name, f.family) {
+		return // the TYPE line after its HELP line
+	}
+	f.family = f.family[:0]
+	for i, c := range name {
+		if !isNameByte(c, i == 0) {
+			return
+		}
+	}
+	f.family = append(f.family, name...)
 }
 
 var filterPool = sync.Pool{New: func() any { return new(filtered) }}
@@ -68,8 +107,8 @@ func (f *filtered) origLine(n int) int {
 	return f.lines[n-1]
 }
 
-func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
-	f.text, f.lines = f.text[:0], f.lines[:0]
+func (f *filtered) filter(body []byte, wanted *familySet) error {
+	f.text, f.lines, f.family = f.text[:0], f.lines[:0], f.family[:0]
 	for ln := 1; len(body) > 0; ln++ {
 		var line []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -81,7 +120,7 @@ func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
 		if len(line) == 0 {
 			continue
 		}
-		keep, err := checkLine(line, wanted)
+		keep, err := f.checkLine(line, wanted)
 		if err != nil {
 			return fmt.Errorf("%w: line %d: %s", ErrMalformed, ln, err)
 		}
@@ -94,7 +133,7 @@ func (f *filtered) filter(body []byte, wanted map[string]struct{}) error {
 }
 
 // checkLine validates one non-blank line and reports whether to keep it.
-func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
+func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 	if line[0] == '#' {
 		// "# HELP name ..." / "# TYPE name type"; anything else is a comment
 		// (including OpenMetrics "# EOF" and "# UNIT").
@@ -103,7 +142,8 @@ func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
 			return false, nil
 		}
 		name, rest := word(rest)
-		if _, ok := wanted[string(name)]; !ok {
+		f.setFamily(name)
+		if !isWanted(name, wanted) {
 			return false, nil
 		}
 		if string(kw) == "TYPE" {
@@ -116,6 +156,11 @@ func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
 		return true, nil
 	}
 	n := 0
+	if len(f.family) > 0 && bytes.HasPrefix(line, f.family) {
+		// The family's sample lines repeat its (already checked) name:
+		// only the suffix (_bucket, _sum, ...) needs scanning.
+		n = len(f.family)
+	}
 	for n < len(line) && isNameByte(line[n], n == 0) {
 		n++
 	}
@@ -123,8 +168,8 @@ func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
 		return false, fmt.Errorf("invalid metric name at %q", clip(line))
 	}
 	name, rest := line[:n], line[n:]
-	if _, ok := wanted[string(name)]; ok {
-		return true, nil // expfmt validates it fully
+	if isWanted(name, wanted) {
+		return true, nil // fully parsed and validated later
 	}
 	if len(rest) > 0 && rest[0] == '{' {
 		end := labelsEnd(rest)
@@ -151,12 +196,33 @@ func checkLine(line []byte, wanted map[string]struct{}) (bool, error) {
 }
 
 func isNameByte(c byte, first bool) bool {
-	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9')
+	return nameByte[c] == 1 || (!first && nameByte[c] == 2)
 }
+
+// nameByte classifies metric-name bytes: 1 anywhere, 2 not first.
+var nameByte = func() (t [256]uint8) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = 1, 1
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = 2
+	}
+	t['_'], t[':'] = 1, 1
+	return t
+}()
 
 // labelsEnd returns the index of the '}' closing the label set that starts
 // at s[0] == '{', honouring quoted values with backslash escapes; -1 if none.
 func labelsEnd(s []byte) int {
+	// Fast path: the first '}' closes the set when no backslash precedes
+	// it and the quotes before it pair up (three vectorised scans instead
+	// of a byte loop over every label).
+	if c := bytes.IndexByte(s, '}'); c >= 0 {
+		seg := s[:c]
+		if bytes.IndexByte(seg, '\\') < 0 && bytes.Count(seg, []byte{'"'})%2 == 0 {
+			return c
+		}
+	}
 	inQuote := false
 	for i := 1; i < len(s); i++ {
 		switch c := s[i]; {

@@ -115,7 +115,7 @@ func ParseBytes(body []byte, flavor Flavor, limit int64) (load.Metrics, error) {
 }
 
 func parse(body []byte, flavor Flavor) (load.Metrics, error) {
-	var wanted map[string]struct{}
+	var wanted *familySet
 	switch flavor {
 	case VLLM:
 		wanted = vllmFamilies
@@ -132,8 +132,11 @@ func parse(body []byte, flavor Flavor) (load.Metrics, error) {
 	if err := fb.filter(body, wanted); err != nil {
 		return load.Metrics{}, err
 	}
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(fb.text))
+	fams, ok := fastFamilies(fb.text)
+	var err error
+	if !ok {
+		fams, err = expfmtFamilies(fb.text)
+	}
 	if err != nil {
 		var pe expfmt.ParseError
 		if errors.As(err, &pe) {
@@ -152,6 +155,12 @@ func parse(body []byte, flavor Flavor) (load.Metrics, error) {
 	}
 	m.At = time.Now()
 	return m, nil
+}
+
+// expfmtFamilies is the reference parser (see fastFamilies).
+func expfmtFamilies(text []byte) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	return p.TextToMetricFamilies(bytes.NewReader(text))
 }
 
 // value returns a sample's value and whether it is finite.

@@ -231,6 +231,7 @@ func FuzzParse(f *testing.F) {
 			flavor = SGLang
 		}
 		orig := bytes.Clone(body)
+		checkFastAgrees(t, body, flavor)
 		m1, err1 := ParseBytes(body, flavor, 1<<20)
 		if !bytes.Equal(orig, body) {
 			t.Fatal("input modified")

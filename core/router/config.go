@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/strategy"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Modes.
@@ -83,6 +83,12 @@ type Config struct {
 	// MaxPromptTokens bounds a request's prompt length.
 	MaxPromptTokens int `json:"max_prompt_tokens,omitempty"`
 
+	// Strategy, when set, is used as is instead of building Strategies
+	// from the registry (Go callers only, e.g. benchmark peers built with
+	// their own inputs); Strategies is then ignored. Sticky breakout uses
+	// LoadThreshold, or the kvc_aware default when it is 0.
+	Strategy strategy.Strategy `json:"-"`
+
 	// Now is a test clock; nil means time.Now.
 	Now func() time.Time `json:"-"`
 }
@@ -91,14 +97,18 @@ type Config struct {
 const DefaultMaxPromptTokens = 1 << 20
 
 // ParseConfig decodes JSON strictly (unknown keys are errors) and validates.
+// Every error wraps ErrConfig and a *strictjson.KeyError naming the key.
 func ParseConfig(data []byte) (Config, error) {
 	var c Config
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	if err := strictjson.Decode(data, &c); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return c, c.normalise()
+}
+
+// configErr is a validation error at key.
+func configErr(key, format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrConfig, strictjson.Errorf(key, format, args...))
 }
 
 func (c *Config) normalise() error {
@@ -106,28 +116,28 @@ func (c *Config) normalise() error {
 		c.Mode = ModeDefault
 	}
 	if c.Mode != ModeDefault && c.Mode != ModeKVCAware {
-		return fmt.Errorf("%w: mode %q (allowed: default, kvc_aware)", ErrConfig, c.Mode)
+		return configErr("mode", "%q (allowed: default, kvc_aware)", c.Mode)
 	}
 	if c.StickyMaxSize == 0 {
 		c.StickyMaxSize = 10000
 	}
 	if c.StickyMaxSize < 0 {
-		return fmt.Errorf("%w: sticky_max_size must be positive, got %d", ErrConfig, c.StickyMaxSize)
+		return configErr("sticky_max_size", "must be positive, got %d", c.StickyMaxSize)
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = blockhash.DefaultBlockSize
 	}
 	if c.BlockSize < 0 || c.BlockSize > 1<<16 {
-		return fmt.Errorf("%w: block_size must be in [1, 65536], got %d", ErrConfig, c.BlockSize)
+		return configErr("block_size", "must be in [1, 65536], got %d", c.BlockSize)
 	}
 	if c.MaxPromptTokens == 0 {
 		c.MaxPromptTokens = DefaultMaxPromptTokens
 	}
 	if c.MaxPromptTokens < 0 {
-		return fmt.Errorf("%w: max_prompt_tokens must be positive", ErrConfig)
+		return configErr("max_prompt_tokens", "must be positive, got %d", c.MaxPromptTokens)
 	}
 	if c.LoadThreshold < 0 || c.LoadThreshold > 1 {
-		return fmt.Errorf("%w: load_threshold must be in (0, 1], got %v", ErrConfig, c.LoadThreshold)
+		return configErr("load_threshold", "must be in (0, 1], got %v", c.LoadThreshold)
 	}
 	for _, v := range []struct {
 		name string
@@ -135,12 +145,12 @@ func (c *Config) normalise() error {
 	}{{"index.max_entries", c.Index.MaxEntries}, {"index.spec_ttl_ms", c.Index.SpecTTLMS}, {"index.approx_ttl_ms", c.Index.ApproxTTLMS},
 		{"load.stale_after_ms", c.Load.StaleAfterMS}, {"load.max_num_seqs", c.Load.MaxNumSeqs}, {"load.unhealthy_after", c.Load.UnhealthyAfter}} {
 		if v.n < 0 {
-			return fmt.Errorf("%w: %s must not be negative, got %d", ErrConfig, v.name, v.n)
+			return configErr(v.name, "must not be negative, got %d", v.n)
 		}
 	}
 	for name, s := range c.Servers {
 		if s.BlockSize < 0 || s.Capacity < 0 {
-			return fmt.Errorf("%w: servers[%q]: block_size and capacity must not be negative", ErrConfig, name)
+			return configErr(fmt.Sprintf("servers[%q]", name), "block_size and capacity must not be negative")
 		}
 	}
 	if len(c.Strategies) == 0 {
@@ -151,20 +161,31 @@ func (c *Config) normalise() error {
 		}
 	}
 	for i, s := range c.Strategies {
+		// Default mode matches no prefixes, so kvc_aware would score on
+		// load alone while the user believes cache affinity is on.
+		if c.Mode == ModeDefault && s.Name == ModeKVCAware {
+			return configErr(fmt.Sprintf("strategies[%d].name", i), "%q needs mode kvc_aware (mode default routes without the prefix index)", s.Name)
+		}
 		if !(s.Weight > 0) {
-			return fmt.Errorf("%w: strategies[%d] (%s): weight must be > 0, got %v", ErrConfig, i, s.Name, s.Weight)
+			return configErr(fmt.Sprintf("strategies[%d].weight", i), "must be > 0, got %v", s.Weight)
 		}
 	}
 	return nil
 }
 
 func (c *Config) buildStrategy() (strategy.Strategy, float64, error) {
-	w := &strategy.Weighted{}
 	threshold := c.LoadThreshold
+	if c.Strategy != nil {
+		if threshold == 0 {
+			threshold = strategy.DefaultKVCAware().LoadThreshold
+		}
+		return c.Strategy, threshold, nil
+	}
+	w := &strategy.Weighted{}
 	for i, s := range c.Strategies {
 		st, err := strategy.Build(s.Name, s.Params)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: strategies[%d]: %v", ErrConfig, i, err)
+			return nil, 0, strategyErr(i, err)
 		}
 		if k, ok := st.(*strategy.KVCAware); ok && threshold == 0 {
 			threshold = k.Threshold()
@@ -176,6 +197,40 @@ func (c *Config) buildStrategy() (strategy.Strategy, float64, error) {
 		threshold = strategy.DefaultKVCAware().LoadThreshold
 	}
 	return w, threshold, nil
+}
+
+// strategyErr names the key of a strategy's build error: its name when it is
+// not registered, the parameter a *strictjson.KeyError names, else the
+// strategy itself.
+func strategyErr(i int, err error) error {
+	key := fmt.Sprintf("strategies[%d]", i)
+	var ke *strictjson.KeyError
+	switch {
+	case errors.Is(err, strategy.ErrUnknown):
+		return configErr(key+".name", "%v", err)
+	case errors.As(err, &ke):
+		return fmt.Errorf("%w: %w", ErrConfig, strictjson.Prefixed(key+".params", ke))
+	}
+	return configErr(key, "%v", err)
+}
+
+// ResolvedStrategies returns the configured strategies with every
+// parameter filled in (the strategy's defaults where the configuration
+// is silent), as the library reports them in its effective configuration.
+func (c *Config) ResolvedStrategies() ([]StrategySpec, error) {
+	out := make([]StrategySpec, len(c.Strategies))
+	for i, s := range c.Strategies {
+		st, err := strategy.Build(s.Name, s.Params)
+		if err != nil {
+			return nil, strategyErr(i, err)
+		}
+		params, err := json.Marshal(st)
+		if err != nil {
+			return nil, fmt.Errorf("%w: strategies[%d]: encoding parameters: %v", ErrConfig, i, err)
+		}
+		out[i] = StrategySpec{Name: s.Name, Weight: s.Weight, Params: params}
+	}
+	return out, nil
 }
 
 func (c *Config) indexConfig() index.Config {

@@ -107,6 +107,7 @@ type Router struct {
 	cpool   []*server
 	members []int
 	keys    map[int][]uint64
+	memo    blockhash.Memo // keys of recent prompts: siblings and next turns hash only new blocks
 
 	counters Counters
 }
@@ -418,7 +419,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			if c.ID != bound.id {
 				continue
 			}
-			if !r.overload || (c.Healthy && strategy.EffectiveLoad(c) <= r.threshold) {
+			if !r.overload || (c.Healthy && strategy.EffectiveLoad(r.strat, c) <= r.threshold) {
 				r.counters.StickyHits++
 				d := r.decision(i, ReasonSticky, n)
 				r.speculateOn(bound, req, c.Hit.Blocks)
@@ -515,7 +516,7 @@ func (r *Router) fillCandidates(req *Request) int {
 				next = i
 			}
 		}
-		keys := blockhash.AppendKeys(r.keys[bs][:0], req.Tokens, bs, ns)
+		keys := r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, ns)
 		r.keys[bs] = keys
 		hittable := blockhash.HittableBlocks(len(req.Tokens), bs)
 		r.matches = grow(r.matches, len(r.members))
@@ -563,7 +564,7 @@ func (r *Router) speculateOn(s *server, req *Request, matched int) {
 	bs := r.blockSize(s)
 	keys, ok := r.keys[bs]
 	if !ok || len(keys) != blockhash.FullBlocks(len(req.Tokens), bs) {
-		keys = blockhash.AppendKeys(r.keys[bs][:0], req.Tokens, bs, blockhash.Namespace(r.cfg.Model, req.Lora))
+		keys = r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, blockhash.Namespace(r.cfg.Model, req.Lora))
 		r.keys[bs] = keys
 	}
 	if matched < len(keys) {

@@ -11,6 +11,7 @@ import (
 	"github.com/kvc-router/kvc-router/core/blockhash"
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
+	"github.com/kvc-router/kvc-router/core/strategy"
 )
 
 func mustNew(t testing.TB, cfg Config, servers ...string) *Router {
@@ -361,9 +362,10 @@ func TestConfigErrors(t *testing.T) {
 		{`{"sticky_max_size": -1}`, "sticky_max_size"},
 		{`{"block_size": -16}`, "block_size"},
 		{`{"unknown_key": 1}`, "unknown_key"},
-		{`{"strategies": [{"name": "kvc_aware", "weight": 0}]}`, "weight"},
+		{`{"mode": "kvc_aware", "strategies": [{"name": "kvc_aware", "weight": 0}]}`, "weight"},
+		{`{"strategies": [{"name": "kvc_aware", "weight": 1}]}`, "needs mode kvc_aware"},
 		{`{"strategies": [{"name": "os.system", "weight": 1}]}`, "unknown strategy"},
-		{`{"strategies": [{"name": "kvc_aware", "weight": 1, "params": {"alpha": 3}}]}`, "alpha"},
+		{`{"mode": "kvc_aware", "strategies": [{"name": "kvc_aware", "weight": 1, "params": {"alpha": 3}}]}`, "alpha"},
 		{`{"index": {"max_entries": -5}}`, "index.max_entries"},
 		{`{"load_threshold": 2}`, "load_threshold"},
 		{`{"mode": `, "invalid config"},
@@ -466,5 +468,61 @@ func TestEmptyRequestIDIsBoundLikeVerl(t *testing.T) {
 	d, _ := r.Acquire(Request{Pin: -1, Probe: true})
 	if d.Server != "s1" || r.Status().StickySize != 1 {
 		t.Fatalf("probe must neither read nor write bindings: %+v", d)
+	}
+}
+
+// TestBreakoutAgreesWithScores: the sticky breakout must see a server as
+// overloaded exactly when the configured kvc_aware strategy penalises it in
+// its scores, whatever kv_tokens and token_load say (the breakout once used
+// token load with the default kv_tokens regardless of the configuration).
+func TestBreakoutAgreesWithScores(t *testing.T) {
+	cases := []struct {
+		name     string
+		params   string
+		capacity int // s0's KV capacity from its metrics; 0 = no metrics
+		promptN  int
+		broken   bool
+	}{
+		{"small kv_tokens: token load over threshold", `{"kv_tokens":1000}`, 0, 950, true},
+		{"small kv_tokens: token load under threshold", `{"kv_tokens":1000}`, 0, 500, false},
+		{"token_load off: KV pressure ignored", `{"token_load":false}`, 160, 150, false},
+		{"token_load on: capacity from metrics", `{}`, 160, 150, true},
+		{"token_load off with small kv_tokens", `{"token_load":false,"kv_tokens":1000}`, 0, 950, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := kvcConfig()
+			cfg.Strategies = []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}
+			r := mustNew(t, cfg, "s0", "s1")
+			if tc.capacity > 0 {
+				r.UpdateMetrics("s0", load.Metrics{KVCacheSizeTokens: tc.capacity, BlockSize: 16, HasKVUsage: true, At: time.Now()})
+				r.UpdateMetrics("s1", load.Metrics{KVCacheSizeTokens: 1 << 20, BlockSize: 16, HasKVUsage: true, At: time.Now()})
+			}
+			p := prompt(tc.promptN, 1)
+			if s := acq(t, r, "conv", p...); s != "s0" {
+				t.Fatalf("first turn on %s", s)
+			}
+			// What the strategy itself thinks of the bound server now.
+			req := Request{ID: "conv", Tokens: p, Pin: -1}
+			r.mu.Lock()
+			n := r.fillCandidates(&req)
+			r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens}, r.cands[:n], r.scores[:n])
+			penalised := r.scores[0] <= 0 // kvc_aware subtracts 1 above the threshold
+			r.mu.Unlock()
+			if penalised != tc.broken {
+				t.Fatalf("strategy penalises s0: %v, want %v (score %v)", penalised, tc.broken, r.scores[0])
+			}
+			d, err := r.Acquire(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := ReasonSticky
+			if tc.broken {
+				want = ReasonRebalanced
+			}
+			if d.Reason != want {
+				t.Fatalf("breakout disagrees with the scores: reason %q on %s, want %q", d.Reason, d.Server, want)
+			}
+		})
 	}
 }

@@ -1,26 +1,26 @@
 package strategy
 
 import (
-	"fmt"
 	"math"
 
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 func init() {
 	Register("least_inflight", func(p json.RawMessage) (Strategy, error) {
 		var v struct{}
 		if err := DecodeStrict(p, &v); err != nil {
-			return nil, fmt.Errorf("least_inflight: %w", err)
+			return nil, err
 		}
 		return LeastInflight{}, nil
 	})
 	Register("kvc_aware", func(p json.RawMessage) (Strategy, error) {
 		k := DefaultKVCAware()
 		if err := DecodeStrict(p, &k); err != nil {
-			return nil, fmt.Errorf("kvc_aware: %w", err)
+			return nil, err
 		}
 		if err := k.Validate(); err != nil {
 			return nil, err
@@ -50,7 +50,7 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //
 // and a server whose load exceeds LoadThreshold has 1 subtracted, so it is
 // chosen only when every candidate is overloaded. Three refinements, each
-// measured with kvbench and the demo (README "Tuning"), keep cache affinity
+// measured with kvbench and the demo, keep cache affinity
 // from piling work onto one server:
 //
 //   - Marginal credit (marginal): only blocks beyond the smallest match
@@ -86,21 +86,22 @@ func DefaultKVCAware() KVCAware {
 	}
 }
 
-// Validate checks ranges and resolves tier weights.
+// Validate checks ranges and resolves tier weights. Errors are
+// *strictjson.KeyError naming the parameter.
 func (k *KVCAware) Validate() error {
 	if !(k.Alpha >= 0 && k.Alpha <= 1) {
-		return fmt.Errorf("kvc_aware: alpha must be in [0, 1], got %v", k.Alpha)
+		return strictjson.Errorf("alpha", "must be in [0, 1], got %v", k.Alpha)
 	}
 	if !(k.LoadThreshold > 0 && k.LoadThreshold <= 1) {
-		return fmt.Errorf("kvc_aware: load_threshold must be in (0, 1], got %v", k.LoadThreshold)
+		return strictjson.Errorf("load_threshold", "must be in (0, 1], got %v", k.LoadThreshold)
 	}
 	if k.KVTokens <= 0 {
-		return fmt.Errorf("kvc_aware: kv_tokens must be > 0, got %d", k.KVTokens)
+		return strictjson.Errorf("kv_tokens", "must be > 0, got %d", k.KVTokens)
 	}
 	if k.SavedScaleTokens < 0 {
-		return fmt.Errorf("kvc_aware: saved_scale_tokens must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
+		return strictjson.Errorf("saved_scale_tokens", "must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
 	}
-	tw, err := TierWeights("kvc_aware: layer_weights", k.LayerWeights)
+	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
 		return err
 	}
@@ -145,10 +146,7 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int) 
 			cache *= math.Min(1, tokens/float64(k.SavedScaleTokens))
 		}
 	}
-	load := c.Load
-	if k.TokenLoad {
-		load = tokenLoad(c, k.KVTokens)
-	}
+	load := k.EffectiveLoad(c)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load)
 	if load > k.LoadThreshold {
 		s--
@@ -168,12 +166,20 @@ func tokenLoad(c *Candidate, fallback int) float64 {
 	return math.Max(c.Load, float64(c.InflightTokens)/float64(capacity))
 }
 
-// EffectiveLoad is the load kvc_aware scores with (the load store's figure,
-// or the in-flight prompt tokens over KV capacity when higher); the router
-// uses it for the sticky overload breakout so both agree.
-func EffectiveLoad(c *Candidate) float64 { return tokenLoad(c, DefaultKVTokens) }
+// EffectiveLoad implements LoadMeasure: the load kvc_aware scores with, so
+// the router's sticky breakout and the overload penalty in Score agree. With
+// token_load it is at least the in-flight prompt tokens over the server's KV
+// capacity (kv_tokens when its metrics report none); without, the load
+// store's figure.
+func (k *KVCAware) EffectiveLoad(c *Candidate) float64 {
+	if k.TokenLoad {
+		return tokenLoad(c, k.KVTokens)
+	}
+	return c.Load
+}
 
-// TierWeights parses a {gpu, cpu, ssd} weight map; name prefixes errors.
+// TierWeights parses a {gpu, cpu, ssd} weight map; errors are
+// *strictjson.KeyError under the key name.
 func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
 	var out [index.NumTiers]float64
 	for k, w := range m {
@@ -186,10 +192,10 @@ func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, er
 		case "ssd":
 			t = index.SSD
 		default:
-			return out, fmt.Errorf("%s has unknown tier %q (allowed: gpu, cpu, ssd)", name, k)
+			return out, strictjson.Errorf(name+"."+k, "unknown tier (allowed: gpu, cpu, ssd)")
 		}
 		if !(w >= 0 && w <= 1) {
-			return out, fmt.Errorf("%s.%s must be in [0, 1], got %v", name, k, w)
+			return out, strictjson.Errorf(name+"."+k, "must be in [0, 1], got %v", w)
 		}
 		out[t] = w
 	}

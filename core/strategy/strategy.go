@@ -14,6 +14,7 @@ import (
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Candidate is what a strategy knows about one server for one request.
@@ -47,6 +48,23 @@ type Request struct {
 type Strategy interface {
 	Name() string
 	Score(req *Request, c []Candidate, out []float64)
+}
+
+// LoadMeasure is implemented by strategies that measure a server's load
+// their own way (kvc_aware's token load). The router compares this figure
+// with its load threshold for the sticky-session breakout, so a binding is
+// broken exactly when the strategy itself would see the server as loaded.
+type LoadMeasure interface {
+	EffectiveLoad(c *Candidate) float64
+}
+
+// EffectiveLoad is s's measure of c's load when s implements LoadMeasure,
+// else the load store's figure (c.Load).
+func EffectiveLoad(s Strategy, c *Candidate) float64 {
+	if m, ok := s.(LoadMeasure); ok {
+		return m.EffectiveLoad(c)
+	}
+	return c.Load
 }
 
 // Factory builds a strategy from its JSON parameters.
@@ -87,11 +105,10 @@ func Build(name string, params json.RawMessage) (Strategy, error) {
 	return f(params)
 }
 
-// DecodeStrict unmarshals params rejecting unknown fields.
+// DecodeStrict unmarshals params rejecting unknown fields; errors are
+// *strictjson.KeyError naming the parameter.
 func DecodeStrict(params json.RawMessage, v any) error {
-	dec := json.NewDecoder(strings.NewReader(string(params)))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	return strictjson.Decode(params, v)
 }
 
 // Weighted is a weighted sum of strategies.
@@ -108,6 +125,25 @@ func (w *Weighted) Name() string {
 		names[i] = fmt.Sprintf("%s*%g", p.Name(), w.Weights[i])
 	}
 	return strings.Join(names, "+")
+}
+
+// EffectiveLoad implements LoadMeasure: the highest load any part measures
+// (a server one part sees as overloaded is overloaded for the combination,
+// since that part's overload penalty pulls the weighted score down); c.Load
+// when no part measures load itself.
+func (w *Weighted) EffectiveLoad(c *Candidate) float64 {
+	load, measured := 0.0, false
+	for _, p := range w.Parts {
+		if m, ok := p.(LoadMeasure); ok {
+			if l := m.EffectiveLoad(c); !measured || l > load {
+				load, measured = l, true
+			}
+		}
+	}
+	if !measured {
+		return c.Load
+	}
+	return load
 }
 
 // Score sums each part's scores times its weight. Not safe for concurrent

@@ -215,3 +215,25 @@ func TestKVCAwareRefinements(t *testing.T) {
 		}
 	}
 }
+
+func TestEffectiveLoadDelegation(t *testing.T) {
+	c := &Candidate{Load: 0.2, InflightTokens: 900, KVCapacityTokens: 1000}
+	kvc := build(t, "kvc_aware", `{}`)
+	noTok := build(t, "kvc_aware", `{"token_load":false}`)
+	least := build(t, "least_inflight", `{}`)
+	for _, tc := range []struct {
+		name string
+		s    Strategy
+		want float64
+	}{
+		{"kvc_aware token load", kvc, 0.9},
+		{"kvc_aware without token load", noTok, 0.2},
+		{"least_inflight uses the store's load", least, 0.2},
+		{"weighted takes the highest part", &Weighted{Parts: []Strategy{least, kvc}, Weights: []float64{1, 1}}, 0.9},
+		{"weighted without a measuring part", &Weighted{Parts: []Strategy{least}, Weights: []float64{1}}, 0.2},
+	} {
+		if got := EffectiveLoad(tc.s, c); got != tc.want {
+			t.Errorf("%s: EffectiveLoad = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

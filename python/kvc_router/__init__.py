@@ -22,6 +22,7 @@ from .config import (
     KVEventEndpoint,
     LeastInflightStrategyConfig,
     RouterConfig,
+    library_defaults,
     load_router_config,
 )
 from .errors import (
@@ -34,6 +35,8 @@ from .errors import (
     NoServerError,
 )
 
+# The package version: pyproject.toml reads it from here (its one source).
+# The C ABI has its own version (KVR_ABI_VERSION in cabi/kvcrouter.h).
 __version__ = "0.1.0"
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "CollectorConfig",
     "KVEventEndpoint",
     "load_router_config",
+    "library_defaults",
     "ConfigError",
     "NativeError",
     "NoServerError",

@@ -15,7 +15,8 @@ from typing import Any, Optional, Sequence
 
 NO_SERVERS_MESSAGE = "No available servers in load balancer"
 
-# Status codes of libkvcrouter (cabi/kvcrouter.h).
+# Status codes of libkvcrouter, as cabi/kvcrouter.h defines them
+# (tests/test_errors.py checks these against the header).
 KVR_OK = 0
 KVR_INVALID_ARGUMENT = 1
 KVR_NOT_FOUND = 2
@@ -88,7 +89,8 @@ class InvalidStateError(NativeError):
 
 
 class InternalError(NativeError):
-    """A Go panic was recovered; the handle is poisoned."""
+    """A library bug: a recovered Go panic (the handle is then poisoned) or
+    an error the library could not classify."""
 
 
 class PoisonedError(NativeError):
@@ -100,7 +102,8 @@ class ForkError(NativeError):
 
 
 class NativeConfigError(NativeError, ConfigError):
-    """The library rejected the configuration."""
+    """The library rejected the configuration; the message starts with the
+    library's key path (kvc_router.config maps it onto the user's key)."""
 
     def __init__(self, message: str, code: int = KVR_INVALID_CONFIG) -> None:
         NativeError.__init__(self, message, code)

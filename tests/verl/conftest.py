@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 import pytest
 
@@ -22,9 +21,6 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 
 if importlib.util.find_spec("verl") is None or importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["test_*.py"]
-
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 
 def pytest_report_header(config):

@@ -14,6 +14,24 @@ type Suite struct {
 	Opts        Options
 	// Parallel bounds concurrent policy runs (default 1).
 	Parallel int
+	// MakespanBound adds one run of verl_default on engines whose prefill
+	// is free (every prompt as if fully cached) and reports each policy's
+	// share of the makespan gain over verl_default that it captures.
+	MakespanBound bool
+}
+
+// prefillFree is the per-token prefill cost of the bound's engines: small
+// enough to be nothing, not 0 (0 selects the sim default).
+const prefillFree = 1e-12
+
+// GainShare is the share of the achievable makespan gain over base that
+// got captures: (base − got)/(base − bound); 0 when there is no gain to
+// capture.
+func GainShare(base, got, bound float64) float64 {
+	if base-bound <= 0 {
+		return 0
+	}
+	return (base - got) / (base - bound)
 }
 
 // Run executes the suite. The first policy's run records the block chains
@@ -36,10 +54,28 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 	if par <= 0 {
 		par = 1
 	}
+	var boundRes *Result
+	var boundErr error
 	results := make([]*Result, len(pols))
 	errs := make([]error, len(pols))
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
+	if s.MakespanBound {
+		bp, err := NewPolicy("verl_default", s.PolicyOpts)
+		if err != nil {
+			return nil, nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			o := s.Opts
+			o.Record, o.Progress = false, nil
+			o.Engines.PrefillPerToken = prefillFree
+			boundRes, boundErr = Run(s.NewWorkload(), bp, o)
+		}()
+	}
 	for i := range pols {
 		wg.Add(1)
 		go func(i int) {
@@ -52,7 +88,7 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 		}(i)
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for _, err := range append(errs, boundErr) {
 		if err != nil {
 			return nil, nil, err
 		}
@@ -69,6 +105,11 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 	recs := results[0].Records
 	rep := &Report{Policies: map[string]Summary{}, Order: s.Policies,
 		Bounds: Bounds{Oracle: Oracle(recs, bs), Pooled: PooledLRU(recs, bs, pooledBlocks), PooledBlocks: pooledBlocks}}
+	if boundRes != nil {
+		b := Summarise(boundRes, 0)
+		rep.Bounds.MakespanFree = &b.Makespan
+		rep.Bounds.MakespanFreeSteps = boundRes.Makespans
+	}
 	wl := s.NewWorkload()
 	rep.Workload = wl.Name()
 	if m, ok := wl.(*Mooncake); ok {
@@ -80,6 +121,13 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 		r.Records = nil
 		rep.Policies[s.Policies[i]] = Summarise(r, rep.Bounds.Pooled)
 		out[s.Policies[i]] = r
+	}
+	if base, ok := rep.Policies["verl_default"]; ok && rep.Bounds.MakespanFree != nil {
+		for n, sm := range rep.Policies {
+			g := GainShare(base.Makespan, sm.Makespan, *rep.Bounds.MakespanFree)
+			sm.GainShare = &g
+			rep.Policies[n] = sm
+		}
 	}
 	return rep, out, nil
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	json "github.com/goccy/go-json"
 )
 
 // tinyTrace builds a conversation-like Mooncake trace: a shared system
@@ -281,5 +283,139 @@ func TestSuiteKVCBeatsRoundRobin(t *testing.T) {
 	}
 	if kv.HitRate > rep.Bounds.Oracle+1e-9 || rep.Bounds.Pooled > rep.Bounds.Oracle+1e-9 {
 		t.Fatalf("bounds violated: hit %.3f pooled %.3f oracle %.3f", kv.HitRate, rep.Bounds.Pooled, rep.Bounds.Oracle)
+	}
+}
+
+func smallGRPO() GRPOConfig {
+	g := DefaultGRPO()
+	g.Prompts, g.N, g.Steps = 4, 4, 2
+	g.SystemTokens = 64
+	g.Prompt = LogNormal{Median: 200, Sigma: 0.3, Min: 64, Max: 400}
+	g.Response = LogNormal{Median: 40, Sigma: 0.5, Max: 200}
+	return g
+}
+
+func TestArrivalSpread(t *testing.T) {
+	p, _ := NewPolicy("verl_default", PolicyOptions{})
+	arrivals := func(spread float64) []float64 {
+		o := smallOpts()
+		o.Record, o.ArrivalSpread = true, spread
+		res, err := Run(NewGRPO(smallGRPO()), p, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var at []float64
+		for _, r := range res.Records {
+			if r.Phase == 0 {
+				at = append(at, r.At)
+			}
+		}
+		return at
+	}
+	for _, a := range arrivals(0) {
+		if a != 0 {
+			t.Fatalf("burst arrival at %v, want 0", a)
+		}
+	}
+	at := arrivals(0.5)
+	distinct := map[float64]bool{}
+	for _, a := range at {
+		if a < 0 || a >= 0.5 {
+			t.Fatalf("spread arrival at %v, want within [0, 0.5)", a)
+		}
+		distinct[a] = true
+	}
+	if len(at) != 16 || len(distinct) < 12 {
+		t.Fatalf("%d arrivals, %d distinct: not spread", len(at), len(distinct))
+	}
+	if _, err := Run(NewGRPO(smallGRPO()), p, Options{Engines: EngineSpec{Engines: 1}, ArrivalSpread: -1}); err == nil {
+		t.Fatal("negative spread accepted")
+	}
+}
+
+func TestMakespanBoundAndGainShare(t *testing.T) {
+	g := smallGRPO()
+	g.Prompt = LogNormal{Median: 3000, Sigma: 0.2, Min: 1000, Max: 4000} // prefill-heavy
+	g.Response = LogNormal{Median: 8, Max: 16}
+	s := &Suite{NewWorkload: func() Workload { return NewGRPO(g) }, Policies: []string{"verl_default", "round_robin", "kvc_aware"},
+		Opts: smallOpts(), Parallel: 2, MakespanBound: true}
+	rep, _, err := s.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := rep.Bounds.MakespanFree
+	if b == nil || len(rep.Bounds.MakespanFreeSteps) != g.Steps {
+		t.Fatalf("no per-step bound: %+v", rep.Bounds)
+	}
+	verl := rep.Policies["verl_default"]
+	if !(*b < verl.Makespan) {
+		t.Fatalf("prefill-free makespan %.3f not below verl_default's %.3f on a prefill-heavy workload", *b, verl.Makespan)
+	}
+	if g := verl.GainShare; g == nil || *g != 0 {
+		t.Fatalf("verl_default's own gain share %v, want 0", g)
+	}
+	kv := rep.Policies["kvc_aware"]
+	if want := GainShare(verl.Makespan, kv.Makespan, *b); kv.GainShare == nil || *kv.GainShare != want {
+		t.Fatalf("kvc_aware gain share %v, want %v", kv.GainShare, want)
+	}
+	if GainShare(10, 8, 6) != 0.5 || GainShare(10, 8, 10) != 0 {
+		t.Fatal("GainShare arithmetic")
+	}
+}
+
+func TestPolicyParams(t *testing.T) {
+	if _, err := NewPolicy("nope", PolicyOptions{}); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+	bad := map[string]string{
+		"sglang_cache_aware": `{"balance_rel_threshold":0.5}`,
+		"llmd_precise":       `{"prefix_weight":-1}`,
+		"dynamo_cost":        `{"overlap_score_credit":-2}`,
+		"kvc_aware":          `{"alpha":3}`,
+		"verl_default":       `{}`,
+	}
+	for name, raw := range bad {
+		if _, err := NewPolicy(name, PolicyOptions{Params: map[string]json.RawMessage{name: json.RawMessage(raw)}}); err == nil {
+			t.Errorf("%s accepted %s", name, raw)
+		}
+	}
+	// Unknown keys are errors, and variants take their base's parameters.
+	if _, err := NewPolicy("dynamo_cost+session", PolicyOptions{Params: map[string]json.RawMessage{"dynamo_cost": json.RawMessage(`{"overlap":1}`)}}); err == nil {
+		t.Error("unknown dynamo key accepted through a variant")
+	}
+	p, err := NewPolicy("llmd_precise+session", PolicyOptions{Params: map[string]json.RawMessage{"llmd_precise": json.RawMessage(`{"prefix_weight":3}`)}})
+	if err != nil || !p.Sessions || p.Scrape != LLMDScrapeInterval || !p.Events {
+		t.Fatalf("llmd_precise+session: %+v %v", p, err)
+	}
+	// llm-d precise runs with speculative indexing off; +spec turns it on.
+	for name, want := range map[string]bool{"llmd_precise": false, "llmd_precise+spec": true, "dynamo_cost": false, "dynamo_cost+ttl": true} {
+		p, _ := NewPolicy(name, PolicyOptions{})
+		if c := p.Config(nil); c.Speculate == nil || *c.Speculate != want || c.Strategy == nil {
+			t.Errorf("%s: speculate %v, want %v (strategy %v)", name, c.Speculate, want, c.Strategy)
+		}
+	}
+}
+
+func TestDynamoSeesDeduplicatedActiveBlocks(t *testing.T) {
+	// With the predicted-TTL index, a GRPO sibling's prompt is already
+	// active on the first sibling's engine: only its last block is new
+	// decode load, so siblings may share an engine; the run stays sound.
+	p, _ := NewPolicy("dynamo_cost+ttl", PolicyOptions{Seed: 3})
+	res, err := Run(NewGRPO(smallGRPO()), p, smallOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != 32 || res.FinalInflight != 0 || res.Unfinished != 0 {
+		t.Fatalf("requests %d in-flight %d unfinished %d", res.Requests, res.FinalInflight, res.Unfinished)
+	}
+	s := signals{d: &driver{pol: Policy{ActiveBlocks: true}, byName: map[string]int{"e": 0},
+		engines: []*engine{{id: "e", blocks: map[uint64]int32{1: 2, 2: 1}, nseq: 2, prefill: 3}}}}
+	s.d.cur, s.d.curKeys = &Item{ID: "r"}, []uint64{1, 2, 3}
+	a, ok := s.Active("e", "r")
+	if !ok || a.DecodeBlocks != 4 || a.NewBlocks != 2 || a.PrefillBlocks != 3 {
+		t.Fatalf("active %+v ok %v, want decode 2 unique + 2 partial, new 1 + partial, prefill 3", a, ok)
+	}
+	if _, ok := s.Active("e", "other"); ok {
+		t.Fatal("answered for a request not being routed")
 	}
 }

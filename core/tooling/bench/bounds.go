@@ -31,8 +31,8 @@ func sortRecords(recs []Record) []Record {
 	return out
 }
 
-// Oracle is the infinite-cache, perfect-routing token hit rate (reference
-// §13): requests in arrival order; a request whose first k prompt blocks
+// Oracle is the infinite-cache, perfect-routing token hit rate (an upper
+// bound on any policy's hit rate): requests in arrival order; a request whose first k prompt blocks
 // were seen before (in the same phase: a weight update invalidates every
 // cache) scores min(blockSize·k, prompt length). Every block of the
 // request's prompt and output is then remembered.
@@ -64,12 +64,13 @@ func Oracle(recs []Record, blockSize int) float64 {
 	return hit / total
 }
 
-// PooledLRU is the token hit rate of one LRU cache of capacity blocks (all
-// engines' GPU capacity pooled), requests in arrival order, cleared at
+// PooledLRU is a reference, not a bound: the token hit rate of one LRU
+// cache of capacity blocks (all engines' GPU capacity pooled), requests in arrival order, cleared at
 // phase changes. Hits are the longest resident prompt prefix; then every
 // block of the request is touched tail first, so that, as in vLLM (which
 // frees a request's blocks in reverse order), a prefix outlives its tail.
-// In-flight pinning is ignored.
+// In-flight pinning is ignored, and LRU is not the optimal replacement,
+// so a routing policy can exceed it.
 func PooledLRU(recs []Record, blockSize, capacity int) float64 {
 	if capacity <= 0 {
 		return 0

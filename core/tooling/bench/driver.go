@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -28,6 +29,10 @@ type EngineSpec struct {
 	BlockSize        int
 	MaxNumSeqs       int
 	MaxBatchedTokens int
+	// PrefillPerToken overrides the engines' prefill cost per uncached
+	// token in seconds (0 = the sim default); a tiny value makes prefill
+	// free, as if every prompt were fully cached (the makespan bound).
+	PrefillPerToken float64
 	// Seed is shared by every engine, so equal prompts with equal sampling
 	// seeds generate equal tokens whichever engine serves them; this keeps
 	// multi-turn workloads identical across policies.
@@ -38,10 +43,15 @@ type EngineSpec struct {
 type Options struct {
 	Engines EngineSpec
 	// ScrapeInterval is the metrics push period in virtual seconds
-	// (default 0.1).
+	// (default 0.1) for policies that do not set their own.
 	ScrapeInterval float64
 	// EventDelay delays KV-event delivery to the router (virtual seconds).
 	EventDelay float64
+	// ArrivalSpread spreads the arrivals a phase starts with (a GRPO
+	// step's B×n requests, an agent step's first turns) uniformly over
+	// [0, ArrivalSpread) virtual seconds, as a rollout client submitting
+	// them one by one does; 0 = all at the phase start.
+	ArrivalSpread float64
 	// Record keeps per-request block chains for the bounds.
 	Record bool
 	// Progress, when set, is incremented once per completed request.
@@ -51,14 +61,22 @@ type Options struct {
 // Policy is one routing policy: how to build its router and how to drive it.
 type Policy struct {
 	Name string
-	// Config builds the router configuration; signals is the name under
-	// which the run registers its strategy.Signals provider.
-	Config func(signals string) router.Config
+	// Config builds the router configuration; sig is the run's view of
+	// the fleet for peer strategies that read more than a Candidate.
+	Config func(sig peers.Signals) router.Config
 	// StickyIDs passes the workload's request_id to the router (sticky
 	// sessions); otherwise each submission carries its own unique id.
 	StickyIDs bool
 	// Events feeds the engines' KV events to the router.
 	Events bool
+	// Scrape is the policy's own metrics period (0 = Options.ScrapeInterval).
+	Scrape float64
+	// Sessions answers peers.Signals.Session from the workload's
+	// request_id (the server of the session's previous request).
+	Sessions bool
+	// ActiveBlocks tracks every engine's active prompt blocks for
+	// peers.Signals.Active (Dynamo's deduplicated decode load).
+	ActiveBlocks bool
 }
 
 // Result is what one policy achieved.
@@ -130,18 +148,24 @@ type engine struct {
 	res     sim.StepResult
 	metrics load.Metrics
 	scraped bool
-	// Dynamo-style router-local accounting (blocks).
-	prefill, decode float64
+	// Dynamo-style router-local accounting: prompt blocks still to
+	// prefill, and active full prompt blocks with their reference counts
+	// (shared prefixes count once) plus one partial block per sequence.
+	prefill float64
+	blocks  map[uint64]int32
+	nseq    int
 }
 
 type flight struct {
-	item            *Item
-	eng             int
-	at              float64
-	prefill, decode float64
-	first           bool
-	keys            []uint64
-	tail            []int32
+	item    *Item
+	eng     int
+	at      float64
+	prefill float64
+	first   bool
+	keys    []uint64
+	tail    []int32
+	// akeys are the prompt's full-block keys held in engine.blocks.
+	akeys []uint64
 }
 
 type driver struct {
@@ -163,12 +187,19 @@ type driver struct {
 	ns      uint64
 
 	nextScrape  float64
+	scrapeEvery float64
 	outstanding int
 	lastFinish  float64
 	firstArr    float64
+
+	// The request being routed, its prompt keys (ActiveBlocks) and the
+	// server of each session's previous request (Sessions).
+	cur      *Item
+	curKeys  []uint64
+	sessions map[string]string
 }
 
-// signals adapts the driver to strategy.Signals.
+// signals adapts the driver to peers.Signals.
 type signals struct{ d *driver }
 
 func (s signals) Metrics(server string) (load.Metrics, bool) {
@@ -179,16 +210,30 @@ func (s signals) Metrics(server string) (load.Metrics, bool) {
 	return s.d.engines[i].metrics, true
 }
 
-func (s signals) Active(server string) (float64, float64, bool) {
-	i, ok := s.d.byName[server]
-	if !ok {
-		return 0, 0, false
+func (s signals) Active(server, reqID string) (peers.Active, bool) {
+	d := s.d
+	i, ok := d.byName[server]
+	if !ok || !d.pol.ActiveBlocks || d.cur == nil || d.cur.ID != reqID {
+		return peers.Active{}, false
 	}
-	e := s.d.engines[i]
-	return e.prefill, e.decode, true
+	e := d.engines[i]
+	fresh := 1.0 // the request's partial last block
+	for _, k := range d.curKeys {
+		if e.blocks[k] == 0 {
+			fresh++
+		}
+	}
+	return peers.Active{PrefillBlocks: e.prefill, DecodeBlocks: float64(len(e.blocks) + e.nseq), NewBlocks: fresh}, true
 }
 
-var runSeq atomic.Uint64
+func (s signals) Session(reqID string) (string, bool) {
+	d := s.d
+	if !d.pol.Sessions || d.cur == nil || d.cur.ID != reqID {
+		return "", false
+	}
+	srv, ok := d.sessions[d.cur.Key]
+	return srv, ok
+}
 
 // Run replays a workload (built fresh by mk) under one policy.
 func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
@@ -199,11 +244,15 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 		return nil, errors.New("bench: need at least one engine")
 	}
 	d := &driver{opt: opt, pol: pol, wl: wl, byName: map[string]int{}, flights: map[string]*flight{},
-		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1)}
-	sigName := fmt.Sprintf("kvbench-%d", runSeq.Add(1))
-	peers.RegisterSignals(sigName, signals{d})
-	defer peers.RegisterSignals(sigName, nil)
-	cfg := pol.Config(sigName)
+		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1), scrapeEvery: opt.ScrapeInterval,
+		sessions: map[string]string{}}
+	if pol.Scrape > 0 {
+		d.scrapeEvery = pol.Scrape
+	}
+	if opt.ArrivalSpread < 0 || opt.EventDelay < 0 {
+		return nil, errors.New("bench: arrival spread and event delay must not be negative")
+	}
+	cfg := pol.Config(signals{d})
 	cfg.Now = func() time.Time { return d.epoch.Add(time.Duration(d.now * float64(time.Second))) }
 	r, err := router.New(cfg)
 	if err != nil {
@@ -214,13 +263,13 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 	for i := range names {
 		es := opt.Engines
 		e, err := sim.New(sim.Config{BlockSize: es.BlockSize, NumGPUBlocks: es.GPUBlocks, CPUBlocks: es.CPUBlocks,
-			MaxNumSeqs: es.MaxNumSeqs, MaxNumBatchedTokens: es.MaxBatchedTokens, Seed: es.Seed,
+			MaxNumSeqs: es.MaxNumSeqs, MaxNumBatchedTokens: es.MaxBatchedTokens, Seed: es.Seed, PrefillPerToken: es.PrefillPerToken,
 			HashSalt: es.Seed*1_000_003 + uint64(i) + 1, DisableEvents: !pol.Events})
 		if err != nil {
 			return nil, err
 		}
 		names[i] = "engine-" + strconv.Itoa(i)
-		d.engines = append(d.engines, &engine{id: names[i], e: e})
+		d.engines = append(d.engines, &engine{id: names[i], e: e, blocks: map[uint64]int32{}})
 		d.byName[names[i]] = i
 	}
 	d.bs = d.engines[0].e.Config().BlockSize
@@ -229,7 +278,8 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 	}
 	start := time.Now()
 	d.scrape()
-	d.nextScrape = opt.ScrapeInterval
+	d.nextScrape = d.scrapeEvery
+	spread := rand.New(rand.NewPCG(opt.Engines.Seed, 0x737072656164))
 	for p := 0; p < wl.Phases(); p++ {
 		if p > 0 && wl.ResetBetweenPhases() {
 			if err := d.weightUpdate(); err != nil {
@@ -238,6 +288,9 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 		}
 		ps := d.now
 		for _, it := range wl.Start(p, ps) {
+			if opt.ArrivalSpread > 0 {
+				it.At += spread.Float64() * opt.ArrivalSpread
+			}
 			d.push(&event{t: it.At, kind: evArrival, item: it})
 			d.outstanding++
 		}
@@ -273,7 +326,7 @@ func (d *driver) loop() error {
 		for d.nextScrape <= ev.t {
 			d.now = d.nextScrape
 			d.scrape()
-			d.nextScrape += d.opt.ScrapeInterval
+			d.nextScrape += d.scrapeEvery
 		}
 		d.now = ev.t
 		if err := d.handle(ev); err != nil {
@@ -338,9 +391,14 @@ func (d *driver) arrive(it *Item) error {
 	if d.pol.StickyIDs {
 		key = it.Key
 	}
+	d.cur = it
+	if d.pol.ActiveBlocks {
+		d.curKeys = blockhash.AppendKeys(d.curKeys[:0], prompt, d.bs, d.ns)
+	}
 	t0 := time.Now()
 	dec, err := d.r.Acquire(router.Request{ID: key, Tokens: prompt, Pin: -1})
 	d.res.DecisionUS = append(d.res.DecisionUS, float64(time.Since(t0).Nanoseconds())/1e3)
+	d.cur = nil
 	if err != nil {
 		return err
 	}
@@ -354,9 +412,18 @@ func (d *driver) arrive(it *Item) error {
 	if dec.BlockSize > 0 {
 		hit = (dec.HitBlocks[0] + dec.HitBlocks[1] + dec.HitBlocks[2]) * dec.BlockSize / d.bs
 	}
-	f := &flight{item: it, eng: i, at: d.now, prefill: math.Max(0, blocks-float64(hit)), decode: blocks}
+	f := &flight{item: it, eng: i, at: d.now, prefill: math.Max(0, blocks-float64(hit))}
 	e.prefill += f.prefill
-	e.decode += f.decode
+	if d.pol.Sessions {
+		d.sessions[it.Key] = e.id
+	}
+	if d.pol.ActiveBlocks {
+		f.akeys = append([]uint64(nil), d.curKeys...)
+		for _, k := range f.akeys {
+			e.blocks[k]++
+		}
+		e.nseq++
+	}
 	if d.opt.Record {
 		f.keys = blockhash.AppendKeys(nil, prompt, d.bs, d.ns)
 		f.tail = append([]int32(nil), prompt[len(f.keys)*d.bs:]...)
@@ -414,7 +481,14 @@ func (d *driver) stepEnd(i int) error {
 		if !f.first {
 			e.prefill -= f.prefill
 		}
-		e.decode -= f.decode
+		if d.pol.ActiveBlocks {
+			for _, k := range f.akeys {
+				if e.blocks[k]--; e.blocks[k] <= 0 {
+					delete(e.blocks, k)
+				}
+			}
+			e.nseq--
+		}
 		d.r.Release(e.id)
 		d.res.Requests++
 		d.res.PromptTokens += int64(c.PromptTokens)

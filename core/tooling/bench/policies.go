@@ -1,144 +1,260 @@
 package bench
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/strategy"
+	"github.com/kvc-router/kvc-router/core/tooling/peers"
 )
 
-// PolicyNames lists the policies kvbench knows, in report order.
+// PolicyNames lists the policies kvbench knows, in report order. A name
+// with a "+suffix" is a variant of the policy before the "+".
 var PolicyNames = []string{
-	"round_robin", "random", "verl_default", "sglang_cache_aware", "llmd_weighted", "llmd_precise",
-	"dynamo_cost", "kvc_aware", "kvc_aware_approx",
+	"round_robin", "random", "verl_default",
+	"sglang_cache_aware",
+	"llmd_weighted", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
+	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session",
+	"kvc_aware", "kvc_aware_approx",
 }
 
-// ProposalNames are experimental policies, run only when named (none now:
-// the kvc_aware_v2 proposal became kvc_aware).
-var ProposalNames []string
+// DefaultPolicies is what kvbench runs when no policy is named: one entry
+// per system at its upstream defaults, plus ours.
+var DefaultPolicies = []string{
+	"round_robin", "verl_default", "sglang_cache_aware", "llmd_weighted", "llmd_precise", "dynamo_cost", "kvc_aware",
+}
 
 // PolicyOptions parameterise policy construction.
 type PolicyOptions struct {
 	Seed      uint64
 	BlockSize int
-	// KVCParams overrides the kvc_aware strategy parameters (JSON object
-	// with alpha, load_threshold, layer_weights); nil = project defaults.
-	KVCParams json.RawMessage
-	// KVCRouter, when set, edits the kvc_aware routers' configuration
-	// (for prototyping router-level settings such as the speculation TTL).
+	// Params overrides a policy's main parameters, keyed by base policy
+	// name (before any "+variant"; variants share their base's
+	// parameters). The JSON object is decoded strictly over the policy's
+	// defaults: kvc_aware's strategy parameters, peers.SGLang,
+	// peers.LLMD or peers.Dynamo fields.
+	Params map[string]json.RawMessage
+	// KVCRouter, when set, edits the kvc_aware routers' configuration.
 	KVCRouter func(*router.Config)
-	// V2Params overrides kvc_aware_v2 parameters (JSON object).
-	V2Params json.RawMessage
+}
+
+// LLMDScrapeInterval is llm-d's metrics refresh period in seconds
+// (llm-d-inference-scheduler pkg/epp/datalayer/runtime.go,
+// --refresh-metrics-interval 50 ms).
+const LLMDScrapeInterval = 0.05
+
+// SGLangMaxTreeSize is SGLang's per-worker tree budget in characters
+// (launcher default max_tree_size 2^26; sgl-router/src/tree.rs evicts LRU
+// leaves beyond it).
+const SGLangMaxTreeSize = 1 << 26
+
+// charsPerToken converts SGLang's character tree budget to tokens (the
+// ratio llm-d's approximate scorer also assumes for English text).
+const charsPerToken = 4
+
+// BaseName is the policy name before any "+variant".
+func BaseName(name string) string {
+	b, _, _ := strings.Cut(name, "+")
+	return b
 }
 
 func bptr(b bool) *bool { return &b }
 
-// NewPolicy builds a named policy. Variants, from the reference:
+func decodeOver(name string, raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("policy %s parameters: %w", name, err)
+	}
+	return nil
+}
+
+// NewPolicy builds a named policy. Variants (upstream in brackets):
 //
 //   - round_robin, random: load-blind; no request ids (no stickiness).
 //   - verl_default: router default mode (verl's least in-flight + sticky
-//     request_id), request ids passed.
+//     request_id), request ids passed [verl GlobalRequestLoadBalancer].
 //   - sglang_cache_aware: approximate index fed by routing decisions
-//     (speculative insert on route, 120 s eviction, no capacity cap: SGLang's
-//     tree is bounded only by max_tree_size), thresholds 0.3 / 64 / 1.5.
+//     (insert on route), thresholds 0.3 / 64 / 1.5, size-based LRU
+//     eviction at max_tree_size (2^26 characters ≈ 2^24 tokens per worker),
+//     no time-based expiry [sgl-router cache_aware.rs, tree.rs].
 //   - llmd_weighted: llm-d's built-in default, approximate prefix (per-pod
 //     LRU sized to num_gpu_blocks, no TTL, 256-block cap) 3 + queue 2 +
-//     kv-utilisation 2, scraped metrics.
-//   - llmd_precise: llm-d's precise sample, KV events + 2 s speculative
-//     indexing, precise prefix 2 (gpu 1.0, cpu 0.8) + kv 1 + queue 1.
-//   - dynamo_cost: Dynamo's default cost with KV events and its
-//     predicted-TTL side index (5 s), router-local prefill/decode blocks,
-//     no session affinity.
+//     kv-utilisation 2, metrics every 50 ms.
+//   - llmd_precise: llm-d's precise sample: KV events, speculative
+//     indexing off, precise prefix 2 (gpu 1.0, cpu 0.8) + kv 1 + queue 1,
+//     metrics every 50 ms [deploy/config/epp-precise-prefix-cache-config.yaml].
+//     +spec: speculative indexing on (2 s TTL) as llm-d's guide enables it.
+//     +session: plus the session-affinity scorer at twice the prefix
+//     weight (the 100 : 50 of deploy/config/session-affinity-config.yaml).
+//   - dynamo_cost: Dynamo's default cost with KV events, router-local
+//     active blocks deduplicated per worker, random tie-break, no session
+//     affinity, no predicted-TTL side index
+//     [lib/kv-router/src/scheduling/selector/default.rs]. +ttl: the 5 s
+//     predicted-TTL side index (--router-predicted-ttl-secs 5). +session:
+//     session → worker binding with no load breakout
+//     (--router-session-affinity-ttl-secs).
 //   - kvc_aware: ours, KV events, sticky request ids.
 //   - kvc_aware_approx: ours without events (speculative index only).
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
 	}
-	params := func(v any) json.RawMessage {
-		b, _ := json.Marshal(v)
-		return b
+	base := BaseName(name)
+	raw := o.Params[base]
+	known := false
+	for _, n := range PolicyNames {
+		known = known || n == name
 	}
-	one := func(n string, p json.RawMessage) []router.StrategySpec {
-		return []router.StrategySpec{{Name: n, Weight: 1, Params: p}}
+	if !known {
+		return Policy{}, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(PolicyNames, ", "))
 	}
-	kvc := func(events bool) func(string) router.Config {
-		return func(string) router.Config {
+	switch base {
+	case "round_robin", "random", "verl_default":
+		if len(raw) > 0 {
+			return Policy{}, fmt.Errorf("policy %s takes no parameters", base)
+		}
+	}
+	seed := o.Seed
+	switch name {
+	case "round_robin":
+		return Policy{Name: name, Config: func(peers.Signals) router.Config {
+			return router.Config{Mode: router.ModeDefault, Strategy: &peers.RoundRobin{}}
+		}}, nil
+	case "random":
+		return Policy{Name: name, Config: func(peers.Signals) router.Config {
+			return router.Config{Mode: router.ModeDefault, Strategy: peers.NewRandom(seed)}
+		}}, nil
+	case "verl_default":
+		return Policy{Name: name, StickyIDs: true, Config: func(peers.Signals) router.Config {
+			return router.Config{Mode: router.ModeDefault}
+		}}, nil
+	case "sglang_cache_aware":
+		s := peers.DefaultSGLang()
+		if err := decodeOver(name, raw, &s); err != nil {
+			return Policy{}, err
+		}
+		if err := s.Validate(); err != nil {
+			return Policy{}, err
+		}
+		capBlocks := SGLangMaxTreeSize / charsPerToken / o.BlockSize
+		return Policy{Name: name, Config: func(peers.Signals) router.Config {
+			st := s
+			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
+				Speculate: bptr(true), StickyOverload: bptr(false), Strategy: &st,
+				// Residency ends only by size: an expiry far beyond any run.
+				Index: router.IndexSpec{ApproxTTLMS: 1000 * 86400}, Servers: servers(router.ServerSpec{Capacity: capBlocks})}
+		}}, nil
+	case "llmd_weighted", "llmd_precise", "llmd_precise+spec", "llmd_precise+session":
+		l := peers.DefaultLLMDPrecise()
+		if base == "llmd_weighted" {
+			l = peers.DefaultLLMDApprox()
+		}
+		l.Seed = seed
+		if err := decodeOver(name, raw, &l); err != nil {
+			return Policy{}, err
+		}
+		if name == "llmd_precise+session" && l.SessionWeight == 0 {
+			l.SessionWeight = 2 * l.PrefixWeight
+		}
+		if _, err := peers.NewLLMD(name, l, nil); err != nil {
+			return Policy{}, err
+		}
+		p := Policy{Name: name, Scrape: LLMDScrapeInterval, Sessions: l.SessionWeight > 0}
+		if base == "llmd_weighted" {
+			p.Config = func(sig peers.Signals) router.Config {
+				st, _ := peers.NewLLMD(name, l, sig)
+				// Per-pod LRU sized from num_gpu_blocks (the router caps an
+				// approximate server at its metrics' block count), no TTL.
+				return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
+					Speculate: bptr(true), StickyOverload: bptr(false), Strategy: st,
+					Index: router.IndexSpec{ApproxTTLMS: 1000 * 86400}}
+			}
+			return p, nil
+		}
+		spec := name == "llmd_precise+spec"
+		p.Events = true
+		p.Config = func(sig peers.Signals) router.Config {
+			st, _ := peers.NewLLMD(name, l, sig)
+			c := router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
+				Speculate: bptr(spec), StickyOverload: bptr(false), Strategy: st, Servers: uncapped()}
+			if spec {
+				c.Index.SpecTTLMS = 2000
+			}
+			return c
+		}
+		return p, nil
+	case "dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session":
+		d := peers.DefaultDynamo()
+		d.BlockSize = o.BlockSize
+		d.Seed = seed
+		if err := decodeOver(name, raw, &d); err != nil {
+			return Policy{}, err
+		}
+		if _, err := peers.NewDynamo(d, nil); err != nil {
+			return Policy{}, err
+		}
+		ttl := name == "dynamo_cost+ttl"
+		return Policy{Name: name, Events: true, StickyIDs: name == "dynamo_cost+session", ActiveBlocks: true,
+			Config: func(sig peers.Signals) router.Config {
+				st, _ := peers.NewDynamo(d, sig)
+				c := router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
+					Speculate: bptr(ttl), StickyOverload: bptr(false), Strategy: st, Servers: uncapped()}
+				if ttl {
+					c.Index.SpecTTLMS = 5000
+				}
+				return c
+			}}, nil
+	case "kvc_aware", "kvc_aware_approx":
+		if len(raw) > 0 {
+			// Validate now, so a bad parameter fails before any run.
+			k := strategy.DefaultKVCAware()
+			if err := decodeOver(name, raw, &k); err != nil {
+				return Policy{}, err
+			}
+			if err := k.Validate(); err != nil {
+				return Policy{}, err
+			}
+		}
+		events := name == "kvc_aware"
+		return Policy{Name: name, StickyIDs: true, Events: events, Config: func(peers.Signals) router.Config {
 			c := router.Config{Mode: router.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize}
 			if events {
-				c.Servers = uncapped(o.BlockSize)
+				c.Servers = uncapped()
 			}
-			if len(o.KVCParams) > 0 {
-				c.Strategies = one("kvc_aware", o.KVCParams)
+			if len(raw) > 0 {
+				c.Strategies = []router.StrategySpec{{Name: "kvc_aware", Weight: 1, Params: raw}}
 			}
 			if o.KVCRouter != nil {
 				o.KVCRouter(&c)
 			}
 			return c
-		}
+		}}, nil
 	}
-	switch name {
-	case "round_robin":
-		return Policy{Name: name, Config: func(string) router.Config {
-			return router.Config{Mode: router.ModeDefault, Strategies: one("round_robin", nil)}
-		}}, nil
-	case "random":
-		return Policy{Name: name, Config: func(string) router.Config {
-			return router.Config{Mode: router.ModeDefault, Strategies: one("random", params(map[string]any{"seed": o.Seed}))}
-		}}, nil
-	case "verl_default":
-		return Policy{Name: name, StickyIDs: true, Config: func(string) router.Config {
-			return router.Config{Mode: router.ModeDefault}
-		}}, nil
-	case "sglang_cache_aware":
-		return Policy{Name: name, Config: func(string) router.Config {
-			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
-				Speculate: bptr(true), StickyOverload: bptr(false), Strategies: one("sglang_cache_aware", nil),
-				Index: router.IndexSpec{ApproxTTLMS: 120_000}, Servers: uncapped(o.BlockSize)}
-		}}, nil
-	case "llmd_weighted":
-		return Policy{Name: name, Config: func(sig string) router.Config {
-			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
-				Speculate: bptr(true), StickyOverload: bptr(false),
-				Strategies: one("llmd_weighted", params(map[string]any{"signals": sig, "seed": o.Seed})),
-				Index:      router.IndexSpec{ApproxTTLMS: 1000 * 86400}}
-		}}, nil
-	case "llmd_precise":
-		return Policy{Name: name, Events: true, Config: func(sig string) router.Config {
-			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
-				Speculate: bptr(true), StickyOverload: bptr(false),
-				Strategies: one("llmd_precise", params(map[string]any{"signals": sig, "seed": o.Seed})),
-				Index:      router.IndexSpec{SpecTTLMS: 2000}, Servers: uncapped(o.BlockSize)}
-		}}, nil
-	case "dynamo_cost":
-		return Policy{Name: name, Events: true, Config: func(sig string) router.Config {
-			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
-				Speculate: bptr(true), StickyOverload: bptr(false),
-				Strategies: one("dynamo_cost", params(map[string]any{"signals": sig, "block_size": o.BlockSize})),
-				Index:      router.IndexSpec{SpecTTLMS: 5000}, Servers: uncapped(o.BlockSize)}
-		}}, nil
-	case "kvc_aware":
-		return Policy{Name: name, StickyIDs: true, Events: true, Config: kvc(true)}, nil
-	case "kvc_aware_approx":
-		return Policy{Name: name, StickyIDs: true, Config: kvc(false)}, nil
-	}
-	return Policy{}, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(append(PolicyNames, ProposalNames...), ", "))
+	return Policy{}, fmt.Errorf("unknown policy %q", name)
 }
 
-// uncapped gives servers a record capacity no workload reaches. For
-// SGLang's approximate tree this leaves residency to the TTL (its eviction
-// timer). For event-fed servers it works around an index behaviour: the
-// router caps every server's records at num_gpu_blocks, so once an engine's
-// cache is full each speculative record evicts a confirmed one, whose bridge
-// entry is lost; later BlockStored events naming it as parent are then
-// dropped as unanchored (measured: ~40% of stored blocks on a full engine).
-// Events remove blocks authoritatively, so no cap is needed there.
-func uncapped(int) map[string]router.ServerSpec {
+// servers gives every engine name the driver uses the same spec.
+func servers(s router.ServerSpec) map[string]router.ServerSpec {
 	m := map[string]router.ServerSpec{}
 	for i := 0; i < 256; i++ {
-		m[fmt.Sprintf("engine-%d", i)] = router.ServerSpec{Capacity: 1 << 22}
+		m[fmt.Sprintf("engine-%d", i)] = s
 	}
 	return m
 }
+
+// uncapped gives event-fed servers a record capacity no workload reaches.
+// The router caps every server's records at num_gpu_blocks otherwise, so
+// once an engine's cache is full each speculative record evicts a
+// confirmed one, whose bridge entry is lost; later BlockStored events
+// naming it as parent are then dropped as unanchored (measured: ~40% of
+// stored blocks on a full engine). Events remove blocks authoritatively,
+// so no cap is needed there.
+func uncapped() map[string]router.ServerSpec { return servers(router.ServerSpec{Capacity: 1 << 22}) }

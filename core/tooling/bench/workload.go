@@ -2,8 +2,11 @@
 // engines (core/sim) on one virtual clock, routing every request through a
 // kvc-router Router, and measures what each routing policy achieves: prefix
 // hit rate, TTFT, end-to-end latency, throughput, rollout-step makespan,
-// load imbalance and router decision time. It also computes the bounds a
-// policy is judged against (infinite-cache oracle, pooled LRU).
+// load imbalance and router decision time. It also computes what a policy
+// is judged against: the infinite-cache oracle hit rate (an upper bound),
+// one pooled LRU over all engines' capacity (a reference, not a bound) and
+// the prefill-free makespan (each step's makespan had every prompt been
+// fully cached: the gain prefix caching can at most bring).
 //
 // Workloads are seeded and deterministic: the same seed gives the same
 // requests (and, because every engine shares one sampling seed, the same
@@ -366,8 +369,10 @@ func (g *GRPO) Done(*Item, []int32, float64) []*Item { return nil }
 
 // AgentConfig configures the agent workload.
 type AgentConfig struct {
-	Steps int `json:"steps"`
-	Tasks int `json:"tasks"`
+	// Name labels the workload in reports (default "agent").
+	Name  string `json:"name,omitempty"`
+	Steps int    `json:"steps"`
+	Tasks int    `json:"tasks"`
 	// Group trajectories per task share the task prompt (GRPO over agents).
 	Group        int       `json:"group"`
 	MinTurns     int       `json:"min_turns"`
@@ -434,7 +439,12 @@ func NewAgent(cfg AgentConfig) *Agent {
 }
 
 // Name implements Workload.
-func (a *Agent) Name() string { return "agent" }
+func (a *Agent) Name() string {
+	if a.cfg.Name != "" {
+		return a.cfg.Name
+	}
+	return "agent"
+}
 
 // Phases implements Workload.
 func (a *Agent) Phases() int { return a.cfg.Steps }
@@ -487,4 +497,18 @@ func (a *Agent) Done(it *Item, output []int32, now float64) []*Item {
 	prompt = append(append(append(prompt, it.prompt...), output...), tool...)
 	return []*Item{{Key: tr.key, ID: fmt.Sprintf("%s-%d", tr.key, next), At: now + tr.lat[it.turn], Phase: it.Phase,
 		MaxTokens: tr.resp[next], Seed: it.Seed, prompt: prompt, traj: it.traj, turn: next}}
+}
+
+// DefaultAgentLong is a long-context agent, where prefill dominates: 2 steps
+// of 8 tasks × 4 trajectories, 20–40 turns, tool outputs lognormal(median
+// 2,048, σ 0.4, 1,024..4,096), responses lognormal(median 256, σ 0.6,
+// ≤ 512), tool latency lognormal(median 0.5 s), context capped at 65,536.
+func DefaultAgentLong() AgentConfig {
+	a := DefaultAgent()
+	a.Steps, a.Tasks, a.Group, a.MinTurns, a.MaxTurns = 2, 8, 4, 20, 40
+	a.Tool = LogNormal{Median: 2048, Sigma: 0.4, Min: 1024, Max: 4096}
+	a.Response = LogNormal{Median: 256, Sigma: 0.6, Min: 8, Max: 512}
+	a.MaxContext = 65536
+	a.Name = "agent_long"
+	return a
 }

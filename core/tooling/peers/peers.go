@@ -1,118 +1,50 @@
+// Package peers re-implements the scoring rules of other routers so that a
+// benchmark can run each of them through kvc-router's strategy.Strategy
+// interface and the same router. It is tooling: the shipped library does not
+// link it, nothing registers these strategies by name, and none of them is
+// a kvc-router default. Each peer is built with its inputs as arguments
+// (configuration and a Signals provider) and handed to the router ready
+// made (router.Config.Strategy).
+//
+// The upstream file each formula follows is cited beside it.
 package peers
 
-// Peer policies: the scoring rules of other routers, re-implemented from
-// their published descriptions (project reference routing-anchors.md) so
-// that a benchmark can run every policy through this package's strategy.Strategy
-// interface and the same router. None of them is a default of kvc-router.
-//
-//   - round_robin: the next server in pool order, one step per decision.
-//   - random: a uniformly random server (seeded).
-//   - sglang_cache_aware: SGLang's threshold rule over router in-flight
-//     counts and the prefix match ratio.
-//   - llmd_weighted: llm-d/GAIE's default weighted sum of the approximate
-//     prefix scorer (3), queue scorer (2) and KV-cache utilisation scorer (2).
-//   - llmd_precise: llm-d's precise sample (precise prefix 2 with tier
-//     weights gpu 1.0 / cpu 0.8, kv-utilisation 1, queue 1).
-//   - dynamo_cost: Dynamo's linear cost over prefill and decode blocks with
-//     tier-weighted overlap credit (argmin; returned negated).
-//
-// Some of these systems read signals a strategy.Candidate does not carry (scraped
-// waiting queue and KV usage, router-side active prefill/decode blocks).
-// They get them from a Signals provider registered under a name and named
-// in the strategy's "signals" parameter; without one they fall back to the
-// strategy.Candidate's own fields, as documented on each type.
-
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
-
-	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/strategy"
 )
 
-// Signals supplies per-server inputs beyond strategy.Candidate.
+// Signals supplies per-server inputs beyond strategy.Candidate, as the
+// benchmark driver observes them. Request-relative answers are about the
+// request being routed, named by its id.
 type Signals interface {
 	// Metrics is the server's last scraped metrics (ok false if none).
 	Metrics(server string) (load.Metrics, bool)
-	// Active is router-local accounting of the blocks still to prefill and
-	// the KV blocks held by requests routed to server (Dynamo's slot view).
-	Active(server string) (prefillBlocks, decodeBlocks float64, ok bool)
+	// Active is the router-local slot view Dynamo keeps of one server,
+	// relative to the request reqID being routed.
+	Active(server, reqID string) (Active, bool)
+	// Session names the server that served the previous request of reqID's
+	// session (ok false for a first request or without sessions).
+	Session(reqID string) (string, bool)
 }
 
-var (
-	sigMu    sync.RWMutex
-	sigTable = map[string]Signals{}
-)
-
-// RegisterSignals makes s available to peer strategies whose "signals"
-// parameter is name; a nil s removes the entry.
-func RegisterSignals(name string, s Signals) {
-	sigMu.Lock()
-	defer sigMu.Unlock()
-	if s == nil {
-		delete(sigTable, name)
-		return
-	}
-	sigTable[name] = s
-}
-
-func lookupSignals(name string) Signals {
-	if name == "" {
-		return nil
-	}
-	sigMu.RLock()
-	defer sigMu.RUnlock()
-	return sigTable[name]
-}
-
-func init() {
-	strategy.Register("round_robin", func(p json.RawMessage) (strategy.Strategy, error) {
-		var v struct{}
-		if err := strategy.DecodeStrict(p, &v); err != nil {
-			return nil, fmt.Errorf("round_robin: %w", err)
-		}
-		return &RoundRobin{}, nil
-	})
-	strategy.Register("random", func(p json.RawMessage) (strategy.Strategy, error) {
-		v := struct {
-			Seed uint64 `json:"seed"`
-		}{}
-		if err := strategy.DecodeStrict(p, &v); err != nil {
-			return nil, fmt.Errorf("random: %w", err)
-		}
-		return NewRandom(v.Seed), nil
-	})
-	strategy.Register("sglang_cache_aware", func(p json.RawMessage) (strategy.Strategy, error) {
-		s := DefaultSGLang()
-		if err := strategy.DecodeStrict(p, &s); err != nil {
-			return nil, fmt.Errorf("sglang_cache_aware: %w", err)
-		}
-		if !(s.CacheThreshold >= 0 && s.CacheThreshold <= 1) || s.BalanceAbs < 0 || s.BalanceRel < 1 {
-			return nil, fmt.Errorf("sglang_cache_aware: need cache_threshold in [0,1], balance_abs_threshold >= 0, balance_rel_threshold >= 1")
-		}
-		return &s, nil
-	})
-	strategy.Register("llmd_weighted", func(p json.RawMessage) (strategy.Strategy, error) {
-		return buildLLMD("llmd_weighted", DefaultLLMDApprox(), p)
-	})
-	strategy.Register("llmd_precise", func(p json.RawMessage) (strategy.Strategy, error) {
-		return buildLLMD("llmd_precise", DefaultLLMDPrecise(), p)
-	})
-	strategy.Register("dynamo_cost", func(p json.RawMessage) (strategy.Strategy, error) {
-		d := DefaultDynamo()
-		if err := strategy.DecodeStrict(p, &d); err != nil {
-			return nil, fmt.Errorf("dynamo_cost: %w", err)
-		}
-		if d.BlockSize <= 0 {
-			return nil, fmt.Errorf("dynamo_cost: block_size must be > 0")
-		}
-		return &d, nil
-	})
+// Active is Dynamo's router-local view of one worker for one request.
+type Active struct {
+	// PrefillBlocks is the prompt still to prefill by the worker's active
+	// requests (uncached tokens until their first token), in blocks.
+	PrefillBlocks float64
+	// DecodeBlocks is the worker's unique active KV blocks: a block shared
+	// by several active sequences counts once.
+	DecodeBlocks float64
+	// NewBlocks is how many of the request's blocks the worker's active
+	// sequences do not already hold.
+	NewBlocks float64
 }
 
 // RoundRobin picks candidates in turn: decision k prefers candidate k mod n.
@@ -152,20 +84,33 @@ func (r *Random) Score(_ *strategy.Request, c []strategy.Candidate, out []float6
 	}
 }
 
-// SGLang is SGLang's cache_aware rule (defaults: Python RouterArgs, as verl
-// and prime-rl use it). Load is the router's in-flight count. The system is
-// imbalanced when max-min > BalanceAbs and max > BalanceRel*min: then the
-// least loaded server wins. Otherwise, if the best match ratio (matched
-// blocks / hittable blocks) exceeds CacheThreshold, the longest match wins
-// (ties to the less loaded); else the least loaded server wins.
+// SGLang is SGLang's cache_aware rule. Load is the router's in-flight
+// count. The system is imbalanced when max-min > BalanceAbs and
+// max > BalanceRel*min: then the least loaded server wins. Otherwise, if the
+// best match ratio (matched blocks / hittable blocks) exceeds
+// CacheThreshold, the longest match wins (ties to the less loaded); else the
+// least loaded server wins.
+//
+// Upstream: sgl-project/sglang sgl-router/src/policies/cache_aware.rs (the
+// rule, now sgl-model-gateway/src/policies/cache_aware.rs); defaults from
+// the Python launcher's RouterArgs (python -m sglang_router.launch_router),
+// which verl uses.
 type SGLang struct {
 	CacheThreshold float64 `json:"cache_threshold"`
 	BalanceAbs     float64 `json:"balance_abs_threshold"`
 	BalanceRel     float64 `json:"balance_rel_threshold"`
 }
 
-// DefaultSGLang returns 0.3 / 64 / 1.5.
+// DefaultSGLang returns the launcher defaults 0.3 / 64 / 1.5.
 func DefaultSGLang() SGLang { return SGLang{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5} }
+
+// Validate checks ranges.
+func (s *SGLang) Validate() error {
+	if !(s.CacheThreshold >= 0 && s.CacheThreshold <= 1) || s.BalanceAbs < 0 || s.BalanceRel < 1 {
+		return errors.New("sglang_cache_aware: need cache_threshold in [0,1], balance_abs_threshold >= 0, balance_rel_threshold >= 1")
+	}
+	return nil
+}
 
 // Name implements strategy.Strategy.
 func (*SGLang) Name() string { return "sglang_cache_aware" }
@@ -182,6 +127,7 @@ func (s *SGLang) Score(_ *strategy.Request, c []strategy.Candidate, out []float6
 		minL, maxL = math.Min(minL, l), math.Max(maxL, l)
 		best = math.Max(best, matchRatio(&c[i]))
 	}
+	// cache_aware.rs: is_imbalanced = (max - min) > abs && max > rel * min.
 	imbalanced := maxL-minL > s.BalanceAbs && maxL > s.BalanceRel*minL
 	useCache := !imbalanced && best > s.CacheThreshold
 	for i := range c {
@@ -203,53 +149,66 @@ func matchRatio(c *strategy.Candidate) float64 {
 }
 
 // LLMD is llm-d's weighted scorer sum, final = Σ w_k·score_k with each score
-// in [0, 1], max-score picker with random tie-breaking:
+// in [0, 1], max-score picker with random tie-breaking. Upstream scorers:
+// llm-d/llm-d-inference-scheduler pkg/epp/framework/plugins/scheduling/
+// scorer/ (prefix, queue, kv-cache-utilization, session-affinity) and
+// llm-d/llm-d-kv-cache docs/architecture.md (precise, tier-weighted):
 //
-//	prefix = Σ_tier tier_weight·matched_blocks[tier] / total_blocks, both
-//	         capped at MaxPrefixBlocks (0 = no cap; the approximate scorer
-//	         hashes at most 256 blocks of the prompt)
-//	queue  = (maxQ − q)/(maxQ − minQ), 1 when all equal; q = scraped waiting
-//	         requests (router in-flight count without signals)
-//	kv     = 1 − kv_cache_usage (1 − strategy.Candidate.Load without signals)
+//	prefix  = Σ_tier tier_weight·matched_blocks[tier] / total_blocks, both
+//	          capped at MaxPrefixBlocks (0 = no cap; the approximate scorer
+//	          hashes at most 256 blocks of the prompt); the precise scorer
+//	          credits the longest consecutive prefix
+//	queue   = (maxQ − q)/(maxQ − minQ), 1 when all equal; q = scraped waiting
+//	          requests, router in-flight count without signals
+//	kv      = 1 − kv_cache_usage, 1 − strategy.Candidate.Load without
+//	          signals
+//	session = 1 for the server that served the session's previous request,
+//	          else 0 (session-affinity scorer: a scorer, so load can
+//	          override it)
 type LLMD struct {
 	PrefixWeight    float64            `json:"prefix_weight"`
 	QueueWeight     float64            `json:"queue_weight"`
 	KVWeight        float64            `json:"kv_weight"`
+	SessionWeight   float64            `json:"session_weight"`
 	MaxPrefixBlocks int                `json:"max_prefix_blocks"`
 	TierWeights     map[string]float64 `json:"tier_weights"`
-	SignalsName     string             `json:"signals"`
 	Seed            uint64             `json:"seed"`
 	name            string
+	sig             Signals
 	tier            [index.NumTiers]float64
 	rng             *rand.Rand
 	q               []float64
 }
 
-// DefaultLLMDApprox is the built-in default: approximate prefix 3, queue 2,
-// kv-cache utilisation 2, at most 256 hashed blocks, GPU-only credit.
+// DefaultLLMDApprox is the built-in default profile
+// (llm-d/llm-d guides/inference-scheduling/ inference-scheduling values;
+// llm-d-inference-scheduler pkg/epp/server/options.go): approximate
+// prefix 3, queue 2, kv-cache utilisation 2, at
+// most 256 hashed blocks, GPU-only credit.
 func DefaultLLMDApprox() LLMD {
 	return LLMD{PrefixWeight: 3, QueueWeight: 2, KVWeight: 2, MaxPrefixBlocks: 256, TierWeights: map[string]float64{"gpu": 1}}
 }
 
-// DefaultLLMDPrecise is the precise sample: precise prefix 2 (gpu 1.0,
+// DefaultLLMDPrecise is the precise sample
+// (llm-d/llm-d-inference-scheduler deploy/config/
+// epp-precise-prefix-cache-config.yaml): precise prefix 2 (gpu 1.0,
 // cpu 0.8), kv-cache utilisation 1, queue 1, no block cap.
 func DefaultLLMDPrecise() LLMD {
 	return LLMD{PrefixWeight: 2, QueueWeight: 1, KVWeight: 1, TierWeights: map[string]float64{"gpu": 1, "cpu": 0.8}}
 }
 
-func buildLLMD(name string, l LLMD, p json.RawMessage) (strategy.Strategy, error) {
-	if err := strategy.DecodeStrict(p, &l); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if l.PrefixWeight < 0 || l.QueueWeight < 0 || l.KVWeight < 0 || l.MaxPrefixBlocks < 0 {
+// NewLLMD validates cfg and binds it to sig (may be nil: fall back to the
+// candidates' own fields). name is the policy name it reports.
+func NewLLMD(name string, cfg LLMD, sig Signals) (*LLMD, error) {
+	l := cfg
+	if l.PrefixWeight < 0 || l.QueueWeight < 0 || l.KVWeight < 0 || l.SessionWeight < 0 || l.MaxPrefixBlocks < 0 {
 		return nil, fmt.Errorf("%s: weights and max_prefix_blocks must not be negative", name)
 	}
 	tw, err := strategy.TierWeights(name, l.TierWeights)
 	if err != nil {
 		return nil, err
 	}
-	l.tier = tw
-	l.name = name
+	l.tier, l.name, l.sig = tw, name, sig
 	l.rng = rand.New(rand.NewPCG(l.Seed, 0x6c6c6d64))
 	return &l, nil
 }
@@ -258,8 +217,7 @@ func buildLLMD(name string, l LLMD, p json.RawMessage) (strategy.Strategy, error
 func (l *LLMD) Name() string { return l.name }
 
 // Score implements strategy.Strategy.
-func (l *LLMD) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
-	sig := lookupSignals(l.SignalsName)
+func (l *LLMD) Score(req *strategy.Request, c []strategy.Candidate, out []float64) {
 	if cap(l.q) < len(c) {
 		l.q = make([]float64, len(c))
 	}
@@ -267,17 +225,21 @@ func (l *LLMD) Score(_ *strategy.Request, c []strategy.Candidate, out []float64)
 	minQ, maxQ := math.Inf(1), math.Inf(-1)
 	for i := range c {
 		q[i] = float64(c[i].Inflight)
-		if sig != nil {
-			if m, ok := sig.Metrics(c[i].ID); ok {
+		if l.sig != nil {
+			if m, ok := l.sig.Metrics(c[i].ID); ok {
 				q[i] = m.Waiting
 			}
 		}
 		minQ, maxQ = math.Min(minQ, q[i]), math.Max(maxQ, q[i])
 	}
+	session := ""
+	if l.SessionWeight > 0 && l.sig != nil {
+		session, _ = l.sig.Session(req.ID)
+	}
 	for i := range c {
 		kv := 1 - c[i].Load
-		if sig != nil {
-			if m, ok := sig.Metrics(c[i].ID); ok && m.HasKVUsage {
+		if l.sig != nil {
+			if m, ok := l.sig.Metrics(c[i].ID); ok && m.HasKVUsage {
 				kv = 1 - m.KVUsage
 			}
 		}
@@ -285,8 +247,13 @@ func (l *LLMD) Score(_ *strategy.Request, c []strategy.Candidate, out []float64)
 		if maxQ > minQ {
 			qs = (maxQ - q[i]) / (maxQ - minQ)
 		}
-		out[i] = l.PrefixWeight*l.prefix(&c[i]) + l.QueueWeight*qs + l.KVWeight*kv + 1e-9*l.rng.Float64()
+		ss := 0.0
+		if session != "" && c[i].ID == session {
+			ss = 1
+		}
+		out[i] = l.PrefixWeight*l.prefix(&c[i]) + l.QueueWeight*qs + l.KVWeight*kv + l.SessionWeight*ss
 	}
+	breakTies(l.rng, out)
 }
 
 func (l *LLMD) prefix(c *strategy.Candidate) float64 {
@@ -304,66 +271,112 @@ func (l *LLMD) prefix(c *strategy.Candidate) float64 {
 	left := total
 	s := 0.0
 	for t := range index.NumTiers {
-		n := c.Hit.Tier[t]
-		if n > left {
-			n = left
-		}
+		n := min(c.Hit.Tier[t], left)
 		s += l.tier[t] * float64(n)
 		left -= n
 	}
 	return math.Min(1, s/float64(total))
 }
 
-// Dynamo is Dynamo's KV router cost (argmin; Score returns −cost):
+// breakTies lifts one of the top-scoring candidates, chosen uniformly at
+// random, above the others, so that strategy.Pick (which breaks ties by
+// insertion order) picks a random one among equals, as llm-d's max-score
+// picker and Dynamo's temperature-0 selector do.
+func breakTies(rng *rand.Rand, out []float64) {
+	best := math.Inf(-1)
+	for _, s := range out {
+		best = math.Max(best, s)
+	}
+	n := 0
+	for _, s := range out {
+		if s == best {
+			n++
+		}
+	}
+	if n < 2 {
+		return
+	}
+	k := rng.IntN(n)
+	for i, s := range out {
+		if s == best {
+			if k == 0 {
+				out[i] = math.Nextafter(s, math.Inf(1))
+				return
+			}
+			k--
+		}
+	}
+}
+
+// Dynamo is Dynamo's KV router cost, argmin (Score returns −cost), after
+// ai-dynamo/dynamo lib/kv-router/src/scheduling/selector/default.rs and
+// docs/components/router/router-configuration.md:
 //
-//	adjusted_prefill = max(prefill_blocks − c·gpu_overlap − w_host·cpu_overlap
+//	raw_prefill      = active_prefill_blocks + request_tokens / block_size
+//	adjusted_prefill = max(raw_prefill − c·gpu_overlap − w_host·cpu_overlap
 //	                       − w_disk·ssd_overlap, 0)
-//	cost             = prefill_load_scale·adjusted_prefill + decode_blocks
+//	decode           = unique active blocks on the worker + the request's
+//	                   blocks not already held by its active sequences
+//	cost             = prefill_load_scale·adjusted_prefill + decode
 //
-// prefill_blocks = blocks still to prefill on the worker + the request's
-// blocks; decode_blocks = KV blocks held on the worker + the request's
-// blocks. Worker figures come from Signals.Active; without signals both are
-// estimated from the router's in-flight prompt tokens / BlockSize.
+// At temperature 0 the minimum cost wins and ties break at random. Worker
+// figures come from Signals.Active; without signals both are estimated from
+// the router's in-flight prompt tokens / BlockSize, with no sharing.
 type Dynamo struct {
 	OverlapCredit    float64 `json:"overlap_score_credit"`
 	PrefillLoadScale float64 `json:"prefill_load_scale"`
 	HostWeight       float64 `json:"host_cache_hit_weight"`
 	DiskWeight       float64 `json:"disk_cache_hit_weight"`
 	BlockSize        int     `json:"block_size"`
-	SignalsName      string  `json:"signals"`
+	Seed             uint64  `json:"seed"`
+	sig              Signals
+	rng              *rand.Rand
 }
 
 // DefaultDynamo returns Dynamo's documented defaults (1.0, 1.0, 0.75, 0.25)
-// with vLLM's 16-token blocks for the fallback estimate.
+// with vLLM's 16-token blocks.
 func DefaultDynamo() Dynamo {
 	return Dynamo{OverlapCredit: 1, PrefillLoadScale: 1, HostWeight: 0.75, DiskWeight: 0.25, BlockSize: 16}
+}
+
+// NewDynamo validates cfg and binds it to sig (may be nil).
+func NewDynamo(cfg Dynamo, sig Signals) (*Dynamo, error) {
+	d := cfg
+	if d.BlockSize <= 0 {
+		return nil, errors.New("dynamo_cost: block_size must be > 0")
+	}
+	if d.OverlapCredit < 0 || d.PrefillLoadScale < 0 || d.HostWeight < 0 || d.DiskWeight < 0 {
+		return nil, errors.New("dynamo_cost: weights must not be negative")
+	}
+	d.sig = sig
+	d.rng = rand.New(rand.NewPCG(d.Seed, 0x64796e61))
+	return &d, nil
 }
 
 // Name implements strategy.Strategy.
 func (*Dynamo) Name() string { return "dynamo_cost" }
 
 // Score implements strategy.Strategy.
-func (d *Dynamo) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
-	sig := lookupSignals(d.SignalsName)
+func (d *Dynamo) Score(req *strategy.Request, c []strategy.Candidate, out []float64) {
 	for i := range c {
-		out[i] = -d.Cost(&c[i], sig)
+		out[i] = -d.Cost(req, &c[i])
 	}
+	breakTies(d.rng, out)
 }
 
-// Cost returns the candidate's cost (lower is better).
-func (d *Dynamo) Cost(c *strategy.Candidate, sig Signals) float64 {
-	est := float64(c.InflightTokens) / float64(d.BlockSize)
-	pre, dec := est, est
-	if sig != nil {
-		if p, q, ok := sig.Active(c.ID); ok {
-			pre, dec = p, q
+// Cost returns the candidate's cost for req (lower is better).
+func (d *Dynamo) Cost(req *strategy.Request, c *strategy.Candidate) float64 {
+	bs := float64(d.BlockSize)
+	reqBlocks := float64(len(req.Tokens)) / bs
+	est := float64(c.InflightTokens) / bs
+	a := Active{PrefillBlocks: est, DecodeBlocks: est, NewBlocks: math.Ceil(reqBlocks)}
+	if d.sig != nil {
+		if v, ok := d.sig.Active(c.ID, req.ID); ok {
+			a = v
 		}
 	}
-	req := float64(c.HittableBlocks + 1)
-	adj := pre + req - d.OverlapCredit*float64(c.Hit.Tier[index.GPU]) -
+	adj := a.PrefillBlocks + reqBlocks - d.OverlapCredit*float64(c.Hit.Tier[index.GPU]) -
 		d.HostWeight*float64(c.Hit.Tier[index.CPU]) - d.DiskWeight*float64(c.Hit.Tier[index.SSD])
-	if adj < 0 {
-		adj = 0
-	}
-	return d.PrefillLoadScale*adj + dec + req
+	adj = math.Max(adj, 0)
+	return d.PrefillLoadScale*adj + a.DecodeBlocks + a.NewBlocks
 }

@@ -4,8 +4,6 @@ import (
 	"math"
 	"testing"
 
-	json "github.com/goccy/go-json"
-
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/strategy"
@@ -24,17 +22,26 @@ func peerPick(t *testing.T, s strategy.Strategy, c []strategy.Candidate) string 
 	return c[strategy.Pick(c, out)].ID
 }
 
-func build(t *testing.T, name, params string) strategy.Strategy {
+func mustLLMD(t *testing.T, name string, cfg LLMD, sig Signals) *LLMD {
 	t.Helper()
-	s, err := strategy.Build(name, json.RawMessage(params))
+	l, err := NewLLMD(name, cfg, sig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return l
+}
+
+func mustDynamo(t *testing.T, cfg Dynamo, sig Signals) *Dynamo {
+	t.Helper()
+	d, err := NewDynamo(cfg, sig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 func TestRoundRobinCycles(t *testing.T) {
-	s := build(t, "round_robin", "")
+	s := &RoundRobin{}
 	c := []strategy.Candidate{cand("a", 0, 5, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0)}
 	var got []string
 	for i := 0; i < 6; i++ {
@@ -50,15 +57,15 @@ func TestRoundRobinCycles(t *testing.T) {
 
 func TestRandomSeeded(t *testing.T) {
 	c := []strategy.Candidate{cand("a", 0, 0, [3]int{}, 0), cand("b", 1, 0, [3]int{}, 0), cand("c", 2, 0, [3]int{}, 0), cand("d", 3, 0, [3]int{}, 0)}
-	seq := func(seed string) []string {
-		s := build(t, "random", `{"seed":`+seed+`}`)
+	seq := func(seed uint64) []string {
+		s := NewRandom(seed)
 		var out []string
 		for i := 0; i < 40; i++ {
 			out = append(out, peerPick(t, s, c))
 		}
 		return out
 	}
-	a, b := seq("7"), seq("7")
+	a, b := seq(7), seq(7)
 	seen := map[string]bool{}
 	for i := range a {
 		if a[i] != b[i] {
@@ -72,7 +79,8 @@ func TestRandomSeeded(t *testing.T) {
 }
 
 func TestSGLangRule(t *testing.T) {
-	s := build(t, "sglang_cache_aware", "")
+	sg := DefaultSGLang()
+	s := &sg
 	cases := []struct {
 		name string
 		c    []strategy.Candidate
@@ -100,25 +108,30 @@ func TestSGLangRule(t *testing.T) {
 	}
 }
 
-type fakeSignals map[string]struct {
-	m               load.Metrics
-	prefill, decode float64
+type fakeServer struct {
+	m      load.Metrics
+	active Active
 }
 
-func (f fakeSignals) Metrics(id string) (load.Metrics, bool) { v, ok := f[id]; return v.m, ok }
-func (f fakeSignals) Active(id string) (float64, float64, bool) {
-	v, ok := f[id]
-	return v.prefill, v.decode, ok
+// fakeSignals answers for any request id; session maps request id -> server.
+type fakeSignals struct {
+	servers map[string]fakeServer
+	session map[string]string
 }
+
+func (f fakeSignals) Metrics(id string) (load.Metrics, bool) { v, ok := f.servers[id]; return v.m, ok }
+func (f fakeSignals) Active(id, _ string) (Active, bool) {
+	v, ok := f.servers[id]
+	return v.active, ok
+}
+func (f fakeSignals) Session(req string) (string, bool) { s, ok := f.session[req]; return s, ok }
 
 func TestLLMDScores(t *testing.T) {
-	sig := fakeSignals{
+	sig := fakeSignals{servers: map[string]fakeServer{
 		"a": {m: load.Metrics{Waiting: 4, KVUsage: 0.5, HasKVUsage: true}},
 		"b": {m: load.Metrics{Waiting: 0, KVUsage: 0.1, HasKVUsage: true}},
-	}
-	RegisterSignals("peers-test", sig)
-	defer RegisterSignals("peers-test", nil)
-	s := build(t, "llmd_weighted", `{"signals":"peers-test"}`)
+	}}
+	s := mustLLMD(t, "llmd_weighted", DefaultLLMDApprox(), sig)
 	c := []strategy.Candidate{cand("a", 0, 0, [3]int{8, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	out := make([]float64, 2)
 	s.Score(&strategy.Request{}, c, out)
@@ -136,7 +149,7 @@ func TestLLMDScores(t *testing.T) {
 		t.Fatalf("capped prefix score %v, want %v", out[0], want)
 	}
 	// Precise: tier weights gpu 1.0, cpu 0.8; weights 2/1/1.
-	p := build(t, "llmd_precise", `{"signals":"peers-test"}`)
+	p := mustLLMD(t, "llmd_precise", DefaultLLMDPrecise(), sig)
 	c3 := []strategy.Candidate{cand("a", 0, 0, [3]int{5, 5, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	p.Score(&strategy.Request{}, c3, out)
 	// a: 2*(5+4)/10 + 1*0 + 1*0.5 = 2.3; b: 0 + 1 + 0.9 = 1.9
@@ -146,7 +159,7 @@ func TestLLMDScores(t *testing.T) {
 		}
 	}
 	// Without signals: queue from in-flight, kv from Load.
-	n := build(t, "llmd_weighted", "")
+	n := mustLLMD(t, "llmd_weighted", DefaultLLMDApprox(), nil)
 	c4 := []strategy.Candidate{cand("a", 0, 4, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	c4[0].Load, c4[1].Load = 0.5, 0.5
 	if got := peerPick(t, n, c4); got != "b" {
@@ -154,48 +167,127 @@ func TestLLMDScores(t *testing.T) {
 	}
 }
 
+func TestLLMDSessionAffinity(t *testing.T) {
+	idle := load.Metrics{HasKVUsage: true}
+	sig := fakeSignals{servers: map[string]fakeServer{"a": {m: idle}, "b": {m: idle}, "c": {m: idle}},
+		session: map[string]string{"turn-2": "c"}}
+	cfg := DefaultLLMDPrecise()
+	cfg.SessionWeight = 4
+	s := mustLLMD(t, "llmd_precise+session", cfg, sig)
+	c := []strategy.Candidate{cand("a", 0, 0, [3]int{4, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10), cand("c", 2, 0, [3]int{}, 10)}
+	pick := func(id string) string {
+		out := make([]float64, len(c))
+		s.Score(&strategy.Request{ID: id}, c, out)
+		return c[strategy.Pick(c, out)].ID
+	}
+	// The session's server wins over a better prefix elsewhere...
+	if got := pick("turn-2"); got != "c" {
+		t.Fatalf("session request picked %s, want c", got)
+	}
+	// ...and a request without a session goes by prefix.
+	if got := pick("fresh"); got != "a" {
+		t.Fatalf("sessionless request picked %s, want a", got)
+	}
+}
+
+func TestMaxScoreTiesBreakAtRandom(t *testing.T) {
+	idle := load.Metrics{HasKVUsage: true}
+	sig := fakeSignals{servers: map[string]fakeServer{"a": {m: idle}, "b": {m: idle}, "c": {m: idle}}}
+	for _, s := range []strategy.Strategy{
+		mustLLMD(t, "llmd_precise", DefaultLLMDPrecise(), sig),
+		mustDynamo(t, DefaultDynamo(), sig),
+	} {
+		c := []strategy.Candidate{cand("a", 0, 0, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10), cand("c", 2, 0, [3]int{}, 10)}
+		seen := map[string]int{}
+		for i := 0; i < 60; i++ {
+			out := make([]float64, len(c))
+			s.Score(&strategy.Request{Tokens: make([]int32, 160)}, c, out)
+			seen[c[strategy.Pick(c, out)].ID]++
+		}
+		if len(seen) != 3 {
+			t.Fatalf("%s: equal candidates picked %v, want all three over 60 picks", s.Name(), seen)
+		}
+	}
+	// A strict winner is never displaced by the tie-break.
+	d := mustDynamo(t, DefaultDynamo(), sig)
+	c := []strategy.Candidate{cand("a", 0, 0, [3]int{}, 10), cand("b", 1, 0, [3]int{5, 0, 0}, 10), cand("c", 2, 0, [3]int{}, 10)}
+	for i := 0; i < 20; i++ {
+		out := make([]float64, len(c))
+		d.Score(&strategy.Request{Tokens: make([]int32, 160)}, c, out)
+		if got := c[strategy.Pick(c, out)].ID; got != "b" {
+			t.Fatalf("picked %s, want b (overlap)", got)
+		}
+	}
+}
+
 func TestDynamoCost(t *testing.T) {
-	sig := fakeSignals{"a": {prefill: 10, decode: 100}, "b": {prefill: 0, decode: 40}}
-	RegisterSignals("dyn-test", sig)
-	defer RegisterSignals("dyn-test", nil)
-	s := build(t, "dynamo_cost", `{"signals":"dyn-test"}`)
-	d := s.(*Dynamo)
+	sig := fakeSignals{servers: map[string]fakeServer{
+		"a": {active: Active{PrefillBlocks: 10, DecodeBlocks: 100, NewBlocks: 20}},
+		"b": {active: Active{PrefillBlocks: 0, DecodeBlocks: 40, NewBlocks: 20}},
+		// c already holds the request's prompt in an active sequence: only
+		// its last (partial) block is new decode load.
+		"c": {active: Active{PrefillBlocks: 0, DecodeBlocks: 40, NewBlocks: 1}},
+	}}
+	d := mustDynamo(t, DefaultDynamo(), sig)
+	req := &strategy.Request{Tokens: make([]int32, 320)} // 20 blocks of 16
 	cases := []struct {
 		c    strategy.Candidate
 		want float64
 	}{
-		// request blocks = hittable+1 = 20; a: prefill 10+20-16 = 14, decode 100+20 -> 134
+		// a: prefill 10+20-16 = 14, decode 100+20 -> 134
 		{cand("a", 0, 0, [3]int{16, 0, 0}, 19), 134},
 		// b: CPU overlap credited 0.75: 0+20-0.75*8 = 14; decode 40+20 -> 74
 		{cand("b", 1, 0, [3]int{0, 8, 0}, 19), 74},
 		// credit never drives prefill negative: disk 0.25
 		{cand("b", 1, 0, [3]int{19, 0, 4}, 19), 0 + 60},
+		// deduplicated decode: 0+20-19 = 1 prefill, decode 40+1
+		{cand("c", 2, 0, [3]int{19, 0, 0}, 19), 1 + 41},
 	}
 	for i, tc := range cases {
-		if got := d.Cost(&tc.c, sig); math.Abs(got-tc.want) > 1e-9 {
+		if got := d.Cost(req, &tc.c); math.Abs(got-tc.want) > 1e-9 {
 			t.Fatalf("case %d: cost %v, want %v", i, got, tc.want)
 		}
 	}
 	c := []strategy.Candidate{cases[0].c, cases[1].c}
-	if got := peerPick(t, s, c); got != "b" {
+	out := make([]float64, 2)
+	d.Score(req, c, out)
+	if got := c[strategy.Pick(c, out)].ID; got != "b" {
 		t.Fatalf("picked %s, want the cheaper b", got)
 	}
 	// Without signals the in-flight prompt tokens stand in for both loads.
-	n := build(t, "dynamo_cost", "")
+	n := mustDynamo(t, DefaultDynamo(), nil)
 	c2 := []strategy.Candidate{cand("a", 0, 1, [3]int{}, 9), cand("b", 1, 1, [3]int{}, 9)}
 	c2[0].InflightTokens, c2[1].InflightTokens = 1600, 160
-	if got := peerPick(t, n, c2); got != "b" {
+	n.Score(req, c2, out)
+	if got := c2[strategy.Pick(c2, out)].ID; got != "b" {
 		t.Fatalf("fallback picked %s, want b", got)
 	}
 }
 
-func TestPeerParamsStrict(t *testing.T) {
-	for _, tc := range []struct{ name, params string }{
-		{"round_robin", `{"x":1}`}, {"random", `{"seed":"a"}`}, {"sglang_cache_aware", `{"balance_rel_threshold":0.5}`},
-		{"llmd_weighted", `{"prefix_weight":-1}`}, {"llmd_precise", `{"tier_weights":{"tape":1}}`}, {"dynamo_cost", `{"block_size":0}`},
-	} {
-		if _, err := strategy.Build(tc.name, json.RawMessage(tc.params)); err == nil {
-			t.Errorf("%s accepted %s", tc.name, tc.params)
-		}
+func TestPeerConfigValidation(t *testing.T) {
+	sg := DefaultSGLang()
+	sg.BalanceRel = 0.5
+	if sg.Validate() == nil {
+		t.Error("sglang accepted balance_rel_threshold 0.5")
+	}
+	l := DefaultLLMDApprox()
+	l.PrefixWeight = -1
+	if _, err := NewLLMD("llmd_weighted", l, nil); err == nil {
+		t.Error("llm-d accepted a negative weight")
+	}
+	l = DefaultLLMDPrecise()
+	l.TierWeights = map[string]float64{"tape": 1}
+	if _, err := NewLLMD("llmd_precise", l, nil); err == nil {
+		t.Error("llm-d accepted an unknown tier")
+	}
+	d := DefaultDynamo()
+	d.BlockSize = 0
+	if _, err := NewDynamo(d, nil); err == nil {
+		t.Error("dynamo accepted block_size 0")
+	}
+	d = DefaultDynamo()
+	d.OverlapCredit = -1
+	if _, err := NewDynamo(d, nil); err == nil {
+		t.Error("dynamo accepted a negative overlap credit")
 	}
 }

@@ -123,6 +123,19 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /sim/cached_blocks", s.handleCachedBlocks)
 	mux.HandleFunc("GET /sim/stats", s.handleStats)
 	mux.HandleFunc("POST /sim/drop_kv_events", s.handleDrop)
+	mux.HandleFunc("GET /sim/requests", s.handleTimings)
+	mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
+	mux.HandleFunc("POST /v1/completions/render", s.handleRender)
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"version": "vllm-sim"})
+	})
+	for _, p := range []string{"/server_info", "/get_server_info"} {
+		mux.HandleFunc("GET "+p, s.handleServerInfo)
+	}
+	for _, p := range []string{"/model_info", "/get_model_info"} {
+		mux.HandleFunc("GET "+p, s.handleModelInfo)
+	}
 	return mux
 }
 
@@ -186,8 +199,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Model != "" && req.Model != model {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+	if !s.checkModel(w, req.Model) {
 		return
 	}
 	c := s.pickCore()
@@ -414,4 +426,26 @@ func (s *Server) handleDrop(w http.ResponseWriter, r *http.Request) {
 		pub.DropSeqs(seq)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"next_seq": pub.NextSeq(), "dropped": pub.Dropped()})
+}
+
+// handleTimings is GET /sim/requests: the simulated-clock timings of the last
+// finished requests of every engine (oldest first per engine).
+func (s *Server) handleTimings(w http.ResponseWriter, r *http.Request) {
+	out := []RequestTiming{}
+	for _, c := range s.cores {
+		err := c.do(func(*sim.Engine) {
+			if c.nTimed > int64(len(c.timings)) { // wrapped: oldest entry is at nTimed mod cap
+				k := int(c.nTimed % int64(len(c.timings)))
+				out = append(out, c.timings[k:]...)
+				out = append(out, c.timings[:k]...)
+			} else {
+				out = append(out, c.timings...)
+			}
+		})
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }

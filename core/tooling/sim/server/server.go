@@ -291,6 +291,34 @@ type core struct {
 	virt    float64
 	wall0   time.Time
 	metrics engineMetrics
+	timings []RequestTiming // ring of the last maxTimings finished requests
+	nTimed  int64           // finished requests ever recorded
+}
+
+// RequestTiming is one finished request on the simulated clock, served by
+// GET /sim/requests: exact engine-side latencies for benchmarks, free of
+// client and proxy overhead.
+type RequestTiming struct {
+	Engine       int     `json:"engine"`
+	ID           string  `json:"id"`
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	Arrival      float64 `json:"arrival"`
+	FirstToken   float64 `json:"first_token"`
+	Finish       float64 `json:"finish"`
+}
+
+const maxTimings = 1 << 16
+
+func (c *core) recordTiming(f sim.Completion) {
+	t := RequestTiming{Engine: c.rank, ID: f.ID, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
+		Arrival: f.Arrival, FirstToken: f.FirstTokenTime, Finish: f.FinishTime}
+	if len(c.timings) < maxTimings {
+		c.timings = append(c.timings, t)
+	} else {
+		c.timings[c.nTimed%maxTimings] = t
+	}
+	c.nTimed++
 }
 
 func newCore(rank int, eng *sim.Engine, speed float64, created float64) *core {
@@ -435,6 +463,7 @@ func (c *core) deliver(toks []sim.TokenOut, fins []sim.Completion) {
 	}
 	for _, f := range fins {
 		c.metrics.observe(f)
+		c.recordTiming(f)
 		if _, ok := c.pend[f.ID]; ok {
 			delete(c.pend, f.ID)
 			c.inflight.Add(-1)

@@ -1,6 +1,6 @@
 """The soak: acquire/release pairs through the balancer Ray actor from several
 client actors, while two vllm-sim servers stream KV events (real
-completions) and are scraped for metrics. Shared by tests/test_soak.py
+completions) and are scraped for metrics. Behind tests/test_soak.py
 (scaled down, in `make test`) and scripts/soak.py (1M pairs, `make soak`).
 
 Reports: pairs done, throughput, in-flight count and router counters at the
@@ -10,26 +10,25 @@ at the end.
 
 from __future__ import annotations
 
+import http.client
 import os
-import sys
 import threading
 import time
-import urllib.error
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
-from sim_harness import Reaper, Sim, kvc_config, publisher_status, rss_bytes, server_status, wait_for
-
-
-def _prompt(i: int, n: int = 256) -> list:
-    return [(i * 7919 + j * 31) % 30000 + 1 for j in range(n)]
+from kvc_harness.balancer import kvc_config, publisher_status, server_status
+from kvc_harness.fleet import Sim
+from kvc_harness.procs import Reaper, rss_bytes, wait_for
+from kvc_harness.workloads import seeded_prompt
 
 
-def run_soak(ray: Any, pairs: int, clients: int = 4, warmup_frac: float = 0.1, log=print) -> Dict[str, Any]:
-    import ray.cloudpickle
+def run_soak(
+    ray: Any, pairs: int, clients: int = 4, warmup_frac: float = 0.1, log: Callable[[str], Any] = print
+) -> Dict[str, Any]:
+    """Runs the soak on a Ray cluster started with procs.start_ray (its
+    workers import kvc_harness); returns the figures check_soak judges."""
     from kvc_router import KVCAwareBalancer
 
-    # Client actors are defined here; workers cannot import tests/ modules.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     reaper = Reaper()
     try:
         sims = [Sim(reaper).start() for _ in range(2)]
@@ -57,9 +56,9 @@ def run_soak(ray: Any, pairs: int, clients: int = 4, warmup_frac: float = 0.1, l
             i = 0
             while not stop.is_set():
                 try:
-                    sims[i % 2].complete(_prompt(10_000 + i % 5000), max_tokens=2)
+                    sims[i % 2].complete(seeded_prompt(10_000 + i % 5000), max_tokens=2)
                     done_completions[0] += 1
-                except (OSError, urllib.error.URLError):
+                except (OSError, RuntimeError, http.client.HTTPException):
                     time.sleep(0.05)
                 i += 1
                 time.sleep(0.002)
@@ -72,7 +71,7 @@ def run_soak(ray: Any, pairs: int, clients: int = 4, warmup_frac: float = 0.1, l
         class Client:
             def __init__(self, lb, cid):
                 self.lb, self.cid = lb, cid
-                self.prompts = [_prompt(cid * 1000 + k, 128) for k in range(16)]
+                self.prompts = [seeded_prompt(cid * 1000 + k, 128) for k in range(16)]
 
             def run(self, n: int, offset: int, window: int = 16) -> Dict[str, Any]:
                 """n acquire/release pairs, up to `window` in flight at once."""
@@ -154,6 +153,7 @@ def run_soak(ray: Any, pairs: int, clients: int = 4, warmup_frac: float = 0.1, l
 
 
 def check_soak(out: Dict[str, Any], rss_slack: float = 0.05) -> None:
+    """Nothing lost, nothing leaked: AssertionError (with the figures) otherwise."""
     assert out["errors"] == 0, out
     assert out["total_inflight"] == 0, out
     assert out["acquires"] == out["releases"] == out["pairs"], out

@@ -1,0 +1,373 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/tooling/bench"
+)
+
+// tuneGrid is each tunable policy's main knob, four points each (the same
+// budget for every policy; each grid contains the policy's default).
+// kvc_aware is tuned only through its strategy parameters (tooling-side
+// configuration); its scoring code is not touched here.
+var tuneGrid = map[string][]string{
+	"kvc_aware":          {`{"alpha":0.3}`, `{"alpha":0.15}`, `{"alpha":0.5}`, `{"alpha":0.7}`},
+	"sglang_cache_aware": {`{"balance_abs_threshold":64,"balance_rel_threshold":1.5}`, `{"balance_abs_threshold":32,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":8,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":2,"balance_rel_threshold":1.05}`},
+	"llmd_weighted":      {`{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
+	"llmd_precise":       {`{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
+	"dynamo_cost":        {`{"overlap_score_credit":1}`, `{"overlap_score_credit":0.5}`, `{"overlap_score_credit":2}`, `{"overlap_score_credit":4}`},
+}
+
+// runJob is one replay: a policy (with parameters) on one seed.
+type runJob struct {
+	seed   uint64
+	policy string
+	params map[string]json.RawMessage
+	spread float64
+	free   bool // prefill-free engines (the makespan bound)
+}
+
+// runJobs replays every job, c.parallel at a time, and summarises each.
+func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]float64, error) {
+	mks := map[uint64]func() bench.Workload{}
+	total := 0
+	for _, j := range jobs {
+		if _, ok := mks[j.seed]; ok {
+			continue
+		}
+		mk, _, err := workloadFactory(c, j.seed)
+		if err != nil {
+			return nil, nil, err
+		}
+		mks[j.seed] = mk
+	}
+	for _, j := range jobs {
+		_, n, _ := workloadFactory(c, j.seed)
+		total += n
+	}
+	var progress atomic.Int64
+	stop := startProgress(stderr, &progress, total, c.quiet)
+	defer stop()
+	sums := make([]bench.Summary, len(jobs))
+	steps := make([][]float64, len(jobs))
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, max(1, c.parallel))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		go func(i int, j runJob) {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			cc := *c
+			cc.seed, cc.spread = j.seed, j.spread
+			o := cc.options(&progress)
+			if j.free {
+				o.Engines.PrefillPerToken = 1e-12
+			}
+			res, err := bench.Run(mks[j.seed](), pol, o)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s seed %d: %w", j.policy, j.seed, err)
+				return
+			}
+			sums[i] = bench.Summarise(res, 0)
+			steps[i] = res.Makespans
+		}(i, j)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return sums, steps, nil
+}
+
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, p := range splitList(s) {
+		v, err := strconv.ParseUint(p, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad seed %q", p)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no seeds")
+	}
+	return out, nil
+}
+
+// objective is what tuning minimises: the mean of the makespan and TTFT
+// p99 ratios to verl_default on the same seed.
+func objective(s, base bench.Summary) float64 {
+	r := 0.0
+	if base.Makespan > 0 {
+		r += s.Makespan / base.Makespan
+	}
+	if base.TTFTP99 > 0 {
+		r += s.TTFTP99 / base.TTFTP99
+	}
+	return r / 2
+}
+
+// stat is a mean and a sample standard deviation.
+type stat struct{ Mean, SD float64 }
+
+func statOf(xs []float64) stat {
+	if len(xs) == 0 {
+		return stat{}
+	}
+	var m float64
+	for _, x := range xs {
+		m += x
+	}
+	m /= float64(len(xs))
+	var v float64
+	for _, x := range xs {
+		v += (x - m) * (x - m)
+	}
+	if len(xs) > 1 {
+		v /= float64(len(xs) - 1)
+	}
+	return stat{m, math.Sqrt(v)}
+}
+
+// heldoutRow is one policy's held-out result.
+type heldoutRow struct {
+	Policy    string          `json:"policy"`
+	Params    json.RawMessage `json:"params,omitempty"`
+	Tuned     bool            `json:"tuned"`
+	HitRate   stat            `json:"hit_rate"`
+	TTFTP50   stat            `json:"ttft_p50_s"`
+	TTFTP99   stat            `json:"ttft_p99_s"`
+	Makespan  stat            `json:"makespan_s"`
+	MakespanR stat            `json:"makespan_over_verl"`
+	// GainShare is Σ(verl − policy) / Σ(verl − bound) over the seeds.
+	GainShare float64 `json:"makespan_gain_share"`
+	Imbalance stat    `json:"imbalance"`
+}
+
+// heldout tunes each tunable policy in --policies on --tune-seeds (the grid
+// point with the lowest objective), then reports every policy on
+// --report-seeds, none of which was tuned on, as mean ± sample SD.
+func heldout(c *config, stdout, stderr io.Writer) error {
+	tune, err := parseSeeds(c.tuneSeeds)
+	if err != nil {
+		return fmt.Errorf("--tune-seeds: %w", err)
+	}
+	report, err := parseSeeds(c.reportSeeds)
+	if err != nil {
+		return fmt.Errorf("--report-seeds: %w", err)
+	}
+	for _, t := range tune {
+		for _, r := range report {
+			if t == r {
+				return fmt.Errorf("seed %d is both a tuning and a reported seed", t)
+			}
+		}
+	}
+	names := splitList(c.policies)
+	if len(names) == 0 {
+		return fmt.Errorf("--policies is empty")
+	}
+	// Tuning.
+	var jobs []runJob
+	for _, s := range tune {
+		jobs = append(jobs, runJob{seed: s, policy: "verl_default", spread: c.spread})
+	}
+	type point struct {
+		policy string
+		raw    string
+	}
+	var points []point
+	tuned := map[string]bool{}
+	for _, full := range names {
+		// Variants are tuned through their base policy.
+		n := bench.BaseName(full)
+		if tuned[n] {
+			continue
+		}
+		tuned[n] = true
+		for _, raw := range tuneGrid[n] {
+			points = append(points, point{n, raw})
+			for _, s := range tune {
+				jobs = append(jobs, runJob{seed: s, policy: n, spread: c.spread,
+					params: map[string]json.RawMessage{n: json.RawMessage(raw)}})
+			}
+		}
+	}
+	sums, _, err := runJobs(c, jobs, stderr)
+	if err != nil {
+		return err
+	}
+	base := map[uint64]bench.Summary{}
+	for i, j := range jobs {
+		if j.policy == "verl_default" && j.params == nil {
+			base[j.seed] = sums[i]
+		}
+	}
+	chosen := map[string]string{}
+	bestObj := map[string]float64{}
+	for _, p := range points {
+		var o float64
+		for i, j := range jobs {
+			if j.policy == p.policy && string(j.params[p.policy]) == p.raw {
+				o += objective(sums[i], base[j.seed])
+			}
+		}
+		o /= float64(len(tune))
+		if b, ok := bestObj[p.policy]; !ok || o < b {
+			bestObj[p.policy], chosen[p.policy] = o, p.raw
+		}
+	}
+	// Reporting.
+	jobs = jobs[:0]
+	for _, s := range report {
+		jobs = append(jobs, runJob{seed: s, policy: "verl_default", spread: c.spread, free: true})
+		for _, n := range names {
+			j := runJob{seed: s, policy: n, spread: c.spread}
+			// A variant ("+spec", "+session") runs with its base's choice.
+			if raw, ok := chosen[bench.BaseName(n)]; ok {
+				j.params = map[string]json.RawMessage{bench.BaseName(n): json.RawMessage(raw)}
+			}
+			jobs = append(jobs, j)
+		}
+	}
+	sums, _, err = runJobs(c, jobs, stderr)
+	if err != nil {
+		return err
+	}
+	bound := map[uint64]float64{}
+	verl := map[uint64]float64{}
+	for i, j := range jobs {
+		if j.free {
+			bound[j.seed] = sums[i].Makespan
+		} else if j.policy == "verl_default" {
+			verl[j.seed] = sums[i].Makespan
+		}
+	}
+	var rows []heldoutRow
+	for _, n := range names {
+		var hit, p50, p99, mk, mr, imb []float64
+		var gained, gap float64
+		for i, j := range jobs {
+			if j.free || j.policy != n {
+				continue
+			}
+			s := sums[i]
+			hit, p50, p99, mk, imb = append(hit, s.HitRate), append(p50, s.TTFTP50), append(p99, s.TTFTP99), append(mk, s.Makespan), append(imb, s.Imbalance)
+			mr = append(mr, s.Makespan/verl[j.seed])
+			gained += verl[j.seed] - s.Makespan
+			gap += verl[j.seed] - bound[j.seed]
+		}
+		r := heldoutRow{Policy: n, HitRate: statOf(hit), TTFTP50: statOf(p50), TTFTP99: statOf(p99), Makespan: statOf(mk),
+			MakespanR: statOf(mr), Imbalance: statOf(imb)}
+		if gap > 0 {
+			r.GainShare = gained / gap
+		}
+		if raw, ok := chosen[bench.BaseName(n)]; ok {
+			r.Params, r.Tuned = json.RawMessage(raw), true
+		}
+		rows = append(rows, r)
+	}
+	var bs, gaps []float64
+	for _, s := range report {
+		bs = append(bs, bound[s])
+		gaps = append(gaps, (verl[s]-bound[s])/verl[s])
+	}
+	fmt.Fprintf(stdout, "held-out: workload %s, %d engines, arrival spread %.3gs; tuned on seeds %s, reported seeds %s (mean ± sample SD)\n\n",
+		c.workload, c.engines, c.spread, c.tuneSeeds, c.reportSeeds)
+	writeHeldoutTable(stdout, rows, statOf(bs), statOf(gaps))
+	if c.jsonOut != "" {
+		doc := map[string]any{"workload": c.workload, "tune_seeds": tune, "report_seeds": report, "arrival_spread_s": c.spread,
+			"engines": c.engines, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps), "rows": rows}
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(c.jsonOut, append(b, '\n'), 0o644)
+	}
+	return nil
+}
+
+func pm(s stat, scale float64, f string) string {
+	return fmt.Sprintf(f+" ± "+f, s.Mean*scale, s.SD*scale)
+}
+
+// writeHeldoutTable prints a Markdown table (it pastes into docs/kvbench.md).
+func writeHeldoutTable(w io.Writer, rows []heldoutRow, bound, gap stat) {
+	fmt.Fprintln(w, "| policy | knob (chosen on tuning seeds) | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl | gain share % | imbalance |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		knob := "defaults (no knob)"
+		if r.Tuned {
+			knob = "`" + string(r.Params) + "`"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n", r.Policy, knob, pm(r.HitRate, 100, "%.1f"),
+			pm(r.TTFTP50, 1, "%.3f"), pm(r.TTFTP99, 1, "%.3f"), pm(r.Makespan, 1, "%.1f"), pm(r.MakespanR, 1, "%.3f"),
+			100*r.GainShare, pm(r.Imbalance, 1, "%.2f"))
+	}
+	fmt.Fprintf(w, "\nprefill-free makespan (verl_default routing, every prompt as if cached): %s s; achievable gain over verl_default: %s %% of its makespan\n",
+		pm(bound, 1, "%.1f"), pm(gap, 100, "%.1f"))
+}
+
+// sweepSpread runs --policies at each arrival spread over --sweep-seeds and
+// prints seed means per (spread, policy).
+func sweepSpread(c *config, stdout, stderr io.Writer) error {
+	spreads, err := parseFloats(c.sweepSpread)
+	if err != nil {
+		return err
+	}
+	for _, s := range spreads {
+		if s < 0 {
+			return fmt.Errorf("--sweep-spread: negative spread %v", s)
+		}
+	}
+	seeds, err := parseSeeds(c.sweepSeeds)
+	if err != nil {
+		return fmt.Errorf("--sweep-seeds: %w", err)
+	}
+	names := splitList(c.policies)
+	var jobs []runJob
+	for _, sp := range spreads {
+		for _, s := range seeds {
+			for _, n := range names {
+				jobs = append(jobs, runJob{seed: s, policy: n, spread: sp, params: c.params})
+			}
+		}
+	}
+	sums, _, err := runJobs(c, jobs, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "arrival-spread sweep: workload %s, %d engines, seeds %s (mean ± sample SD)\n\n", c.workload, c.engines, c.sweepSeeds)
+	fmt.Fprintln(stdout, "| spread s | policy | hit rate % | TTFT p50 s | TTFT p99 s | makespan s |")
+	fmt.Fprintln(stdout, "|---|---|---|---|---|---|")
+	for _, sp := range spreads {
+		for _, n := range names {
+			var hit, p50, p99, mk []float64
+			for i, j := range jobs {
+				if j.spread == sp && j.policy == n {
+					hit, p50, p99, mk = append(hit, sums[i].HitRate), append(p50, sums[i].TTFTP50), append(p99, sums[i].TTFTP99), append(mk, sums[i].Makespan)
+				}
+			}
+			fmt.Fprintf(stdout, "| %g | %s | %s | %s | %s | %s |\n", sp, n, pm(statOf(hit), 100, "%.1f"), pm(statOf(p50), 1, "%.3f"),
+				pm(statOf(p99), 1, "%.3f"), pm(statOf(mk), 1, "%.1f"))
+		}
+	}
+	return nil
+}

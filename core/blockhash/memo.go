@@ -1,0 +1,196 @@
+package blockhash
+
+import (
+	"bytes"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Memo remembers the keys of recent prompts so that a prompt sharing a
+// prefix with one of them (a GRPO sibling, the next turn of a trajectory,
+// a retry) hashes only its new blocks. Reused keys are the keys of
+// byte-identical token blocks under the same namespace and block size, so
+// AppendKeys through a Memo returns exactly what AppendKeys returns.
+//
+// Why: chained keys are inherently serial (each block's hash depends on the
+// previous key), about 20 ns per 16-token block, 10 us for an 8k prompt and
+// the largest single cost of a kvc_aware decision; comparing the tokens
+// against a remembered prompt runs at memory speed instead.
+//
+// A Memo is not safe for concurrent use (the router calls it under its own
+// lock). Memory is bounded by MemoMaxTokens tokens plus their keys.
+type Memo struct {
+	entries []memoEntry
+	tokens  int
+	clock   uint64
+}
+
+type memoEntry struct {
+	ns     uint64
+	bs     int
+	first  uint64  // key of block 0: a cheap filter before comparing tokens
+	last   uint64  // plain hash of the last block: finds an identical prompt
+	tokens []int32 // the prompt's full blocks
+	keys   []uint64
+	used   uint64
+}
+
+// Memo bounds.
+const (
+	// MemoMaxEntries is how many distinct prompts a Memo keeps.
+	MemoMaxEntries = 64
+	// MemoMaxTokens bounds the tokens kept over all entries (4 MiB).
+	MemoMaxTokens = 1 << 20
+	// memoChunk is the compare granularity in blocks before narrowing.
+	memoChunk = 32
+	// memoCompare is how many candidate entries a lookup compares.
+	memoCompare = 2
+)
+
+// AppendKeys appends the keys of every full block of tokens to dst, as the
+// package-level AppendKeys does, reusing remembered keys for the longest
+// remembered prefix, and remembers this prompt.
+func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) []uint64 {
+	nb := FullBlocks(len(tokens), blockSize)
+	if nb == 0 || !littleEndian {
+		return AppendKeys(dst, tokens, blockSize, namespace)
+	}
+	m.clock++
+	first := Chain(Root(namespace, blockSize), tokens[:blockSize])
+	// Compare against the memoCompare most recently used entries that
+	// start with the same block: a GRPO group's siblings all share their
+	// first block, and comparing each of them would cost more than the
+	// hashing saved.
+	// An entry of the same length ending in the same block is very likely
+	// the same prompt (a sibling's retry, the bench's repeat) and is tried
+	// first.
+	var cand [memoCompare + 1]int
+	nc := 0
+	tb := tokenBytes(tokens[:nb*blockSize])
+	w := 4 * blockSize
+	last := xxhash.Sum64(tb[(nb-1)*w:])
+	same := -1
+	for i := range m.entries {
+		e := &m.entries[i]
+		if e.first != first || e.ns != namespace || e.bs != blockSize {
+			continue
+		}
+		if same < 0 && e.last == last && len(e.keys) == nb {
+			same = i
+			continue
+		}
+		j := nc
+		if nc < memoCompare {
+			nc++
+		} else if e.used <= m.entries[cand[nc-1]].used {
+			continue
+		} else {
+			j = nc - 1
+		}
+		for ; j > 0 && m.entries[cand[j-1]].used < e.used; j-- {
+			cand[j] = cand[j-1]
+		}
+		cand[j] = i
+	}
+	if same >= 0 {
+		copy(cand[1:], cand[:nc])
+		cand[0] = same
+		nc++
+	}
+	best, common := -1, 0
+	for _, i := range cand[:nc] {
+		if c := commonBlocks(m.entries[i].tokens, tokens[:nb*blockSize], blockSize); c > common {
+			best, common = i, c
+			if c == nb {
+				break
+			}
+		}
+	}
+	start := len(dst)
+	if best >= 0 {
+		e := &m.entries[best]
+		e.used = m.clock
+		dst = append(dst, e.keys[:common]...)
+	} else {
+		dst = append(dst, first)
+		common = 1
+	}
+	parent := dst[len(dst)-1]
+	for i := common; i < nb; i++ {
+		parent = chainLE(parent, tb[i*w:(i+1)*w])
+		dst = append(dst, parent)
+	}
+	m.remember(best, common, nb, tokens[:nb*blockSize], dst[start:], blockSize, namespace, first, last)
+	return dst
+}
+
+// commonBlocks counts the leading whole blocks a and b share.
+func commonBlocks(a, b []int32, bs int) int {
+	n := min(len(a), len(b)) / bs
+	ab, bb := tokenBytes(a), tokenBytes(b)
+	w := 4 * bs
+	c := 0
+	// Whole chunks first (one memcmp each), then block by block.
+	for c+memoChunk <= n && bytes.Equal(ab[c*w:(c+memoChunk)*w], bb[c*w:(c+memoChunk)*w]) {
+		c += memoChunk
+	}
+	for c < n && bytes.Equal(ab[c*w:(c+1)*w], bb[c*w:(c+1)*w]) {
+		c++
+	}
+	return c
+}
+
+func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs int, ns, first, last uint64) {
+	if best >= 0 {
+		e := &m.entries[best]
+		if common == nb {
+			return // already known (the same prompt, or a prefix of one)
+		}
+		if common == len(e.keys) && m.tokens+len(tokens)-len(e.tokens) <= MemoMaxTokens {
+			// This prompt extends the remembered one (the next turn):
+			// grow the entry instead of keeping both.
+			m.tokens += len(tokens) - len(e.tokens)
+			e.last = last
+			e.tokens = append(e.tokens, tokens[len(e.tokens):]...)
+			e.keys = append(e.keys, keys[len(e.keys):]...)
+			return
+		}
+	}
+	if len(tokens) > MemoMaxTokens/4 {
+		return // one huge prompt would flush everything else
+	}
+	// Evicted entries' buffers are reused: a prompt's copy is a large
+	// allocation (32 KiB at 8k tokens) that would otherwise come back from
+	// the OS zeroed, page by page, once per new prompt.
+	var spare memoEntry
+	for len(m.entries) >= MemoMaxEntries || (len(m.entries) > 0 && m.tokens+len(tokens) > MemoMaxTokens) {
+		if e := m.evict(); cap(e.tokens) > cap(spare.tokens) {
+			spare = e
+		}
+	}
+	m.tokens += len(tokens)
+	m.entries = append(m.entries, memoEntry{
+		ns: ns, bs: bs, first: first, last: last, used: m.clock,
+		tokens: append(spare.tokens[:0], tokens...), keys: append(spare.keys[:0], keys...),
+	})
+}
+
+// evict drops the least recently used entry and returns it.
+func (m *Memo) evict() memoEntry {
+	lru := 0
+	for i := range m.entries {
+		if m.entries[i].used < m.entries[lru].used {
+			lru = i
+		}
+	}
+	e := m.entries[lru]
+	m.tokens -= len(e.tokens)
+	last := len(m.entries) - 1
+	m.entries[lru] = m.entries[last]
+	m.entries[last] = memoEntry{}
+	m.entries = m.entries[:last]
+	return e
+}
+
+// Reset forgets every prompt.
+func (m *Memo) Reset() { *m = Memo{} }

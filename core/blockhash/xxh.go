@@ -1,0 +1,90 @@
+package blockhash
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"unsafe"
+)
+
+// xxhash64 (seed 0) constants.
+const (
+	prime1 uint64 = 11400714785074694791
+	prime2 uint64 = 14029467366897019727
+	prime3 uint64 = 1609587929392839161
+	prime4 uint64 = 9650029242287828579
+	prime5 uint64 = 2870177450012600261
+)
+
+func round(acc, input uint64) uint64 {
+	acc += input * prime2
+	acc = bits.RotateLeft64(acc, 31)
+	return acc * prime1
+}
+
+func mergeRound(acc, val uint64) uint64 {
+	acc ^= round(0, val)
+	return acc*prime1 + prime4
+}
+
+// chainLE returns xxhash64 of (parent as 8 little-endian bytes ++ tb)
+// without first copying the two into one buffer: the copy and the call into
+// the generic hasher cost as much as the hashing of a 72-byte block. It is
+// the same function as xxhash.Sum64 over the concatenation (tested), so keys
+// do not change. tb is the block's tokens viewed as little-endian bytes; its
+// length is a multiple of 4.
+func chainLE(parent uint64, tb []byte) uint64 {
+	n := uint64(8 + len(tb))
+	var h uint64
+	if n >= 32 {
+		p1, p2 := prime1, prime2 // variables: the constant sums wrap
+		v1 := p1 + p2
+		v2 := p2
+		v3 := uint64(0)
+		v4 := -p1
+		v1 = round(v1, parent)
+		v2 = round(v2, binary.LittleEndian.Uint64(tb[0:8]))
+		v3 = round(v3, binary.LittleEndian.Uint64(tb[8:16]))
+		v4 = round(v4, binary.LittleEndian.Uint64(tb[16:24]))
+		tb = tb[24:]
+		for len(tb) >= 32 {
+			v1 = round(v1, binary.LittleEndian.Uint64(tb[0:8]))
+			v2 = round(v2, binary.LittleEndian.Uint64(tb[8:16]))
+			v3 = round(v3, binary.LittleEndian.Uint64(tb[16:24]))
+			v4 = round(v4, binary.LittleEndian.Uint64(tb[24:32]))
+			tb = tb[32:]
+		}
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = mergeRound(h, v1)
+		h = mergeRound(h, v2)
+		h = mergeRound(h, v3)
+		h = mergeRound(h, v4)
+		h += n
+	} else {
+		h = prime5 + n
+		h ^= round(0, parent)
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	for ; len(tb) >= 8; tb = tb[8:] {
+		h ^= round(0, binary.LittleEndian.Uint64(tb[:8]))
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	if len(tb) >= 4 {
+		h ^= uint64(binary.LittleEndian.Uint32(tb[:4])) * prime1
+		h = bits.RotateLeft64(h, 23)*prime2 + prime3
+	}
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
+}
+
+// tokenBytes views tokens as their in-memory bytes (little-endian hosts
+// only; callers check littleEndian).
+func tokenBytes(tokens []int32) []byte {
+	if len(tokens) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens))
+}

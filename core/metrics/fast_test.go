@@ -1,0 +1,172 @@
+package metrics
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// checkFastAgrees is the differential check between the fast path and
+// expfmt: whenever fastFamilies accepts the kept lines, expfmt must accept
+// them too and produce the same families, types, label sets and values.
+func checkFastAgrees(t *testing.T, body []byte, flavor Flavor) {
+	t.Helper()
+	wanted := vllmFamilies
+	if flavor == SGLang {
+		wanted = sglangFamilies
+	}
+	var f filtered
+	if err := f.filter(body, wanted); err != nil {
+		return
+	}
+	fast, ok := fastFamilies(f.text)
+	if !ok {
+		return
+	}
+	ref, err := expfmtFamilies(f.text)
+	if err != nil {
+		t.Fatalf("fast path accepted what expfmt rejects (%v):\n%s", err, f.text)
+	}
+	if a, b := famDump(fast), famDump(ref); a != b {
+		t.Fatalf("fast path and expfmt disagree:\nfast:\n%s\nexpfmt:\n%s", a, b)
+	}
+}
+
+func famDump(fams map[string]*dto.MetricFamily) string {
+	var lines []string
+	for name, f := range fams {
+		for _, m := range f.Metric {
+			var ls []string
+			for _, l := range m.Label {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			sort.Strings(ls)
+			v, _ := value(m)
+			if math.IsNaN(v) {
+				v = -12345.678 // NaN != NaN
+			}
+			lines = append(lines, name+" "+f.GetType().String()+" {"+strings.Join(ls, ",")+"} "+
+				strconv.FormatFloat(v, 'g', -1, 64))
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+func TestFastPathAgreesWithExpfmtOnFixtures(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
+	if err != nil || len(files) == 0 {
+		t.Fatal("no fixtures", err)
+	}
+	accepted := 0
+	for _, p := range files {
+		body, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fl := range []Flavor{VLLM, SGLang} {
+			checkFastAgrees(t, body, fl)
+			var f filtered
+			wanted := vllmFamilies
+			if fl == SGLang {
+				wanted = sglangFamilies
+			}
+			if f.filter(body, wanted) == nil {
+				if _, ok := fastFamilies(f.text); ok {
+					accepted++
+				}
+			}
+		}
+	}
+	// The realistic scrapes must take the fast path, or it saves nothing.
+	for _, name := range []string{"vllm_single_engine.txt", "vllm_two_engines.txt", "sglang_single.txt"} {
+		body := fixture(t, name)
+		fl := VLLM
+		if strings.HasPrefix(name, "sglang") {
+			fl = SGLang
+		}
+		wanted := vllmFamilies
+		if fl == SGLang {
+			wanted = sglangFamilies
+		}
+		var f filtered
+		if err := f.filter(body, wanted); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := fastFamilies(f.text); !ok {
+			t.Errorf("%s does not take the fast path", name)
+		}
+	}
+	t.Logf("fast path accepted %d fixture/flavor pairs", accepted)
+}
+
+func TestFastPathDefersUnusualSyntax(t *testing.T) {
+	cases := map[string]string{
+		"timestamp":        "vllm:num_requests_running{engine=\"0\"} 1 1700000000000\n",
+		"escaped label":    "vllm:num_requests_running{engine=\"a\\\"b\"} 1\n",
+		"escaped help":     "# HELP vllm:num_requests_running a\\nb\nvllm:num_requests_running 1\n",
+		"interleaved":      "vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_waiting 2\nvllm:num_requests_running{engine=\"1\"} 1\n",
+		"duplicate series": "vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_running{engine=\"0\"} 2\n",
+		"duplicate label":  "vllm:num_requests_running{engine=\"0\",engine=\"1\"} 1\n",
+		"type after":       "vllm:num_requests_running 1\n# TYPE vllm:num_requests_running gauge\n",
+		"histogram type":   "# TYPE vllm:num_requests_running histogram\nvllm:num_requests_running 1\n",
+		"hex value":        "vllm:num_requests_running 0x1p3\n",
+		"two spaces":       "vllm:num_requests_running  1\n",
+	}
+	for name, text := range cases {
+		if _, ok := fastFamilies([]byte(text)); ok {
+			t.Errorf("%s: fast path accepted %q", name, text)
+		}
+		checkFastAgrees(t, []byte(text), VLLM)
+	}
+	ok := map[string]string{
+		"trailing comma": "vllm:num_requests_running{engine=\"0\",} 3\n",
+		"no labels":      "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n",
+		"nan":            "vllm:kv_cache_usage_perc{engine=\"0\"} NaN\n",
+	}
+	for name, text := range ok {
+		if _, fine := fastFamilies([]byte(text)); !fine {
+			t.Errorf("%s: fast path refused %q", name, text)
+		}
+		checkFastAgrees(t, []byte(text), VLLM)
+	}
+}
+
+// labelsEndSlow is the plain quote-aware loop labelsEnd's fast path must
+// agree with.
+func labelsEndSlow(s []byte) int {
+	inQuote := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQuote && c == '\\':
+			i++
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == '}':
+			return i
+		}
+	}
+	return -1
+}
+
+func TestLabelsEndFastPathAgrees(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	alphabet := []byte(`ab"\}{=, `)
+	for i := 0; i < 200000; i++ {
+		s := make([]byte, 1+rng.IntN(24))
+		s[0] = '{'
+		for j := 1; j < len(s); j++ {
+			s[j] = alphabet[rng.IntN(len(alphabet))]
+		}
+		if got, want := labelsEnd(s), labelsEndSlow(s); got != want {
+			t.Fatalf("labelsEnd(%q) = %d, want %d", s, got, want)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+"""`make arena`: real routers (sglang-router, vllm-router) against kvc-router's
+balancer on vllm-sim fleets. Prints a table, writes build/arena/arena.json,
+arena-details.json and arena.png. Run with PYTHONPATH=tests (the
+Makefile does)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+try:
+    from kvc_harness.arena import (
+        POLICIES,
+        ArenaConfig,
+        format_table,
+        peers_available,
+        run_arena,
+        workload_specs,
+        write_outputs,
+    )
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests (as `make arena` does)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--short", action="store_true", help="small traces (the pytest/make arena-short size)")
+    ap.add_argument("--workloads", default="grpo,agent,agent_open,long_agent,mooncake")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--speed", type=float, default=20.0, help="simulated seconds per wall second")
+    ap.add_argument("--out", default=None, help="output directory (default build/arena)")
+    ap.add_argument("--kvc-knob", action="append", default=[], metavar="KEY=VALUE",
+                    help="KVCAwareStrategyConfig override for kvc_aware (tune only on unreported seeds)")
+    a = ap.parse_args(argv)
+    specs = workload_specs(short=a.short)
+    names = [w for w in a.workloads.split(",") if w]
+    unknown = [w for w in names if w not in specs]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; known: {sorted(specs)}")
+    policies = [p for p in a.policies.split(",") if p]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        ap.error(f"unknown policies {bad}; known: {list(POLICIES)}")
+    why = peers_available()
+    if why and any(p.startswith(("sglang", "vllm")) for p in policies):
+        print(f"arena: real peers unavailable: {why}", file=sys.stderr)
+        return 2
+    knobs = {}
+    for kv in a.kvc_knob:
+        k, _, v = kv.partition("=")
+        knobs[k] = (v.lower() == "true") if v.lower() in ("true", "false") else (float(v) if "." in v else int(v))
+    cfg = ArenaConfig(servers=a.servers, speed=a.speed, kvc_knobs=knobs)
+    if a.out:
+        cfg.out_dir = a.out
+    t0 = time.time()
+    results = run_arena([specs[w] for w in names], policies, [int(s) for s in a.seeds.split(",")], cfg)
+    paths = write_outputs(results, cfg.out_dir, cfg)
+    print()
+    print(format_table(results))
+    print(f"\nwrote {', '.join(paths.values())} in {time.time() - t0:.0f}s")
+    return 0 if all(r["row"]["errors"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,937 @@
+"""The arena: real routers in front of real ``vllm-sim`` fleets.
+
+One cold fleet per (workload, policy, seed); the same seeded workload is
+replayed against it by concurrent clients. Policies:
+
+* ``round_robin``   - the client cycles over the servers;
+* ``verl_default``  - :class:`kvc_router.KVCAwareBalancer` in verl's default mode;
+* ``kvc_aware``     - the balancer in kvc_aware mode (metrics poller + ZMQ KV
+  events). The client acquires a server, sends the request to it, releases it,
+  as verl's client does. The balancer object is used directly in this process
+  (no Ray actor): the arena measures routing, not Ray's RPC hop;
+* ``sglang_router_cache_aware``, ``vllm_router_cache_aware``,
+  ``vllm_router_kv_aware`` - the real routers from ``.venv-peers``; clients send
+  to the router's URL, which proxies to the fleet.
+
+Prompts are text. ``vllm-sim`` tokenises text with one word tokenizer, and the
+kvc_aware client gets ``prompt_ids`` from the servers' ``/tokenize``, so text
+prefixes and token prefixes agree for every router.
+
+Time: the fleet runs at ``speed`` simulated seconds per wall second. Latencies
+and makespans are reported in simulated seconds (wall x speed); router overhead
+is reported in wall milliseconds, since a proxy hop is real time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from kvc_harness import HOST, REPO
+from kvc_harness.balancer import router_config
+from kvc_harness.client import COUNTERS, http_request, reset_prefix_caches, scrape_all
+from kvc_harness.fleet import Server, start_sim_fleet
+from kvc_harness.procs import Cleanup, die_with_parent
+from kvc_harness.report import percentile
+
+MODEL = "sim/arena-8b"
+
+POLICIES = (
+    "round_robin",
+    "verl_default",
+    "kvc_aware",
+    "sglang_router_cache_aware",
+    "vllm_router_cache_aware",
+    "vllm_router_kv_aware",
+)
+PEERS = {
+    "sglang_router_cache_aware": ("sglang", "cache_aware"),
+    "vllm_router_cache_aware": ("vllm", "cache_aware"),
+    "vllm_router_kv_aware": ("vllm", "kv_aware"),
+}
+BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
+RESULT_KEYS = (
+    "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
+)
+
+
+# ---------------------------------------------------------------------------
+# Workloads: seeded text. One word is one token for vllm-sim's tokenizer.
+
+
+@dataclass
+class Turn:
+    max_tokens: int
+    tool_words: int  # tool output appended after this turn's response
+
+
+@dataclass
+class Job:
+    """A single request (``turns`` of length 1) or a multi-turn trajectory.
+    ``text`` is the first prompt; later prompts append the response and a
+    seeded tool output."""
+
+    rid: str
+    text: str
+    turns: List[Turn]
+    arrival_s: float = 0.0  # open loop: simulated seconds after the start
+    seed: int = 0
+
+
+@dataclass
+class Step:
+    """Jobs run together; a weight update (prefix-cache reset) follows."""
+
+    name: str
+    jobs: List[Job]
+    reset_after: bool = False
+
+
+@dataclass
+class WorkloadSpec:
+    name: str
+    kind: str  # grpo | agent | mooncake
+    mode: str = "closed"  # closed (``concurrency`` clients) | open (arrival times)
+    concurrency: int = 16
+    rate: float = 0.0  # open loop without a trace: jobs per simulated second (Poisson)
+    # grpo
+    steps: int = 2
+    prompts: int = 8
+    samples: int = 8
+    prompt_words: Tuple[int, int] = (1024, 3072)
+    # agent
+    tasks: int = 4
+    agent_samples: int = 4
+    turns: Tuple[int, int] = (4, 8)
+    system_words: int = 1024
+    tool_words: Tuple[int, int] = (64, 512)
+    # responses: log-normal, capped
+    response_median: int = 96
+    response_sigma: float = 0.8
+    response_max: int = 512
+    # mooncake
+    trace: str = "/work/shared/data/mooncake/conversation_trace.jsonl"
+    trace_conversations: int = 48
+    trace_scan: int = 8000  # trace lines read
+    trace_seed_stride: int = 700  # each seed's slice starts this many lines later...
+    trace_seed_wrap: int = 4000  # ...modulo this (the trace has ~12k lines)
+    trace_span_s: float = 60.0  # the slice's arrivals, compressed to this many simulated seconds
+    trace_output_max: int = 256
+
+
+def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
+    """The arena's workloads. ``short`` keeps every shape at a fraction of the size."""
+    specs = {
+        "grpo": WorkloadSpec("grpo", "grpo", concurrency=32, steps=2, prompts=8, samples=8),
+        "agent": WorkloadSpec("agent", "agent", concurrency=16, tasks=4, agent_samples=4, turns=(4, 8),
+                              response_median=64, response_max=256),
+        "agent_open": WorkloadSpec("agent_open", "agent", mode="open", rate=2.0, tasks=4, agent_samples=4,
+                                   turns=(4, 8), response_median=64, response_max=256),
+        "long_agent": WorkloadSpec("long_agent", "agent", concurrency=8, tasks=2, agent_samples=4, turns=(20, 40),
+                                   system_words=2048, tool_words=(1024, 4096), response_median=64,
+                                   response_sigma=0.7, response_max=512),
+        "mooncake": WorkloadSpec("mooncake", "mooncake", mode="open", trace_conversations=48),
+    }
+    if short:
+        specs["grpo"] = replace(specs["grpo"], steps=1, prompts=4, samples=4, prompt_words=(256, 768),
+                                concurrency=8, response_max=64)
+        specs["agent"] = replace(specs["agent"], tasks=2, agent_samples=3, turns=(2, 3), system_words=256,
+                                 tool_words=(32, 128), concurrency=6, response_max=48)
+        specs["agent_open"] = replace(specs["agent_open"], tasks=2, agent_samples=3, turns=(2, 3),
+                                      system_words=256, tool_words=(32, 128), response_max=48)
+        specs["long_agent"] = replace(specs["long_agent"], tasks=1, agent_samples=3, turns=(6, 8),
+                                      system_words=512, tool_words=(256, 1024), response_max=96, concurrency=3)
+        specs["mooncake"] = replace(specs["mooncake"], trace_conversations=10, trace_span_s=10.0,
+                                    trace_output_max=48)
+    return specs
+
+
+def _words(rng: random.Random, n: int, tag: str) -> List[str]:
+    # Seeded words drawn from a large space, so unrelated texts share no prefix.
+    return [f"{tag}{rng.getrandbits(40):x}" for _ in range(n)]
+
+
+def _response_len(rng: random.Random, spec: WorkloadSpec) -> int:
+    v = int(round(spec.response_median * math.exp(rng.gauss(0.0, spec.response_sigma))))
+    return max(1, min(spec.response_max, v))
+
+
+def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
+    rng = random.Random(f"{spec.name}:{seed}")
+    if spec.kind == "grpo":
+        steps = []
+        for s in range(spec.steps):
+            jobs = []
+            for p in range(spec.prompts):
+                text = " ".join(_words(rng, rng.randint(*spec.prompt_words), "g"))
+                for k in range(spec.samples):
+                    turn = Turn(_response_len(rng, spec), 0)
+                    jobs.append(Job(f"g{s}-{p}-{k}", text, [turn], seed=rng.getrandbits(31)))
+            rng.shuffle(jobs)  # samples of one prompt do not arrive back to back
+            steps.append(Step(f"grpo-{s + 1}", jobs, reset_after=True))
+        return _arrivals(spec, rng, steps)
+    if spec.kind == "agent":
+        jobs = []
+        for t in range(spec.tasks):
+            system = " ".join(_words(rng, spec.system_words, "s"))
+            task = " ".join(_words(rng, 64, "q"))
+            for k in range(spec.agent_samples):
+                turns = [Turn(_response_len(rng, spec), rng.randint(*spec.tool_words))
+                         for _ in range(rng.randint(*spec.turns))]
+                jobs.append(Job(f"a{t}-{k}", system + " " + task, turns, seed=rng.getrandbits(31)))
+        rng.shuffle(jobs)
+        return _arrivals(spec, rng, [Step(spec.name, jobs)])
+    if spec.kind == "mooncake":
+        return [Step(spec.name, mooncake_jobs(spec, seed))]
+    raise ValueError(f"unknown workload kind {spec.kind!r}")
+
+
+def _arrivals(spec: WorkloadSpec, rng: random.Random, steps: List[Step]) -> List[Step]:
+    if spec.mode == "open":
+        if spec.rate <= 0:
+            raise ValueError(f"{spec.name}: open loop needs rate > 0")
+        for st in steps:
+            t = 0.0
+            for j in st.jobs:
+                j.arrival_s = t
+                t += rng.expovariate(spec.rate)
+    return steps
+
+
+def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
+    """A conversation slice of the Mooncake trace: every request (within the
+    ``trace_scan`` lines from line ``seed * trace_seed_stride``) of the first
+    ``trace_conversations`` conversations starting there, a conversation being keyed by its first block after the
+    shared block 0. The trace's first lines barely reuse anything (their
+    follow-up turns come minutes later), so a time window would test nothing;
+    following conversations keeps the trace's real reuse. Arrival times keep
+    the trace's order and gaps, compressed to ``trace_span_s`` simulated
+    seconds. Each 512-token block hash id becomes 512 words derived from the id
+    alone, so requests sharing hash ids share text and tokens."""
+    convs: Dict[int, int] = {}
+    picked: List[dict] = []
+    with open(spec.trace, encoding="utf-8") as f:
+        start = (seed * spec.trace_seed_stride) % spec.trace_seed_wrap
+        for line in itertools.islice(f, start, start + spec.trace_scan):
+            d = json.loads(line)
+            h = d["hash_ids"]
+            if len(h) < 2:
+                continue
+            if h[1] not in convs:
+                if len(convs) >= spec.trace_conversations:
+                    continue
+                convs[h[1]] = len(convs)
+            picked.append(d)
+    if not picked:
+        raise ValueError(f"{spec.trace}: no conversations found")
+    t0 = float(picked[0]["timestamp"])
+    span = max(1.0, float(picked[-1]["timestamp"]) - t0)
+    jobs = []
+    for i, d in enumerate(picked):
+        n_in = int(d["input_length"])
+        words: List[str] = []
+        for hid in d["hash_ids"]:
+            words.extend(f"m{hid}w{j}" for j in range(512))
+        if len(words) >= n_in:
+            words = words[:n_in]
+        else:
+            words += [f"m{i}tail{j}" for j in range(n_in - len(words))]
+        out = max(1, min(spec.trace_output_max, int(d["output_length"])))
+        arrival = (float(d["timestamp"]) - t0) / span * spec.trace_span_s
+        jobs.append(Job(f"mc{i}", " ".join(words), [Turn(out, 0)], arrival_s=arrival, seed=i))
+    return jobs
+
+
+# ---------------------------------------------------------------------------
+# HTTP client
+
+
+def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0) -> dict:
+    """POST /v1/completions with a text prompt, streamed; returns TTFT (first
+    data chunk), e2e, the generated text and usage (wall seconds)."""
+    u = base_url.split("//", 1)[1]
+    host, port = u.split(":")[0], int(u.split(":")[1].split("/")[0])
+    body = json.dumps({
+        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
+        "seed": seed, "stream": True, "stream_options": {"include_usage": True},
+    }).encode()
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    ttft: Optional[float] = None
+    parts: List[str] = []
+    usage: dict = {}
+    resp_id = ""
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            msg = json.loads(data)
+            if msg.get("object") == "error" or "error" in msg:
+                raise RuntimeError(f"stream error: {str(msg)[:200]}")
+            resp_id = resp_id or msg.get("id") or ""
+            for ch in msg.get("choices") or ():
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                parts.append(ch.get("text") or "")
+            if msg.get("usage"):
+                usage = msg["usage"]
+    finally:
+        conn.close()
+    e2e = time.perf_counter() - t0
+    return {"ttft": ttft if ttft is not None else e2e, "e2e": e2e, "text": "".join(parts),
+            "cached": ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0,
+            "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
+            "id": resp_id}
+
+
+def tokenize(url: str, text: str) -> List[int]:
+    """The servers' /tokenize: vllm-sim's one tokenizer."""
+    status, body = http_request(url + "/tokenize", "POST", {"model": MODEL, "prompt": text}, timeout=60.0)
+    if status != 200:
+        raise RuntimeError(f"POST {url}/tokenize: HTTP {status} {body[:200]!r}")
+    return list(json.loads(body)["tokens"])
+
+
+# ---------------------------------------------------------------------------
+# Routes: how a client reaches a server under each policy
+
+
+class Route:
+    """acquire() -> (base URL, server id or "", ticket); release(ticket)."""
+
+    needs_ids = False
+    overhead_ms: float = float("nan")
+
+    def acquire(self, rid: str, prompt_ids: Optional[List[int]]) -> Tuple[str, str, Any]:
+        raise NotImplementedError
+
+    def release(self, ticket: Any) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RoundRobin(Route):
+    def __init__(self, servers: List[Server]) -> None:
+        self._it = itertools.cycle(servers)
+        self._lock = threading.Lock()
+
+    def acquire(self, rid, prompt_ids):
+        with self._lock:
+            s = next(self._it)
+        return s.url, s.sid, None
+
+
+class Balancer(Route):
+    """KVCAwareBalancer used in-process: acquire, send, release (verl's order)."""
+
+    def __init__(self, servers: List[Server], mode: str, kv_tokens: int, max_num_seqs: int,
+                 knobs: Optional[Dict[str, Any]] = None) -> None:
+        from kvc_router import KVCAwareBalancer
+
+        cfg = None
+        if mode == "kvc_aware":
+            cfg = router_config("kvc_aware", servers, interval_ms=50, max_num_seqs=max_num_seqs)
+            strat = cfg["config"]["strategies"][0]
+            strat["kv_tokens"] = kv_tokens  # the fleet's real KV capacity per server
+            strat.update(knobs or {})
+        self.needs_ids = mode == "kvc_aware"
+        self.urls = {s.sid: s.url for s in servers}
+        self.lb = KVCAwareBalancer(servers={s.sid: None for s in servers}, max_cache_size=100000, router_config=cfg)
+        self.acquire_s: List[float] = []
+        if mode == "kvc_aware":
+            self._wait_collectors()
+
+    def _wait_collectors(self, timeout: float = 15.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st = self.lb.get_status()["router"]
+            if all(s["load"]["has_metrics"] for s in st["servers"]):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("kvc_aware collectors did not report metrics for every server")
+
+    def acquire(self, rid, prompt_ids):
+        t0 = time.perf_counter()
+        sid, _ = self.lb.acquire_server(request_id=rid, prompt_ids=prompt_ids)
+        self.acquire_s.append(time.perf_counter() - t0)
+        return self.urls[sid], sid, sid
+
+    def release(self, ticket):
+        self.lb.release_server(server_id=ticket)
+
+    def reset(self) -> None:
+        self.lb.reset_prefix_index()
+
+    def status(self) -> dict:
+        return self.lb.get_status()
+
+    def close(self) -> None:
+        self.lb.close()
+
+
+def peers_python() -> str:
+    return os.environ.get("KVR_PEERS_PYTHON") or os.path.join(REPO, ".venv-peers", "bin", "python")
+
+
+def peers_available() -> Optional[str]:
+    """None when .venv-peers has both routers, else the reason it cannot be used."""
+    py = peers_python()
+    if not os.path.isfile(py):
+        return f"{py} is missing (run scripts/peers_venv.sh)"
+    if not os.path.isfile(os.path.join(os.path.dirname(py), "vllm-router")):
+        return "vllm-router console script missing in .venv-peers"
+    return None
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind((HOST, 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class PeerRouter(Route):
+    """A real router process in front of the fleet; acquire returns its URL."""
+
+    def __init__(self, policy: str, servers: List[Server], cleanup: Cleanup, log_path: str,
+                 block_size: int, timeout: float = 60.0) -> None:
+        kind, pol = PEERS[policy]
+        self.port = _free_port()
+        # Both routers export Prometheus on 29000 by default: two routers on one
+        # machine (or a leftover) would collide, so each gets its own port.
+        self.prom_port = _free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        workers = [s.url for s in servers]
+        py = peers_python()
+        if kind == "sglang":
+            cmd = [py, "-m", "sglang_router.launch_router", "--worker-urls", *workers, "--policy", pol,
+                   "--host", HOST, "--port", str(self.port), "--log-level", "warn",
+                   "--prometheus-host", HOST, "--prometheus-port", str(self.prom_port)]
+        else:
+            cmd = [os.path.join(os.path.dirname(py), "vllm-router"), "--worker-urls", *workers, "--policy", pol,
+                   "--host", HOST, "--port", str(self.port), "--log-level", "warning",
+                   "--prometheus-host", HOST, "--prometheus-port", str(self.prom_port)]
+            if pol == "kv_aware":
+                for s in servers:
+                    cmd += ["--kv-event-source", f"{s.url}={','.join(s.events)}"]
+                    if s.replay:
+                        cmd += ["--kv-event-replay-source", f"{s.url}={','.join(s.replay)}"]
+                cmd += ["--kv-event-model", MODEL, "--kv-event-block-size", str(block_size)]
+        self.cmd = cmd
+        log = open(log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=die_with_parent)
+        finally:
+            log.close()
+        cleanup.add_process(self.proc)
+        self.cleanup = cleanup
+        deadline = time.time() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{policy}: router exited with {self.proc.returncode}; see {log_path}")
+            try:
+                if http_request(self.url + "/health", timeout=1.0)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"{policy}: router not healthy after {timeout:.0f}s; see {log_path}")
+            time.sleep(0.1)
+
+    def acquire(self, rid, prompt_ids):
+        return self.url, "", None
+
+    def close(self) -> None:
+        self.cleanup.stop_process(self.proc)
+
+
+# ---------------------------------------------------------------------------
+# One run
+
+
+@dataclass
+class ArenaConfig:
+    servers: int = 4
+    speed: float = 20.0  # simulated seconds per wall second
+    num_gpu_blocks: int = 16384
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    out_dir: str = os.path.join(REPO, "build", "arena")
+    kvc_knobs: Dict[str, Any] = field(default_factory=dict)  # KVCAwareStrategyConfig overrides
+    # Workloads that also get the prefill-free bound: verl_default on a fleet
+    # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
+    bound_workloads: Tuple[str, ...] = ("long_agent",)
+    overhead_probes: int = 20
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    """q in 0..1; the harness's one percentile definition."""
+    return percentile(xs, q * 100.0)
+
+
+class Runner:
+    """Replays the steps of one workload through one route."""
+
+    def __init__(self, route: Route, servers: List[Server], speed: float) -> None:
+        self.route = route
+        self.servers = servers
+        self.speed = speed
+        self.records: List[dict] = []
+        self._lock = threading.Lock()
+        self._tok = itertools.cycle([s.url for s in servers])
+
+    def _ids(self, text: str) -> List[int]:
+        with self._lock:
+            url = next(self._tok)
+        return tokenize(url, text)
+
+    def _request(self, rid: str, text: str, ids: Optional[List[int]], turn: Turn, seed: int, tag: str) -> dict:
+        rec: Dict[str, Any] = {"rid": rid, "step": tag, "error": None, "server": "", "acquire_s": 0.0}
+        try:
+            t0 = time.perf_counter()
+            url, sid, ticket = self.route.acquire(rid, ids)
+            rec["acquire_s"] = time.perf_counter() - t0
+            rec["server"] = sid
+            try:
+                rec.update(stream_text_completion(url, text, turn.max_tokens, seed))
+            finally:
+                self.route.release(ticket)
+        except Exception as e:  # noqa: BLE001 - every failure is counted, never dropped
+            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        with self._lock:
+            self.records.append(rec)
+        return rec
+
+    def _job(self, job: Job, tag: str) -> None:
+        text = job.text
+        ids = self._ids(text) if self.route.needs_ids else None
+        rng = random.Random(job.rid)
+        for i, turn in enumerate(job.turns):
+            r = self._request(job.rid, text, ids, turn, job.seed + i, tag)
+            if r["error"]:
+                return
+            if i == len(job.turns) - 1:
+                return
+            # Next prompt: context + this response + a seeded tool output.
+            tool = " ".join(_words(rng, turn.tool_words, "o"))
+            suffix = (r.get("text") or "").strip() + " " + tool
+            text = text + " " + suffix
+            if ids is not None:
+                ids = ids + self._ids(suffix)
+
+    def run_step(self, step: Step, mode: str, concurrency: int) -> float:
+        """Runs one step; returns its makespan in simulated seconds."""
+        t0 = time.perf_counter()
+        if mode == "closed":
+            with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+                list(pool.map(lambda j: self._job(j, step.name), step.jobs))
+        else:
+            threads = []
+            for job in sorted(step.jobs, key=lambda j: j.arrival_s):
+                delay = t0 + job.arrival_s / self.speed - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                th = threading.Thread(target=self._job, args=(job, step.name), daemon=True)
+                th.start()
+                threads.append(th)
+            for th in threads:
+                th.join(timeout=1800)
+        return (time.perf_counter() - t0) * self.speed
+
+
+def _probe_overhead(route: Route, servers: List[Server], n: int) -> float:
+    """Router overhead in wall ms: a peer's proxy hop (idle fleet, tiny
+    prompts: median via the router minus median direct), or our acquire."""
+    if isinstance(route, Balancer):
+        return _pct(route.acquire_s, 0.5) * 1000.0
+    if not isinstance(route, PeerRouter) or n <= 0:
+        return 0.0
+    via, direct = [], []
+    for i in range(n):
+        text = f"probe{i} alpha beta gamma"
+        direct.append(stream_text_completion(servers[i % len(servers)].url, text, 1, i)["e2e"])
+        via.append(stream_text_completion(route.url, text, 1, i)["e2e"])
+    return (_pct(via, 0.5) - _pct(direct, 0.5)) * 1000.0
+
+
+def sim_binary() -> str:
+    path = os.environ.get("KVR_VLLM_SIM") or os.path.join(REPO, "bin", "vllm-sim")
+    if not os.path.isfile(path):
+        subprocess.run(["go", "build", "-o", path, "./cmd/vllm-sim"], cwd=REPO, check=True, timeout=600)
+    return path
+
+
+def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: Callable[[str], None] = print,
+            sim_extra: Sequence[str] = ()) -> dict:
+    """One cold fleet, one policy, one workload replay. Returns the result row
+    (RESULT_KEYS) plus details."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    cleanup = Cleanup()
+    route: Optional[Route] = None
+    try:
+        extra = ["--model", MODEL, "--speed", str(cfg.speed), "--seed", str(seed), "--hash-seed", str(seed + 1),
+                 "--num-gpu-blocks", str(cfg.num_gpu_blocks), "--block-size", str(cfg.block_size),
+                 "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+                 # vLLM >= 0.24 tagged-map events: vllm-router 0.1.17 rejects the
+                 # positional form ("KV event must be a tagged map"); see docs/arena.md.
+                 "--kv-events-encoding", "map", *sim_extra]
+        _, servers, _ = start_sim_fleet(sim_binary(), cfg.servers, cleanup, extra,
+                                        os.path.join(cfg.out_dir, "vllm-sim.log"))
+        kv_tokens = cfg.num_gpu_blocks * cfg.block_size
+        if policy == "round_robin":
+            route = RoundRobin(servers)
+        elif policy in ("verl_default", "kvc_aware"):
+            route = Balancer(servers, "default" if policy == "verl_default" else "kvc_aware", kv_tokens,
+                             cfg.max_num_seqs, cfg.kvc_knobs)
+        elif policy in PEERS:
+            route = PeerRouter(policy, servers, cleanup, os.path.join(cfg.out_dir, f"{policy}.log"), cfg.block_size)
+        else:
+            raise ValueError(f"unknown policy {policy!r}")
+        urls = {s.sid: s.url for s in servers}
+        _settle(route, servers, policy)
+        settled = {(t["server"], t["engine"], t["id"]) for t in engine_timings(servers)}
+        before = scrape_all(urls)
+        runner = Runner(route, servers, cfg.speed)
+        makespans: List[float] = []
+        busy: List[float] = []
+        for step in build_steps(spec, seed):
+            b0 = busy_times(servers)
+            makespans.append(runner.run_step(step, spec.mode, spec.concurrency))
+            busy.append(max(b - a for a, b in zip(b0, busy_times(servers))))
+            if step.reset_after:
+                reset_prefix_caches(urls)
+                route.reset()
+        after = scrape_all(urls)
+        timings = [t for t in engine_timings(servers) if (t["server"], t["engine"], t["id"]) not in settled]
+        overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
+        router_status = route.status() if isinstance(route, Balancer) else None
+    finally:
+        if route is not None:
+            route.close()
+        cleanup.run()
+    delta = {sid: {k: after[sid][k] - before[sid][k] for k in COUNTERS} for sid in urls}
+    res = summarize(spec, policy, seed, runner.records, delta, makespans, cfg.speed, overhead_ms, router_status,
+                    timings)
+    res["details"]["busy_makespan_s"] = sum(busy)
+    res["details"]["engine_makespan_s"] = engine_makespan(spec, runner.records, timings)
+    res["details"]["step_busy_s"] = busy
+    return res
+
+
+def engine_makespan(spec: WorkloadSpec, records: List[dict], timings: List[dict]) -> float:
+    """Makespan on the engines' simulated clock, without the client's and the
+    proxies' time between requests (which this shared 2-core machine makes
+    noisy): per step, the longest job's sum of engine latencies (arrival to
+    finish of each of its requests, in turn order), or for more jobs than
+    clients (grpo) the step's engine span, last finish minus first arrival.
+    Responses are matched to engine timings by the completion id the server
+    returns (routers pass it through)."""
+    by_id = {t["id"]: t for t in timings}
+    steps: Dict[str, List[dict]] = {}
+    for r in records:
+        if not r["error"] and r.get("id") in by_id:
+            steps.setdefault(r["step"], []).append(dict(by_id[r["id"]], rid=r["rid"]))
+    total = 0.0
+    for reqs in steps.values():
+        jobs = {r["rid"] for r in reqs}
+        if spec.mode == "closed" and len(jobs) > spec.concurrency:
+            total += max(r["finish"] for r in reqs) - min(r["arrival"] for r in reqs)
+            continue
+        per_job: Dict[str, float] = {}
+        for r in reqs:
+            per_job[r["rid"]] = per_job.get(r["rid"], 0.0) + (r["finish"] - r["arrival"])
+        total += max(per_job.values())
+    return total
+
+
+def busy_times(servers: List[Server]) -> List[float]:
+    """Each server's simulated compute time so far (sum of its engines' step
+    durations, GET /sim/stats). The busiest server's busy time over a step is
+    a makespan figure that depends only on routing and batching, not on how
+    promptly this shared machine schedules the processes."""
+    out = []
+    for s in servers:
+        status, body = http_request(s.url + "/sim/stats", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"GET {s.url}/sim/stats: HTTP {status}")
+        out.append(sum(e["BusyTime"] for e in json.loads(body)))
+    return out
+
+
+def _zmq_batches(route: Balancer) -> List[int]:
+    r = route.status().get("router") or {}
+    subs = ((r.get("collectors") or {}).get("collectors") or {}).get("vllm_zmq") or []
+    return [(s.get("events") or {}).get("batches", 0) for s in subs]
+
+
+def _settle(route: Route, servers: List[Server], policy: str, timeout: float = 15.0) -> None:
+    """A ZMQ subscriber misses what is published before its subscription
+    reaches the publisher (ZMQ's slow joiner; ~1-2 s for both event
+    subscribers here). A real fleet has been up long before a rollout starts,
+    so before the workload every server serves one unique probe prompt and
+    the run waits until event consumers saw it: kvc_aware until each of its
+    subscribers counted a batch, vllm-router kv_aware for the same fixed
+    settle time (its state is not observable). The probes are outside the
+    counter deltas and never share a prefix with the workload."""
+    t0 = time.time()
+    deadline = t0 + timeout
+    for rnd in itertools.count():
+        for i, s in enumerate(servers):
+            stream_text_completion(s.url, " ".join(f"settle{rnd}x{i}y{j}" for j in range(48)), 1, i)
+        if isinstance(route, Balancer) and route.needs_ids:
+            if all(b > 0 for b in _zmq_batches(route)):
+                return
+        elif policy != "vllm_router_kv_aware" or time.time() - t0 >= 2.0:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"{policy}: KV-event subscribers saw no batch within {timeout:.0f}s")
+        time.sleep(0.25)
+
+
+def engine_timings(servers: List[Server]) -> List[dict]:
+    """Every finished request's simulated-clock timings (vllm-sim's GET
+    /sim/requests): engine arrival -> first token, free of client overhead."""
+    out: List[dict] = []
+    for s in servers:
+        status, body = http_request(s.url + "/sim/requests", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"GET {s.url}/sim/requests: HTTP {status}")
+        out.extend(dict(t, server=s.sid) for t in json.loads(body))
+    return out
+
+
+def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], delta: Dict[str, Dict[str, float]],
+              makespans: List[float], speed: float, overhead_ms: float, router_status: Optional[dict],
+              timings: List[dict]) -> dict:
+    ok = [r for r in records if not r["error"]]
+    q = sum(v["queries"] for v in delta.values())
+    h = sum(v["hits"] for v in delta.values())
+    load = [v["queries"] for v in delta.values()]
+    mean_load = sum(load) / len(load) if load else 0.0
+    eng = timings
+    ttft = [t["first_token"] - t["arrival"] for t in eng]
+    client_ttft = [r["ttft"] * speed for r in ok]
+    srv_n = sum(v["ttft_count"] for v in delta.values())
+    row = {
+        "workload": spec.name,
+        "policy": policy,
+        "seed": seed,
+        "hit_rate": h / q if q else 0.0,
+        "ttft_p50_s": _pct(ttft, 0.5),
+        "ttft_p99_s": _pct(ttft, 0.99),
+        "makespan_s": sum(makespans),
+        "imbalance": max(load) / mean_load if mean_load else float("nan"),
+        "errors": len(records) - len(ok),
+    }
+    details = {
+        "requests": len(records),
+        "e2e_p99_s": _pct([t["finish"] - t["arrival"] for t in eng], 0.99),
+        "client_ttft_p50_s": _pct(client_ttft, 0.5),
+        "client_ttft_p99_s": _pct(client_ttft, 0.99),
+        "client_e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
+        "step_makespans_s": makespans,
+        "server_ttft_mean_s": (sum(v["ttft_sum"] for v in delta.values()) / srv_n) if srv_n else float("nan"),
+        "client_cached_share": sum(r.get("cached", 0) for r in ok) / max(1, sum(r.get("prompt_tokens", 0) for r in ok)),
+        "router_overhead_ms": overhead_ms,
+        "preemptions": sum(v["preemptions"] for v in delta.values()),
+        "queries_by_server": load,
+        "error_samples": sorted({r["error"] for r in records if r["error"]})[:3],
+    }
+    if router_status is not None:
+        r = router_status.get("router") or {}
+        cols = (r.get("collectors") or {}).get("collectors") or {}
+        details["event_stored_blocks"] = sum((s.get("events") or {}).get("stored_blocks", 0)
+                                             for s in cols.get("vllm_zmq") or [])
+    return {"row": row, "details": details}
+
+
+# ---------------------------------------------------------------------------
+# Whole arena, table, plot, JSON
+
+
+def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds: Sequence[int], cfg: ArenaConfig,
+              log: Callable[[str], None] = print) -> List[dict]:
+    out = []
+    for spec in workloads:
+        for seed in seeds:
+            for policy in policies:
+                t0 = time.time()
+                res = run_one(spec, policy, seed, cfg, log)
+                r, d = res["row"], res["details"]
+                log(f"  {spec.name:<11} seed {seed} {policy:<26} hit {r['hit_rate']:.3f} "
+                    f"ttft p50 {r['ttft_p50_s']:.3f}s "
+                    f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
+                    f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
+                out.append(res)
+            if spec.name in cfg.bound_workloads:
+                res = run_one(spec, "verl_default", seed, cfg, log, sim_extra=["--prefill-per-token", "-1"])
+                res["row"]["policy"] = BOUND
+                log(f"  {spec.name:<11} seed {seed} {BOUND:<26} makespan {res['row']['makespan_s']:.1f}s")
+                out.append(res)
+    return out
+
+
+def gain_shares(results: List[dict]) -> List[dict]:
+    """Per (workload, seed, policy) with a prefill-free bound: the share of
+    the achievable makespan gain over verl_default the policy captures,
+    (verl_default - policy) / (verl_default - bound)."""
+    out = []
+    measures = (("engine", lambda r: r["details"]["engine_makespan_s"]),
+                ("wall", lambda r: r["row"]["makespan_s"]))
+    for measure, get in measures:
+        by = {(r["row"]["workload"], r["row"]["seed"], r["row"]["policy"]): get(r) for r in results}
+        for (w, seed, p), m in sorted(by.items()):
+            if p in (BOUND, "verl_default") or (w, seed, BOUND) not in by or (w, seed, "verl_default") not in by:
+                continue
+            base, bound = by[(w, seed, "verl_default")], by[(w, seed, BOUND)]
+            out.append({"measure": measure, "workload": w, "seed": seed, "policy": p, "makespan_s": m,
+                        "verl_default_s": base, "bound_s": bound,
+                        "share": (base - m) / (base - bound) if base > bound else float("nan")})
+    return out
+
+
+def write_outputs(results: List[dict], out_dir: str, cfg: ArenaConfig) -> Dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "arena.json"), "details": os.path.join(out_dir, "arena-details.json")}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump({"results": [{k: r["row"][k] for k in RESULT_KEYS} for r in results
+                               if r["row"]["policy"] != BOUND]}, f, indent=1)
+    with open(paths["details"], "w", encoding="utf-8") as f:
+        json.dump({"config": asdict(cfg), "runs": results, "gain_shares": gain_shares(results)}, f, indent=1)
+    png = plot([r for r in results if r["row"]["policy"] != BOUND], os.path.join(out_dir, "arena.png"))
+    if png:
+        paths["png"] = png
+    return paths
+
+
+def aggregate(results: List[dict]) -> List[dict]:
+    """Mean over seeds per (workload, policy), with the spread (min..max) of hit rate."""
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for r in results:
+        groups.setdefault((r["row"]["workload"], r["row"]["policy"]), []).append(r)
+    out = []
+    for (w, p), rs in groups.items():
+        def m(key: str, src: str = "row", rs: List[dict] = rs) -> float:
+            vals = [x[src][key] for x in rs if not (isinstance(x[src][key], float) and math.isnan(x[src][key]))]
+            return sum(vals) / len(vals) if vals else float("nan")
+        hits = [x["row"]["hit_rate"] for x in rs]
+        out.append({"workload": w, "policy": p, "seeds": len(rs), "hit_rate": m("hit_rate"),
+                    "hit_min": min(hits), "hit_max": max(hits), "ttft_p50_s": m("ttft_p50_s"),
+                    "ttft_p99_s": m("ttft_p99_s"), "e2e_p99_s": m("e2e_p99_s", "details"),
+                    "client_ttft_p50_s": m("client_ttft_p50_s", "details"),
+                    "client_ttft_p99_s": m("client_ttft_p99_s", "details"),
+                    "makespan_s": m("makespan_s"), "imbalance": m("imbalance"),
+                    "busy_s": m("busy_makespan_s", "details"),
+                    "engine_makespan_s": m("engine_makespan_s", "details"),
+                    "errors": sum(x["row"]["errors"] for x in rs),
+                    "overhead_ms": m("router_overhead_ms", "details"),
+                    "server_ttft_mean_s": m("server_ttft_mean_s", "details")})
+    return out
+
+
+def format_table(results: List[dict]) -> str:
+    rows = aggregate(results)
+    hdr = (f"{'workload':<11} {'policy':<26} {'seeds':>5} {'hit rate':>15} {'TTFT p50':>9} {'TTFT p99':>9} "
+           f"{'e2e p99':>9} {'cl p50':>8} {'cl p99':>8} {'makespan':>9} {'eng mk':>8} {'busy':>8} {'imbal':>6} "
+           f"{'err':>4} "
+           f"{'ovh ms':>7}")
+    lines = ["arena: mean over seeds; hit rate [min,max] from the servers' counters; TTFT/e2e on the engines' "
+             "simulated clock (GET /sim/requests); cl = client-side TTFT (wall x speed, includes proxy hops); "
+             "makespan client-side (sim s); eng mk = engine-clock makespan (longest job's summed engine latencies); "
+             "busy = busiest server's simulated compute time (sim s); "
+             "router overhead in wall ms", hdr, "-" * len(hdr)]
+    last = None
+    for a in rows:
+        if last is not None and a["workload"] != last:
+            lines.append("")
+        last = a["workload"]
+        lines.append(
+            f"{a['workload']:<11} {a['policy']:<26} {a['seeds']:>5} "
+            f"{a['hit_rate']:>6.3f} [{a['hit_min']:.2f},{a['hit_max']:.2f}] {a['ttft_p50_s']:>9.3f} "
+            f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['client_ttft_p50_s']:>8.3f} "
+            f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['engine_makespan_s']:>8.1f} "
+            f"{a['busy_s']:>8.1f} "
+            f"{a['imbalance']:>6.2f} "
+            f"{a['errors']:>4d} {a['overhead_ms']:>7.2f}")
+    shares = gain_shares(results)
+    if shares:
+        lines += ["", "share of the achievable makespan gain over verl_default "
+                      "((verl_default - policy) / (verl_default - prefill-free bound)); busy = busiest server's "
+                      "simulated compute time;",
+                  "engine = longest job's summed engine latencies; wall = client makespan:"]
+        groups: Dict[Tuple[str, str, str], List[dict]] = {}
+        for g in shares:
+            groups.setdefault((g["measure"], g["workload"], g["policy"]), []).append(g)
+        for (meas, w, p), v in groups.items():
+            mean_m = sum(g["makespan_s"] for g in v) / len(v)
+            base = sum(g["verl_default_s"] for g in v) / len(v)
+            bound = sum(g["bound_s"] for g in v) / len(v)
+            share = (base - mean_m) / (base - bound) if base > bound else float("nan")
+            lines.append(f"  {meas:<4} {w:<11} {p:<26} share of seed means {share:>7.1%}  "
+                         f"(policy {mean_m:.1f}s, verl_default {base:.1f}s, bound {bound:.1f}s; per seed: "
+                         + ", ".join(f"{g['share']:.0%}" for g in v) + ")")
+    return "\n".join(lines)
+
+
+def plot(results: List[dict], path: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = aggregate(results)
+    workloads = list(dict.fromkeys(a["workload"] for a in rows))
+    policies = [p for p in POLICIES if any(a["policy"] == p for a in rows)]
+    metrics = [("hit_rate", "server hit rate"), ("ttft_p50_s", "TTFT p50 (sim s)"),
+               ("ttft_p99_s", "TTFT p99 (sim s)"), ("makespan_s", "makespan (sim s)")]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(max(8, 2.2 * len(workloads)), 3.0 * len(metrics)))
+    width = 0.8 / max(1, len(policies))
+    for ax, (key, label) in zip(axes, metrics):
+        for i, p in enumerate(policies):
+            vals = [next((a[key] for a in rows if a["workload"] == w and a["policy"] == p), float("nan"))
+                    for w in workloads]
+            ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=p)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
+        ax.set_xticklabels(workloads)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=3)
+    fig.suptitle("arena: real routers on vllm-sim fleets")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def iter_rows(results: List[dict]) -> Iterator[dict]:
+    for r in results:
+        yield r["row"]

@@ -1,0 +1,74 @@
+"""The long chaos run behind ``make chaos``: the fault and hostile-input test
+files at scale (their sizes come from KVR_* environment variables), then the Go
+event flood; each part a subprocess whose figure lines are echoed.
+scripts/chaos.py is its command line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List
+
+from kvc_harness import REPO
+from kvc_harness.procs import harness_env
+
+
+@dataclass
+class ChaosOptions:
+    cycles: int = 20  # kill/restart cycles (KVR_CHAOS_CYCLES)
+    completions: int = 400  # completions with withheld event batches (KVR_CHAOS_COMPLETIONS)
+    c_iters: int = 1_000_000  # random hostile C ABI calls (KVR_C_HOSTILE_ITERS)
+    py_flood_blocks: int = 2_000_000  # Python push-path flood (KVR_PY_FLOOD_BLOCKS)
+    flood_blocks: int = 10_000_000  # Go flood (KVR_FLOOD_BLOCKS)
+
+
+FIGURES = re.compile(
+    r"(kill/restart cycles|replay:|no replay:|failure episodes|goroutines \d+ with|slow /metrics|ALL OK|"
+    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|passed|failed|^ok|^FAIL)"
+)
+
+
+def run_step(title: str, cmd: List[str], env: Dict[str, str], timeout: float) -> bool:
+    """Runs one part from the repository root with `env` added; prints its
+    figure lines, and its output tail when it fails. Whether it passed."""
+    print(f"== {title}: {' '.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    p = subprocess.run(
+        cmd, cwd=REPO, env=harness_env({**os.environ, **env}), capture_output=True, text=True, timeout=timeout
+    )
+    for line in (p.stdout + p.stderr).splitlines():
+        if FIGURES.search(line) and "level=" not in line:
+            print("   " + line.strip())
+    ok = p.returncode == 0
+    print(f"   -> {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.0f}s", flush=True)
+    if not ok:
+        print((p.stdout + p.stderr)[-6000:])
+    return ok
+
+
+def run_chaos(o: ChaosOptions) -> bool:
+    """Every part, in order, each run even when an earlier one failed."""
+    py = sys.executable
+    ok = run_step(
+        "faults",
+        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_faults.py"],
+        {"KVR_CHAOS_CYCLES": str(o.cycles), "KVR_CHAOS_COMPLETIONS": str(o.completions)},
+        timeout=3600,
+    )
+    ok &= run_step(
+        "hostile input",
+        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_hostile.py"],
+        {"KVR_C_HOSTILE_ITERS": str(o.c_iters), "KVR_PY_FLOOD_BLOCKS": str(o.py_flood_blocks)},
+        timeout=3600,
+    )
+    ok &= run_step(
+        "event flood (Go push path)",
+        ["go", "test", "-count=1", "-run", "^TestEventFlood$", "-v", "-timeout", "30m", "./core/collector"],
+        {"KVR_FLOOD_BLOCKS": str(o.flood_blocks)},
+        timeout=3600,
+    )
+    return ok

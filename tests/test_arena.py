@@ -1,0 +1,172 @@
+"""A short arena on real processes: vllm-sim fleets, the real sglang-router
+(cache_aware) from .venv-peers, and kvc-router's balancer, replaying a small
+agent workload and a small Mooncake slice. Runs ``scripts/arena.py --short``
+exactly as ``make arena-short`` does and checks its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(REPO, ".venv-peers")
+POLICIES = ["round_robin", "verl_default", "kvc_aware", "sglang_router_cache_aware"]
+WORKLOADS = ["agent", "mooncake"]
+KEYS = {"workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors"}
+
+
+def _peers_ready() -> str:
+    """'' when .venv-peers has sglang-router, else why it could not be built."""
+    if os.path.isfile(os.path.join(PEERS, ".stamp")):
+        return ""
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "peers_venv.sh")], cwd=REPO, capture_output=True,
+                       text=True, timeout=900)
+    if r.returncode != 0:
+        return f"scripts/peers_venv.sh failed (rc {r.returncode}): {(r.stderr or r.stdout)[-300:]}"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def arena(tmp_path_factory):
+    why = _peers_ready()
+    if why:
+        pytest.skip(f".venv-peers cannot be built: {why}")
+    out = tmp_path_factory.mktemp("arena")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests"))
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "arena.py"), "--short", "--seeds", "1",
+           "--workloads", ",".join(WORKLOADS), "--policies", ",".join(POLICIES), "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"arena failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(out / "arena.json", encoding="utf-8") as f:
+        data = json.load(f)
+    return {"data": data, "stdout": r.stdout, "out": out}
+
+
+def test_json_shape(arena):
+    data = arena["data"]
+    assert set(data) == {"results"}
+    rows = data["results"]
+    assert len(rows) == len(POLICIES) * len(WORKLOADS)
+    assert {(r["workload"], r["policy"]) for r in rows} == {(w, p) for w in WORKLOADS for p in POLICIES}
+    for r in rows:
+        assert set(r) == KEYS
+        assert isinstance(r["workload"], str) and isinstance(r["policy"], str) and isinstance(r["seed"], int)
+        assert isinstance(r["errors"], int)
+        for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance"):
+            assert isinstance(r[k], float), (k, r)
+        assert 0.0 <= r["hit_rate"] <= 1.0
+        assert 0.0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
+        assert r["makespan_s"] > 0 and r["imbalance"] >= 1.0
+
+
+def test_no_errors(arena):
+    bad = [r for r in arena["data"]["results"] if r["errors"]]
+    assert not bad, bad
+
+
+def test_cache_aware_beats_round_robin(arena):
+    """Server-measured prefix-cache hit rate (the fleet's own counters)."""
+    rows = arena["data"]["results"]
+    for w in WORKLOADS:
+        by = {r["policy"]: r["hit_rate"] for r in rows if r["workload"] == w}
+        for p in ("kvc_aware", "sglang_router_cache_aware"):
+            assert by[p] > by["round_robin"], (w, by)
+
+
+def test_outputs(arena):
+    assert "arena:" in arena["stdout"] and "sglang_router_cache_aware" in arena["stdout"]
+    details = json.loads((arena["out"] / "arena-details.json").read_text())
+    runs = details["runs"]
+    assert all(run["details"]["requests"] > 0 for run in runs)
+    # The kvc_aware balancer really consumed the fleet's KV events.
+    kvc = [run for run in runs if run["row"]["policy"] == "kvc_aware"]
+    assert kvc and all(run["details"].get("event_stored_blocks", 0) > 0 for run in kvc)
+    assert (arena["out"] / "arena.png").stat().st_size > 0
+
+
+def _py(code: str) -> object:
+    """Runs code with the arena's import path (as the Makefile does) and
+    returns the JSON it prints; no processes are started by the code."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_workloads_are_seeded_text_with_shared_prefixes():
+    out = _py("""
+import json
+from kvc_harness.arena import build_steps, workload_specs
+specs = workload_specs(short=False)
+def shape(name, seed):
+    return [[(j.rid, j.text, [(t.max_tokens, t.tool_words) for t in j.turns], j.arrival_s) for j in st.jobs]
+            for st in build_steps(specs[name], seed)]
+res = {}
+for name in specs:
+    a, b, c = shape(name, 1), shape(name, 1), shape(name, 2)
+    res[name] = {"same": a == b, "differs": a != c, "steps": len(a), "jobs": sum(len(s) for s in a)}
+g = build_steps(specs["grpo"], 1)[0].jobs
+texts = {}
+for j in g:
+    texts.setdefault(j.text, 0)
+    texts[j.text] += 1
+res["grpo_samples"] = sorted(set(texts.values()))
+la = build_steps(specs["long_agent"], 1)[0].jobs
+res["long_turns"] = [len(j.turns) for j in la]
+res["long_tools"] = [min(t.tool_words for t in j.turns) for j in la] + [max(t.tool_words for t in j.turns) for j in la]
+res["long_resp"] = max(t.max_tokens for j in la for t in j.turns)
+res["open_arrivals"] = [j.arrival_s for j in build_steps(specs["agent_open"], 1)[0].jobs][:3]
+print(json.dumps(res))
+""")
+    for name in ("grpo", "agent", "agent_open", "long_agent", "mooncake"):
+        assert out[name]["same"] and out[name]["differs"], (name, out[name])
+    assert out["grpo"]["steps"] == 2 and out["grpo"]["jobs"] == 128
+    assert out["grpo_samples"] == [8]  # every prompt text is shared by its 8 samples
+    assert all(20 <= n <= 40 for n in out["long_turns"])
+    assert min(out["long_tools"]) >= 1024 and max(out["long_tools"]) <= 4096 and out["long_resp"] <= 512
+    assert out["open_arrivals"][0] == 0.0 and out["open_arrivals"][1] > 0.0
+
+
+def test_mooncake_slice_follows_conversations():
+    out = _py("""
+import json
+from kvc_harness.arena import mooncake_jobs, workload_specs
+spec = workload_specs(short=False)["mooncake"]
+res = {}
+for seed in (1, 2):
+    jobs = mooncake_jobs(spec, seed)
+    firsts = [j.text.split()[:512] for j in jobs]
+    conv = {tuple(j.text.split()[512:1024]) for j in jobs}
+    arrivals = [j.arrival_s for j in jobs]
+    res[str(seed)] = {"n": len(jobs), "conversations": len(conv),
+                      "block0_shared": all(f == firsts[0] for f in firsts),
+                      "span": max(arrivals), "sorted": arrivals == sorted(arrivals),
+                      "conv_words": sorted(c[0] for c in conv if c)}
+print(json.dumps(res))
+""")
+    for seed in ("1", "2"):
+        r = out[seed]
+        assert r["conversations"] <= 48 < r["n"], r  # follow-up turns of the same conversations
+        assert r["block0_shared"] and r["sorted"] and abs(r["span"] - 60.0) < 1e-6
+    assert out["1"]["conv_words"] != out["2"]["conv_words"]  # each seed has its own slice
+
+
+def test_gain_share_arithmetic():
+    out = _py("""
+import json
+from kvc_harness.arena import BOUND, gain_shares
+def run(policy, seed, wall, eng):
+    return {"row": {"workload": "w", "seed": seed, "policy": policy, "makespan_s": wall},
+            "details": {"engine_makespan_s": eng}}
+rs = [run("verl_default", 1, 100.0, 90.0), run(BOUND, 1, 60.0, 50.0), run("kvc_aware", 1, 70.0, 80.0),
+      run("verl_default", 2, 100.0, 90.0), run(BOUND, 2, 120.0, 95.0), run("kvc_aware", 2, 80.0, 80.0)]
+print(json.dumps(gain_shares(rs)))
+""")
+    by = {(g["measure"], g["seed"]): g["share"] for g in out}
+    assert by[("wall", 1)] == 0.75 and by[("engine", 1)] == 0.25
+    assert by[("wall", 2)] != by[("wall", 2)]  # NaN: no achievable gain when the bound is not below the base
+    assert {g["policy"] for g in out} == {"kvc_aware"}
