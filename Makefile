@@ -4,6 +4,9 @@ GO         ?= go
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_VERL  ?= .venv-verl
+# verl releases the hook claims; the first is installed in $(VENV_VERL), the
+# others are --no-deps overlays sharing its torch (scripts/verl_venv.sh).
+VERL_VERSIONS ?= 0.9.1 0.9.0 0.8.0
 VENV_PEERS ?= .venv-peers
 ARENA_ARGS ?=
 PY         := $(VENV)/bin/python
@@ -28,7 +31,7 @@ help:
 	@echo "testlib - $(TESTLIB): the library built with -tags kvrdebug (tests only)"
 	@echo "wheel  - the kvc-router platform wheel into dist/"
 	@echo "test   - gofmt check, go vet, go test -race, pytest"
-	@echo "test-verl    - a separate venv with the published verl 0.9.1 (CPU) + tests/verl"
+	@echo "test-verl    - tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each policy's main knob on seeds 101,102, report seeds 1-5 (mean, SD)"
@@ -78,10 +81,17 @@ test-go:
 test-py: venv $(PYLIB) $(TESTLIB) build peers-venv
 	$(PY) -m pytest -q tests
 
-# verl 0.9.1 from PyPI in its own venv (torch is PyPI's CUDA build; no GPU is used).
+# Each verl release from PyPI against one shared torch venv (PyPI's CUDA build;
+# no GPU is used): the first in VERL_VERSIONS is installed, the others are
+# overlays put first on PYTHONPATH. KVC_VERL_EXPECT makes a run fail if the
+# overlay did not take.
 test-verl: $(PYLIB) build
-	VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
-	$(VENV_VERL)/bin/python -m pytest -q tests/verl
+	VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) VERL_VERSIONS="$(VERL_VERSIONS)" bash scripts/verl_venv.sh
+	@set -e; base=$(firstword $(VERL_VERSIONS)); for v in $(VERL_VERSIONS); do \
+	  pp=; [ "$$v" = "$$base" ] || pp=$(abspath $(VENV_VERL))/verl-overlays/$$v; \
+	  echo "== verl $$v"; \
+	  KVC_VERL_EXPECT=$$v PYTHONPATH=$$pp $(VENV_VERL)/bin/python -m pytest -q tests/verl; \
+	done
 
 venv: $(VENV)/.stamp
 

@@ -6,7 +6,7 @@
   package an existing library instead (it must already be there).
 * ``kvc_router_verl.pth`` goes to the root of the wheel (site-packages once
   installed): it imports ``_kvc_router_verl_boot``, the verl post-import hook
-  (see python/kvc_router/verl_hook.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
+  (see python/kvc_router.verl.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
 * The wheel is ``py3-none-<platform>``: one wheel serves every CPython (ctypes,
   no CPython ABI). On Linux the platform tag is ``manylinux_2_<N>_<arch>``
   where 2.<N> is the newest GLIBC_ symbol version the built library needs
@@ -90,7 +90,7 @@ class BuildPyWithGo(build_py):
         super().run()
         # The verl post-import hook: a .pth at the root of site-packages
         # (imports _kvc_router_verl_boot). Editable installs do not get it;
-        # `python -m kvc_router.verl_hook install` writes it by hand.
+        # `python -m kvc_router.verl install` writes it by hand.
         if not getattr(self, "editable_mode", False):
             self.copy_file(PTH, os.path.join(self.build_lib, os.path.basename(PTH)))
 

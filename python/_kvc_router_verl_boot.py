@@ -1,12 +1,18 @@
-"""Start-up half of kvc-router's verl integration (see kvc_router.verl_hook).
+"""Start-up half of kvc-router's verl integration (see kvc_router.verl).
 
 ``kvc_router_verl.pth`` (installed next to this module in site-packages by the
 kvc-router wheel) imports this module when the interpreter starts, in every
 process of the environment: the driver, Ray's ``TaskRunner`` actor, agent-loop
-worker actors, rollout-server actors. It only puts a finder on
-``sys.meta_path`` that watches a handful of verl module names; nothing else is
-imported (not kvc_router, not verl). When one of those modules has finished
-executing, ``kvc_router.verl_hook.on_import(name, module)`` patches it.
+worker actors, rollout-server actors. It only puts one finder on
+``sys.meta_path``; nothing else is imported (not kvc_router, not verl). The
+finder handles two fixed sets of module names:
+
+* ``WATCHED`` verl modules: when one has finished executing,
+  ``kvc_router.verl.patches.on_import(name, module)`` patches it;
+* ``ALIASES``: ``verl.workers.rollout.llm_router`` and two submodules (the
+  import path of verl PR #6940), served from ``kvc_router.verl.alias`` only
+  when no other finder provides them, i.e. while verl does not ship that
+  package; once it does, verl's wins (one log line).
 
 ``KVC_ROUTER_VERL_HOOK=0`` (also ``false``/``no``/``off``) in the environment
 turns the whole mechanism off before anything is installed.
@@ -14,21 +20,28 @@ turns the whole mechanism off before anything is installed.
 
 from __future__ import annotations
 
+import importlib.machinery
+import logging
 import os
 import sys
 import threading
 
-#: verl modules patched after they execute.
+#: verl modules patched after they execute (kvc_router.verl.patches._TABLE).
 WATCHED = frozenset(
     {
         "verl.utils.config",
         "verl.workers.rollout.llm_server",
-        "verl.workers.rollout.router",
         "verl.checkpoint_engine.base",
     }
 )
+ALIAS_ROOT = "verl.workers.rollout.llm_router"
+#: Fixed alias names (kvc_router.verl.alias.MODULES); never taken from a config.
+ALIASES = frozenset({ALIAS_ROOT, ALIAS_ROOT + ".config", ALIAS_ROOT + ".config.strategy"})
+#: Set on alias modules, so their submodules are served only below our alias.
+ALIAS_MARK = "__kvc_router_alias__"
 
 _OFF = ("0", "false", "no", "off")
+_logged = set()
 
 
 def disabled() -> bool:
@@ -51,20 +64,35 @@ class _Loader:
     def exec_module(self, module):
         self._loader.exec_module(module)
         try:
-            from kvc_router import verl_hook
+            from kvc_router.verl import patches
         except Exception as e:  # noqa: BLE001 - never break verl's import
             sys.stderr.write(f"kvc-router: verl hook unavailable ({e!r}); verl runs unmodified\n")
             return
-        verl_hook.on_import(self._name, module)
+        # Raises only VerlIncompatibleError, once a config asked for kvc_aware.
+        patches.on_import(self._name, module)
+
+
+class _AliasLoader:
+    """Fills an alias module from kvc_router (imported only now)."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        from kvc_router.verl import alias
+
+        setattr(module, ALIAS_MARK, True)
+        alias.populate(module)
 
 
 class VerlImportWatcher:
-    """A meta-path finder that only wraps the loaders of WATCHED modules."""
+    """A meta-path finder for WATCHED and ALIASES names only."""
 
     _busy = threading.local()
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in WATCHED or getattr(self._busy, "on", False):
+    def _others(self, fullname, path, target):
+        """The spec the rest of sys.meta_path gives, or None."""
+        if getattr(self._busy, "on", False):
             return None
         self._busy.on = True
         try:
@@ -73,14 +101,37 @@ class VerlImportWatcher:
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
-                    break
-            else:
-                return None
+                    return spec
+            return None
         finally:
             self._busy.on = False
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in WATCHED:
+            spec = self._others(fullname, path, target)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            spec.loader = _Loader(spec.loader, fullname)
             return spec
-        spec.loader = _Loader(spec.loader, fullname)
+        if fullname in ALIASES and not getattr(self._busy, "on", False):
+            return self._alias_spec(fullname, path, target)
+        return None
+
+    def _alias_spec(self, fullname, path, target):
+        parent = fullname.rpartition(".")[0]
+        if fullname != ALIAS_ROOT and not getattr(sys.modules.get(parent), ALIAS_MARK, False):
+            return None  # below verl's own llm_router: verl's rules apply
+        if fullname == ALIAS_ROOT:
+            spec = self._others(fullname, path, target)
+            if spec is not None:
+                if fullname not in _logged:
+                    _logged.add(fullname)
+                    logging.getLogger("kvc_router.verl").warning(
+                        "kvc-router: verl ships %s itself; using verl's, not kvc-router's alias", fullname
+                    )
+                return spec
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(), is_package=True)
+        spec.submodule_search_locations = []
         return spec
 
     # importlib.invalidate_caches() calls this on every finder.
@@ -100,11 +151,11 @@ def install() -> bool:
     already = [n for n in WATCHED if n in sys.modules]
     if already:
         try:
-            from kvc_router import verl_hook
+            from kvc_router.verl import patches
         except Exception:  # noqa: BLE001
             return True
         for n in sorted(already):
-            verl_hook.on_import(n, sys.modules[n])
+            patches.on_import(n, sys.modules[n])
     return True
 
 

@@ -4,6 +4,13 @@
 # only, plus this project installed as a real (non-editable) wheel so that its
 # kvc_router_verl.pth post-import hook is exercised exactly as users get it.
 #
+# Every release in VERL_VERSIONS is tested. The first is installed in the venv
+# itself; each other one goes, without dependencies, into an overlay directory
+# $VENV/verl-overlays/<version> (`pip install --no-deps --target`) that the
+# tests put first on PYTHONPATH. So torch and the other dependencies are
+# installed once and shared; an overlay costs one ~2 MB wheel. (The releases'
+# declared dependency ranges overlap: verl 0.8.0 and 0.9.0 import with 0.9.1's.)
+#
 # torch: PyPI's only Linux x86_64 torch wheel is CUDA-linked; libtorch.so
 # needs the CUDA runtime libraries at load time even with no GPU present, so
 # `pip install --no-deps torch` does not import. We install torch with its
@@ -12,8 +19,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV_VERL:-.venv-verl}"
-VERL_VERSION="${VERL_VERSION:-0.9.1}"
+VERL_VERSIONS="${VERL_VERSIONS:-0.9.1 0.9.0 0.8.0}"
+# A release the hook refuses (tests/verl/test_incompatible_verl.py checks the
+# start-up error names it); also an overlay, never tested as supported.
+VERL_UNSUPPORTED="${VERL_UNSUPPORTED:-0.7.1}"
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
+read -r -a versions <<<"$VERL_VERSIONS"
+BASE_VERSION="${versions[0]}"
 start=$(date +%s)
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -30,13 +42,26 @@ PIP=("$VENV/bin/python" -m pip install -q)
   "ray>=2.41" "numpy>=2.0.0" omegaconf hydra-core cachetools pydantic fastapi uvicorn \
   pyyaml orjson codetiming "packaging>=20.0" \
   pytest pyzmq msgpack "setuptools>=70.1" wheel
-"${PIP[@]}" --no-deps "verl==${VERL_VERSION}"
+"${PIP[@]}" --no-deps "verl==${BASE_VERSION}"
+for v in "${versions[@]:1}" $VERL_UNSUPPORTED; do
+  dir="$VENV/verl-overlays/$v"
+  if [ ! -f "$dir/.stamp" ]; then
+    rm -rf "$dir"
+    "${PIP[@]}" --no-deps --target "$dir" "verl==$v"
+    touch "$dir/.stamp"
+  fi
+done
 # This project as a wheel (the Go library is built by make's $(PYLIB) rule).
 KVC_ROUTER_SKIP_GO_BUILD=1 "${PIP[@]}" --no-deps --no-build-isolation --force-reinstall .
-"$VENV/bin/python" - <<'PY'
-import importlib.metadata as md
+for v in "${versions[@]}"; do
+  pp=""
+  [ "$v" != "$BASE_VERSION" ] && pp="$VENV/verl-overlays/$v"
+  PYTHONPATH="$pp" "$VENV/bin/python" - <<'PY'
+from kvc_router.verl import verl_version
 import verl.workers.rollout.llm_server  # noqa: F401  (the import the integration needs)
-print("verl", md.version("verl"), "torch", md.version("torch"), "kvc-router", md.version("kvc-router"))
+import importlib.metadata as md
+print("verl", verl_version(), "torch", md.version("torch"), "kvc-router", md.version("kvc-router"))
 PY
+done
 touch "$VENV/.stamp"
 echo "verl venv ready in $(( $(date +%s) - start ))s; size $(du -sh "$VENV" | cut -f1)"

@@ -437,3 +437,25 @@ def test_python_and_library_agree(tree):
     # Accepted by Python: the library builds a router from it.
     assert library_accepts
     _native.Router(cfg.native(sticky_default=10000)).close()
+
+
+def test_strategy_dataclass_covers_the_library_params_and_sends_only_what_is_set():
+    """KVCAwareStrategyConfig (verl PR #6940's name) has a field for every
+    parameter the library's kvc_aware takes, and sends only the fields set."""
+    import dataclasses
+
+    from kvc_router import KVCAwareStrategyConfig, RouterConfig, library_defaults
+
+    params = library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
+    names = {f.name for f in dataclasses.fields(KVCAwareStrategyConfig)}
+    assert names - {"collector_names", "weight"} == set(params)
+    s = KVCAwareStrategyConfig(alpha=0.6, collector_names=("vllm_zmq",), weight=2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.alpha = 0.1  # type: ignore[misc]
+    rc = RouterConfig(type="kvc_aware", strategies=(s,))
+    assert rc.strategies == ({"name": "kvc_aware", "weight": 2.0, "params": {"alpha": 0.6}},)
+    assert rc.collector_names == ("vllm_zmq",)
+    eff = rc.validate()["router"]["strategies"][0]["params"]
+    assert eff == {**params, "alpha": 0.6}
+    with pytest.raises(ConfigError, match=r"strategies\[0\]\.alpha"):
+        load_router_config({"type": "kvc_aware", "config": {"strategies": [KVCAwareStrategyConfig(alpha=7)]}})

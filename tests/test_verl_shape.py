@@ -1,14 +1,15 @@
 """verl >= 0.9.1 shapes (no verl needed): the router_config_path constructor
 call, require_*_fields, release_server(request_id=...), and the pure helpers of
-kvc_router.verl_hook. The end-to-end tests with the real verl are tests/verl/."""
+kvc_router.verl. The end-to-end tests with the real verl are tests/verl/."""
 
 from __future__ import annotations
 
 import types
 
 import pytest
-from kvc_router import KVCAwareBalancer, load_router_config, verl_hook
+from kvc_router import KVCAwareBalancer, load_router_config
 from kvc_router.errors import ConfigError
+from kvc_router.verl import detection, patches, ports
 
 
 def test_positional_yaml_dict_is_the_router_config(ray_cluster):
@@ -61,12 +62,12 @@ def test_integration_keys_parse():
 
 
 def test_router_block_selection():
-    assert verl_hook.router_block({}) is None
-    assert verl_hook.router_block({"router": {"type": "default"}}) is None
-    b = verl_hook.router_block({"router": {"type": "kvc_aware"}})
+    assert detection.router_block({}) is None
+    assert detection.router_block({"router": {"type": "default"}}) is None
+    b = detection.router_block({"router": {"type": "kvc_aware"}})
     assert b["type"] == "kvc_aware" and b["config"]["strategies"]
     with pytest.raises(ConfigError):
-        verl_hook.router_block({"router": {"type": "round_robin"}})
+        detection.router_block({"router": {"type": "round_robin"}})
 
 
 def test_kv_events_ports_are_disjoint():
@@ -74,25 +75,25 @@ def test_kv_events_ports_are_disjoint():
     for dp in (1, 2, 4):
         seen.clear()
         for rank in range(8):
-            pub, replay = verl_hook.kv_events_ports(rank, dp, 30000)
-            ports = {pub + k for k in range(dp)} | {replay + k for k in range(dp)}
-            assert len(ports) == 2 * dp and not ports & seen
-            seen |= ports
+            pub, replay = ports.kv_events_ports(rank, dp, 30000)
+            block = {pub + k for k in range(dp)} | {replay + k for k in range(dp)}
+            assert len(block) == 2 * dp and not block & seen
+            seen |= block
 
 
 def test_configure_replica_and_endpoints():
     cfg = types.SimpleNamespace(engine_kwargs={"vllm": {"block_size": 32}}, data_parallel_size=2)
     rep = types.SimpleNamespace(config=cfg, replica_rank=3, nnodes=1)
-    spec = verl_hook.configure_replica(rep, True, True, 30000)
+    spec = ports.configure_replica(rep, True, True, 30000)
     vk = cfg.engine_kwargs["vllm"]
     assert vk["block_size"] == 32 and vk["disable_log_stats"] is False
     assert vk["kv_events_config"]["endpoint"] == "tcp://*:30012"
     assert vk["kv_events_config"]["replay_endpoint"] == "tcp://*:30014"
     assert vk["kv_events_config"]["topic"] == "kvc-router.replica-3"
     mgr = types.SimpleNamespace(_kvc_events={3: spec}, rollout_replicas=[rep], server_addresses=["10.0.0.7:8000"])
-    eps = verl_hook.endpoints_for(mgr)
+    eps = ports.endpoints_for(mgr)
     assert [e["endpoint"] for e in eps["10.0.0.7:8000"]] == ["tcp://10.0.0.7:30012", "tcp://10.0.0.7:30013"]
-    block = verl_hook.balancer_block(
+    block = ports.balancer_block(
         {"type": "kvc_aware", "config": {"strategies": [{"name": "kvc_aware"}], "kv_events": "auto"}}, eps
     )
     rc = load_router_config(block)
@@ -102,8 +103,186 @@ def test_configure_replica_and_endpoints():
 def test_config_strip_on_plain_dict():
     calls = []
     mod = types.SimpleNamespace(omega_conf_to_dataclass=lambda c, t=None: calls.append(dict(c)) or "ok")
-    verl_hook._patch_config(mod)
-    verl_hook._patch_config(mod)  # idempotent
+    patches.patch_config(mod)
+    patches.patch_config(mod)  # idempotent
     assert mod.omega_conf_to_dataclass({"_target_": "verl.workers.config.RolloutConfig", "router": {}}) == "ok"
     mod.omega_conf_to_dataclass({"_target_": "x.ActorConfig", "router": 1})
     assert calls == [{"_target_": "verl.workers.config.RolloutConfig"}, {"_target_": "x.ActorConfig", "router": 1}]
+
+
+# -- the gate: kvc_aware asked for, a patch could not apply --------------------
+
+
+@pytest.fixture
+def fresh_patches(monkeypatch):
+    """Isolates the patch record of this process; verl reports version 0.9.1."""
+    monkeypatch.setattr(patches, "_results", {})
+    monkeypatch.setattr(patches, "_requested", False)
+    monkeypatch.setattr(patches, "verl_version", lambda: "0.9.1")
+    return patches
+
+
+def _fake_config_module():
+    calls = []
+    mod = types.SimpleNamespace(omega_conf_to_dataclass=lambda c, t=None: calls.append(dict(c)) or "converted")
+    return mod, calls
+
+
+ROLLOUT = "verl.workers.config.RolloutConfig"
+
+
+def test_failed_patch_fails_kvc_aware_start_up(fresh_patches):
+    cfg_mod, calls = _fake_config_module()
+    fresh_patches.on_import("verl.utils.config", cfg_mod)
+    # A verl whose llm_server no longer defines LLMServerManager (moved/renamed).
+    fresh_patches.on_import("verl.workers.rollout.llm_server", types.SimpleNamespace(LLMServerClient=object))
+    res = fresh_patches.results()
+    assert res[patches.CONFIG][0] == patches.APPLIED
+    assert res[patches.INIT_LB][0] == patches.FAILED and "LLMServerManager" in res[patches.INIT_LB][1]
+    # Without a router block (or with type default) verl runs unmodified.
+    assert cfg_mod.omega_conf_to_dataclass({"_target_": ROLLOUT}) == "converted"
+    assert cfg_mod.omega_conf_to_dataclass({"_target_": ROLLOUT, "router": {"type": "default"}}) == "converted"
+    assert calls == [{"_target_": ROLLOUT}, {"_target_": ROLLOUT}]
+    # Asking for kvc_aware: start-up fails naming the version and the patch,
+    # and the router key is not stripped (verl's default balancer never runs).
+    with pytest.raises(patches.VerlIncompatibleError) as e:
+        cfg_mod.omega_conf_to_dataclass({"_target_": ROLLOUT, "router": {"type": "kvc_aware"}})
+    msg = str(e.value)
+    assert "verl 0.9.1" in msg and patches.INIT_SERVERS in msg
+    assert len(calls) == 2
+
+
+def test_patch_failing_after_kvc_aware_was_seen_fails_the_import(fresh_patches):
+    cfg_mod, _ = _fake_config_module()
+    fresh_patches.on_import("verl.utils.config", cfg_mod)
+    assert cfg_mod.omega_conf_to_dataclass({"_target_": ROLLOUT, "router": {"type": "kvc_aware"}}) == "converted"
+    broken = types.SimpleNamespace(CheckpointEngineManager=type("CheckpointEngineManager", (), {}))
+    with pytest.raises(patches.VerlIncompatibleError, match=r"CheckpointEngineManager\.update_weights.*verl 0\.9\.1"):
+        fresh_patches.on_import("verl.checkpoint_engine.base", broken)
+
+
+def test_manager_gate_names_a_failed_config_patch(fresh_patches):
+    fresh_patches.on_import("verl.utils.config", types.SimpleNamespace())  # no omega_conf_to_dataclass
+    mgr = types.SimpleNamespace(rollout_config={"name": "vllm", "router": {"type": "kvc_aware"}})
+    with pytest.raises(patches.VerlIncompatibleError, match=r"verl\.utils\.config\.omega_conf_to_dataclass"):
+        patches.plan_for(mgr)
+    assert patches.plan_for(types.SimpleNamespace(rollout_config={"name": "vllm"})) is None
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.6.0"])
+def test_unsupported_release_says_so(fresh_patches, monkeypatch, version):
+    monkeypatch.setattr(patches, "verl_version", lambda: version)
+    with pytest.raises(patches.VerlIncompatibleError, match=rf"verl {version} .*supports verl >= 0\.8\.0"):
+        patches.ensure_supported()
+
+
+def test_version_parsing():
+    assert detection.version_tuple("0.9.1") == (0, 9, 1)
+    assert detection.version_tuple("0.10.0.dev0") == (0, 10, 0)
+    assert detection.version_tuple("1.0") == (1, 0, 0)
+    assert detection.version_tuple("unknown") is None
+    assert detection.unsupported_reason("0.8.0") is None and detection.unsupported_reason("0.7.1")
+
+
+def test_boot_and_package_agree_on_names():
+    import _kvc_router_verl_boot as boot
+    from kvc_router.verl import alias
+
+    assert boot.WATCHED == patches.WATCHED
+    assert boot.ALIASES == set(alias.MODULES) and boot.ALIAS_ROOT == alias.ROOT
+
+
+# -- the verl.workers.rollout.llm_router alias (a stand-in verl tree) ---------
+
+ALIAS_PROBE = r"""
+import dataclasses, json, sys
+import _kvc_router_verl_boot
+import kvc_router
+out = {}
+try:
+    from verl.workers.rollout.llm_router import KVCAwareBalancer
+    from verl.workers.rollout.llm_router.config.strategy import KVCAwareStrategyConfig
+    import verl.workers.rollout.llm_router.config as cfgmod
+    s = KVCAwareStrategyConfig(alpha=0.6, load_threshold=0.7, layer_weights={"gpu": 1.0, "cpu": 0.0, "ssd": 0.0},
+                               collector_names=("vllm_metrics",), weight=2.0)
+    out["same_balancer"] = KVCAwareBalancer is kvc_router.KVCAwareBalancer
+    out["same_strategy"] = KVCAwareStrategyConfig is cfgmod.KVCAwareStrategyConfig is kvc_router.KVCAwareStrategyConfig
+    out["dataclass"] = dataclasses.is_dataclass(s)
+    out["fields"] = [s.alpha, s.load_threshold, s.weight, list(s.collector_names)]
+except ImportError as e:
+    out["import_error"] = type(e).__name__
+try:
+    import verl.workers.rollout.llm_router.balancer  # not one of the fixed names
+    out["other_name"] = "imported"
+except ImportError:
+    out["other_name"] = "refused"
+mod = sys.modules.get("verl.workers.rollout.llm_router")
+out["own"] = getattr(mod, "OWN", False)
+print(json.dumps(out))
+"""
+
+
+def _fake_verl(root, ships_llm_router=False):
+    pkg = root / "verl" / "workers" / "rollout"
+    pkg.mkdir(parents=True)
+    for d in (root / "verl", root / "verl" / "workers", pkg):
+        (d / "__init__.py").write_text("")
+    if ships_llm_router:
+        (pkg / "llm_router").mkdir()
+        (pkg / "llm_router" / "__init__.py").write_text("OWN = True\n")
+    return root
+
+
+def _probe_alias(root, **env):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    pypath = os.pathsep.join([str(root), os.path.join(os.path.dirname(here), "python")])
+    e = {k: v for k, v in os.environ.items() if k != "KVC_ROUTER_VERL_HOOK"}
+    e.update(PYTHONPATH=pypath, **env)
+    out = subprocess.run([sys.executable, "-c", ALIAS_PROBE], env=e, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_llm_router_alias_served_when_verl_lacks_it(tmp_path):
+    got, err = _probe_alias(_fake_verl(tmp_path))
+    assert got == {
+        "same_balancer": True,
+        "same_strategy": True,
+        "dataclass": True,
+        "fields": [0.6, 0.7, 2.0, ["vllm_metrics"]],
+        "other_name": "refused",
+        "own": False,
+    }, err
+    assert "verl ships" not in err
+
+
+def test_llm_router_alias_off_with_the_hook(tmp_path):
+    got, _ = _probe_alias(_fake_verl(tmp_path), KVC_ROUTER_VERL_HOOK="0")
+    assert got["import_error"] == "ModuleNotFoundError"
+
+
+def test_verl_own_llm_router_wins(tmp_path):
+    got, err = _probe_alias(_fake_verl(tmp_path, ships_llm_router=True))
+    assert got["own"] is True and "same_balancer" not in got  # verl's package has no KVCAwareBalancer
+    lines = [ln for ln in err.splitlines() if "verl ships verl.workers.rollout.llm_router itself" in ln]
+    assert len(lines) == 1, err
+
+
+def test_status_command_reports_patch_records():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "kvc_router.verl", "status"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert st["pth"].endswith("kvc_router_verl.pth") and st["patches"] == {} and st["balancers_in_process"] == 0
+    bad = subprocess.run([sys.executable, "-m", "kvc_router.verl", "bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from .errors import ConfigError, NativeError, allowed_text
 
@@ -36,7 +36,7 @@ ROUTER_TYPES = ("default", "kvc_aware")
 COLLECTOR_NAMES = ("vllm_metrics", "vllm_polling", "sglang_metrics", "vllm_zmq")
 METRICS_FLAVORS = ("vllm", "sglang")
 #: ``kv_events`` values: ``auto`` gives every vLLM replica its own KV-event
-#: publisher through verl's engine kwargs (kvc_router.verl_hook); ``off``
+#: publisher through verl's engine kwargs (kvc_router.verl); ``off``
 #: leaves the servers alone (approximate mode unless endpoints are listed).
 KV_EVENTS_MODES = ("off", "auto")
 
@@ -44,18 +44,51 @@ _KVC = "kvc_aware"
 _LEAST = "least_inflight"
 
 
+@dataclass(frozen=True)
 class KVCAwareStrategyConfig:
-    """``_target_`` of the kvc_aware strategy. Its parameters and their
-    defaults are the library's: see :func:`library_defaults`."""
+    """The kvc_aware strategy, as verl PR #6940 names it (also its
+    ``_target_``). Every field left ``None`` takes the library's default
+    (:func:`library_defaults`); the library validates the values. Usable as a
+    list entry of ``strategies`` or of :class:`RouterConfig`."""
 
-    name = _KVC
+    alpha: Optional[float] = None
+    load_threshold: Optional[float] = None
+    layer_weights: Optional[Mapping[str, float]] = None
+    collector_names: Optional[Tuple[str, ...]] = None
+    weight: Optional[float] = None
+    marginal: Optional[bool] = None
+    token_load: Optional[bool] = None
+    kv_tokens: Optional[int] = None
+    saved_scale_tokens: Optional[int] = None
+
+    name: ClassVar[str] = _KVC
+    target: ClassVar[str] = "kvc_router.config.KVCAwareStrategyConfig"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The mapping form with only the fields that were set."""
+        out: Dict[str, Any] = {"_target_": self.target}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = dict(v) if isinstance(v, Mapping) else list(v) if isinstance(v, tuple) else v
+        return out
 
 
+@dataclass(frozen=True)
 class LeastInflightStrategyConfig:
-    """``_target_`` of verl's default: fewest in-flight requests, ties to the
-    first-added server."""
+    """verl's default: fewest in-flight requests, ties to the first-added
+    server."""
 
-    name = _LEAST
+    weight: Optional[float] = None
+
+    name: ClassVar[str] = _LEAST
+    target: ClassVar[str] = "kvc_router.config.LeastInflightStrategyConfig"
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"_target_": self.target}
+        if self.weight is not None:
+            out["weight"] = self.weight
+        return out
 
 
 #: ``_target_`` strings accepted for strategies, mapped to native strategy names.
@@ -145,7 +178,7 @@ class RouterConfig:
     log_level: Optional[str] = None
     metrics_flavor: str = "vllm"
     collector: CollectorConfig = field(default_factory=CollectorConfig)
-    # Integration keys, read by kvc_router.verl_hook: how verl launches the
+    # Integration keys, read by kvc_router.verl: how verl launches the
     # rollout servers.
     kv_events: str = "off"
     kv_events_base_port: int = 0
@@ -153,6 +186,22 @@ class RouterConfig:
     prefix: str = field(default="", compare=False)
     # Which key named each strategy ("name" or "_target_"), for error keys.
     strategy_keys: Tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        # RouterConfig(strategies=(KVCAwareStrategyConfig(...),)) is built
+        # directly by callers; turn such entries into native specs here.
+        if not any(isinstance(s, (KVCAwareStrategyConfig, LeastInflightStrategyConfig)) for s in self.strategies):
+            return
+        specs, wanted, named_by = _parse_strategies(list(self.strategies), _join(self.prefix, "strategies"))
+        names = list(self.collector_names)
+        if self.type == _KVC:
+            for n in wanted:
+                canon = "vllm_metrics" if n == "vllm_polling" else n
+                if canon not in names:
+                    names.append(canon)
+        object.__setattr__(self, "strategies", tuple(specs))
+        object.__setattr__(self, "collector_names", tuple(names))
+        object.__setattr__(self, "strategy_keys", tuple(named_by))
 
     @property
     def sticky_max_size(self) -> Optional[int]:
@@ -310,6 +359,8 @@ def _read_yaml(path: str) -> Any:
 
 
 def _plain(obj: Any) -> Any:
+    if isinstance(obj, (KVCAwareStrategyConfig, LeastInflightStrategyConfig)):
+        return obj.to_dict()
     mod = type(obj).__module__ or ""
     if mod.startswith("omegaconf") and type(obj).__name__ in ("DictConfig", "ListConfig"):
         from omegaconf import OmegaConf

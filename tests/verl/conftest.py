@@ -1,15 +1,18 @@
 """tests/verl: the published verl package around simulated vLLM servers.
 
-Runs in the environment `make test-verl` builds (scripts/verl_venv.sh); in
-any environment without verl (e.g. `make test`'s .venv) these modules are
-not collected.
+Runs in the environment `make test-verl` builds (scripts/verl_venv.sh), once
+per verl release the hook claims: the venv's own verl, then each other
+release installed with ``pip install --no-deps --target`` into an overlay
+directory that leads ``PYTHONPATH`` (torch and the rest are shared).
+``KVC_VERL_EXPECT=<version>`` makes the session fail unless that verl is the
+one imported. In any environment without verl (e.g. `make test`'s .venv)
+these modules are not collected.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 
 import pytest
 
@@ -19,8 +22,25 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if importlib.util.find_spec("verl") is None or importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["test_*.py"]
 
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+
+def pytest_report_header(config):
+    if importlib.util.find_spec("verl") is None:
+        return None
+    from kvc_router.verl import verl_version
+
+    return f"verl {verl_version()} (KVC_VERL_EXPECT={os.environ.get('KVC_VERL_EXPECT', '-')})"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def expected_verl():
+    """The verl under test is the one the Makefile asked for."""
+    from kvc_router.verl import verl_version
+
+    want = os.environ.get("KVC_VERL_EXPECT")
+    got = verl_version()
+    if want and got != want:
+        pytest.fail(f"KVC_VERL_EXPECT={want} but verl {got} is imported (overlay not on PYTHONPATH?)")
+    return got
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +55,8 @@ def verl_ray():
         log_to_driver=False,
         configure_logging=False,
         namespace="kvc-router-verl-tests",
-        runtime_env={"env_vars": {"PYTHONPATH": HERE}},
+        # Workers see the same verl as the driver (an overlay leads PYTHONPATH).
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)}},
     )
     try:
         yield ray

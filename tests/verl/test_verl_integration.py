@@ -1,4 +1,4 @@
-"""verl 0.9.1 (published wheel) + kvc-router's post-import hook, end to end:
+"""verl (published wheels 0.8.0, 0.9.0, 0.9.1) + kvc-router's post-import hook, end to end:
 verl's LLMServerManager / LLMServerClient / CheckpointEngineManager drive
 simulated vLLM servers (vllm-sim: real HTTP, /metrics, ZMQ KV events)."""
 
@@ -15,7 +15,7 @@ import time
 
 import pytest
 import ray
-from verl_sim import AgentLoopWorkerStandIn, SimActorWorkers, SimLLMServerManager, _http
+from verl_sim import AgentLoopWorkerStandIn, SimActorWorkers, SimLLMServerManager, _http, verl_at_least
 
 KVC_EVENTS = [
     "+actor_rollout_ref.rollout.router.type=kvc_aware",
@@ -49,15 +49,29 @@ def wait_for(pred, timeout=20.0, every=0.05):
     return pred()
 
 
-def free_base_port():
-    """A base for the kv_events port block (2 replicas x 2 ports)."""
-    from verl_sim import free_port
+def free_base_port(span=8):
+    """A base for the kv_events port block (2 replicas x 2 ports, with room):
+    every port of the block is checked. Drawn from 20000-32000: below the
+    kernel's ephemeral range (where the simulated servers' HTTP ports and
+    other processes' sockets land) and above Ray's worker ports (10002-19999)."""
+    import socket
 
-    for _ in range(50):
-        base = free_port()
-        if base + 8 < 65535:
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - span)
+        socks = []
+        try:
+            for p in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
             return base
-    raise RuntimeError("no port")
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
 
 
 @pytest.fixture
@@ -132,7 +146,9 @@ def test_router_block_passes_rollout_config_conversion(compose):
 )
 def test_a_without_router_block_verl_balancer(manager, overrides):
     m = manager(*overrides)
-    assert lb_classes(m.global_load_balancer)[0] == "verl.workers.rollout.router.GlobalRequestLoadBalancer"
+    # verl 0.9.1 keeps it in verl.workers.rollout.router, 0.8.0 / 0.9.0 in llm_server.
+    cls = lb_classes(m.global_load_balancer)[0]
+    assert cls.startswith("verl.workers.rollout.") and cls.endswith(".GlobalRequestLoadBalancer"), cls
     for r in m.rollout_replicas:
         assert "kv_events_config" not in (r.config.engine_kwargs.get("vllm") or {})
     client = m.get_client()
@@ -227,11 +243,11 @@ def test_b_kvc_aware_with_kv_events(manager):
 
 
 def test_b_approximate_mode_warns_and_resets(manager, caplog):
-    from kvc_router import verl_hook
+    from kvc_router.verl import ports
     from verl.checkpoint_engine.base import CheckpointEngineManager
     from verl.workers.config import CheckpointEngineConfig
 
-    verl_hook._warned.discard("log-stats")
+    ports._warned.discard("log-stats")
     with caplog.at_level(logging.WARNING, logger="kvc_router.verl"):
         m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
     assert sum("disable_log_stats is true" in r.getMessage() for r in caplog.records) == 1
@@ -290,6 +306,7 @@ def test_c_agent_loop_workers_in_other_processes(manager, compose):
 # -- verl 0.9.1's native router_config_path route ------------------------------
 
 
+@pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")
 def test_router_config_path_native_route(manager, tmp_path):
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import get_router_handle
@@ -322,6 +339,7 @@ def test_router_config_path_native_route(manager, tmp_path):
 # -- fully-async / separate-async trainers -------------------------------------
 
 
+@pytest.mark.skipif(not verl_at_least(0, 9, 0), reason="FullyAsyncLLMServerClient arrived in verl 0.9.0")
 def test_fully_async_client_and_pool_changes(manager):
     from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
@@ -344,3 +362,21 @@ def test_fully_async_client_and_pool_changes(manager):
     assert cleared["cleared_entries"] == 1 and set(cleared["server_loads"]) == set(servers)
     assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
     assert ray.get(lb.get_all_servers.remote()) == list(servers)
+
+
+# -- actor options: the hook creates the actor itself ---------------------------
+
+
+def test_actor_options_create_the_balancer_directly(manager, monkeypatch):
+    from kvc_router.verl import actor
+
+    monkeypatch.setitem(actor.ACTOR_OPTIONS, "max_concurrency", 4)
+    m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    lb = m.global_load_balancer
+    # Not the load_balancer_cls subclass (kvc_router.verl.actor): created with the options.
+    assert lb_classes(lb)[0] == "kvc_router.balancer.KVCAwareBalancer"
+    assert any(h is lb for h in actor.registered_balancers())
+    client = m.get_client()
+    p = prompt(60)
+    generate(client, "opt-1", p)
+    assert ray.get(lb.get_status.remote())["router"]["counters"]["prompt_tokens"] == len(p)

@@ -32,6 +32,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SIM = os.environ.get("VLLM_SIM", os.path.join(REPO, "bin", "vllm-sim"))
 
 
+def verl_at_least(*version: int) -> bool:
+    """Whether the imported verl is this release or newer."""
+    from kvc_router.verl.detection import verl_version, version_tuple
+
+    vt = version_tuple(verl_version())
+    return vt is not None and vt >= version
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

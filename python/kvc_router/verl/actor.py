@@ -1,0 +1,98 @@
+"""How the balancer actor is created for verl, and the balancers of this process.
+
+``ACTOR_OPTIONS`` is the one place for Ray actor options of the balancer the
+hook creates (e.g. ``{"max_concurrency": 64}`` for a threaded balancer). Empty
+means "as verl creates its own balancer": then on verl 0.9.x the class goes
+through verl's ``load_balancer_cls`` hook; otherwise (options set, or verl
+0.8.x without that hook) the hook creates the actor itself with these options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Dict, List
+
+logger = logging.getLogger("kvc_router.verl")
+
+#: Ray ``.options(...)`` for the balancer actor created through verl.
+ACTOR_OPTIONS: Dict[str, Any] = {}
+
+_lock = threading.RLock()
+#: Balancer actors created in this process (reset after each weight sync).
+_balancers: List[Any] = []
+
+
+def actor_options() -> Dict[str, Any]:
+    return dict(ACTOR_OPTIONS)
+
+
+def bound_balancer_class(block: dict, full_determinism: bool) -> type:
+    """A KVCAwareBalancer subclass carrying the router config, for verl's
+    ``load_balancer_cls`` hook (which passes only servers and max_cache_size).
+    Defined in a function, so Ray pickles it by value with its config."""
+    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE, KVCAwareBalancer
+
+    class VerlKVCAwareBalancer(KVCAwareBalancer):
+        _kvc_router_config = block
+        _kvc_full_determinism = bool(full_determinism)
+
+        def __init__(
+            self, servers=None, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE, full_determinism=None, router_config=None
+        ):
+            super().__init__(
+                servers,
+                max_cache_size,
+                self._kvc_full_determinism if full_determinism is None else full_determinism,
+                self._kvc_router_config if router_config is None else router_config,
+            )
+
+    VerlKVCAwareBalancer.__qualname__ = VerlKVCAwareBalancer.__name__ = "KVCAwareBalancer"
+    return VerlKVCAwareBalancer
+
+
+def create_actor(servers: Dict[str, Any], block: dict, full_determinism: bool) -> Any:
+    """The balancer actor, created the way verl creates its own (unnamed,
+    owned by this process) plus ``ACTOR_OPTIONS``."""
+    import ray
+
+    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE, KVCAwareBalancer
+
+    cls = ray.remote(KVCAwareBalancer)
+    opts = actor_options()
+    if opts:
+        cls = cls.options(**opts)
+    return cls.remote(
+        servers=servers,
+        max_cache_size=DEFAULT_ROUTING_CACHE_SIZE,
+        full_determinism=full_determinism,
+        router_config=block,
+    )
+
+
+def register_balancer(handle: Any) -> None:
+    with _lock:
+        if handle is not None and all(h is not handle for h in _balancers):
+            _balancers.append(handle)
+
+
+def registered_balancers() -> List[Any]:
+    with _lock:
+        return list(_balancers)
+
+
+async def reset_balancers(timeout: float = 10.0) -> int:
+    """``reset_prefix_index()`` on every balancer of this process; returns how
+    many answered. Dead actors are forgotten."""
+    handles = registered_balancers()
+    done = 0
+    for h in handles:
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(h.reset_prefix_index.remote().future()), timeout)
+            done += 1
+        except Exception as e:  # noqa: BLE001
+            logger.warning("kvc-router: reset_prefix_index() failed on a balancer (%r); forgetting it", e)
+            with _lock:
+                _balancers[:] = [x for x in _balancers if x is not h]
+    return done

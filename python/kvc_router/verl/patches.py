@@ -1,0 +1,494 @@
+"""The patches applied to verl's modules right after they execute.
+
+Each patch has a name (``verl.<module>.<Class>.<attr>``) and records whether
+it applied. A patch that cannot apply (verl renamed or moved what it wraps)
+is harmless while no config asks for kvc_aware; as soon as one does, start-up
+fails with :class:`VerlIncompatibleError` naming the verl version and the
+patch, instead of verl quietly running its default balancer:
+
+* the gate (:func:`ensure_supported`) runs where a kvc_aware config is first
+  seen: the config conversion (``omega_conf_to_dataclass``) and the
+  ``LLMServerManager`` wrappers;
+* a patch that fails on a module imported after the gate ran raises from that
+  import.
+
+Without a ``router`` block asking for kvc_aware every patched function calls
+verl's original unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import actor
+from .detection import SUPPORTED_TEXT, asks_for_router, get, is_tested, router_block, unsupported_reason, verl_version
+from .ports import balancer_block, base_port, configure_replica, endpoints_for, warn_once
+
+logger = logging.getLogger("kvc_router.verl")
+
+_PATCHED = "_kvc_router_patched"
+_lock = threading.RLock()
+
+CONFIG = "verl.utils.config.omega_conf_to_dataclass"
+INIT_SERVERS = "verl.workers.rollout.llm_server.LLMServerManager._initialize_llm_servers"
+INIT_LB = "verl.workers.rollout.llm_server.LLMServerManager._init_global_load_balancer"
+ACQUIRE = "verl.workers.rollout.llm_server.LLMServerClient._acquire_server"
+UPDATE_WEIGHTS = "verl.checkpoint_engine.base.CheckpointEngineManager.update_weights"
+
+APPLIED = "applied"
+NOT_NEEDED = "not needed"
+FAILED = "failed"
+
+#: patch name -> (state, detail)
+_results: Dict[str, Tuple[str, str]] = {}
+#: Set once a config asking for kvc_aware was seen in this process.
+_requested = False
+
+
+class VerlIncompatibleError(RuntimeError):
+    """kvc_aware was asked for, but this verl cannot run it."""
+
+
+class PatchError(Exception):
+    """A patch's target is not where (or not what) it expects."""
+
+
+# --------------------------------------------------------------------------
+# Bookkeeping and the gate
+
+
+def results() -> Dict[str, Tuple[str, str]]:
+    with _lock:
+        return dict(_results)
+
+
+def _record(name: str, state: str, detail: str = "") -> None:
+    with _lock:
+        _results[name] = (state, detail)
+
+
+def _failure_message(name: str, detail: str, version: str) -> str:
+    return (
+        f"kvc-router: actor_rollout_ref.rollout.router asks for kvc_aware, but patch {name} cannot apply to "
+        f"verl {version} ({detail}); refusing to start rather than run verl's default balancer. "
+        f"kvc-router supports {SUPPORTED_TEXT}."
+    )
+
+
+def ensure_supported() -> None:
+    """Raises :class:`VerlIncompatibleError` if kvc_aware cannot run here;
+    called wherever a config asking for kvc_aware is seen."""
+    global _requested
+    with _lock:
+        _requested = True
+        failed = [(n, d) for n, (s, d) in _results.items() if s == FAILED]
+    version = verl_version()
+    reason = unsupported_reason(version)
+    if reason is not None:
+        raise VerlIncompatibleError(f"kvc-router: actor_rollout_ref.rollout.router asks for kvc_aware, but {reason}")
+    if failed:
+        name, detail = failed[0]
+        raise VerlIncompatibleError(_failure_message(name, detail, version))
+    if not is_tested(version):
+        warn_once(
+            "untested",
+            "kvc-router: verl %s is not a release kvc-router was tested with (%s); every patch applied",
+            version,
+            SUPPORTED_TEXT,
+        )
+
+
+# --------------------------------------------------------------------------
+# Entry point from _kvc_router_verl_boot
+
+
+def on_import(name: str, module: Any) -> None:
+    """Patches one verl module right after it executed. Raises only
+    :class:`VerlIncompatibleError`, and only once kvc_aware was asked for."""
+    table = _TABLE.get(name, ())
+    for patch_name, apply in table:
+        try:
+            with _lock:
+                state = apply(module)
+            _record(patch_name, state)
+        except Exception as e:  # noqa: BLE001 - never break verl's import for a config that does not need us
+            detail = str(e) if isinstance(e, PatchError) else repr(e)
+            _record(patch_name, FAILED, detail)
+            if _requested:
+                raise VerlIncompatibleError(_failure_message(patch_name, detail, verl_version())) from e
+            logger.warning(
+                "kvc-router: patch %s cannot apply to verl %s (%s); a config asking for kvc_aware will fail",
+                patch_name,
+                verl_version(),
+                detail,
+            )
+
+
+def _mark(fn: Any) -> Any:
+    setattr(fn, _PATCHED, True)
+    return fn
+
+
+def _is_patched(fn: Any) -> bool:
+    return getattr(fn, _PATCHED, False)
+
+
+def _need(obj: Any, attr: str, what: str) -> Any:
+    value = getattr(obj, attr, None)
+    if value is None:
+        raise PatchError(f"{what} has no {attr}")
+    return value
+
+
+def _wrap_method(cls: Any, name: str, make: Callable[[Any], Any]) -> str:
+    orig = cls.__dict__.get(name)
+    if orig is None:
+        orig = getattr(cls, name, None)
+    if orig is None or not callable(orig):
+        raise PatchError(f"{cls.__name__}.{name} does not exist")
+    if not _is_patched(orig):
+        setattr(cls, name, _mark(make(orig)))
+    return APPLIED
+
+
+# --------------------------------------------------------------------------
+# verl.utils.config: drop the router key before RolloutConfig conversion
+
+
+def _is_rollout_target(config: Any, dataclass_type: Any) -> bool:
+    if dataclass_type is not None:
+        return any(c.__name__ == "RolloutConfig" for c in getattr(dataclass_type, "__mro__", ()))
+    target = get(config, "_target_")
+    return isinstance(target, str) and target.endswith(".RolloutConfig")
+
+
+def patch_config(module: Any) -> str:
+    orig = _need(module, "omega_conf_to_dataclass", "verl.utils.config")
+    if _is_patched(orig):
+        return APPLIED
+
+    @functools.wraps(orig)
+    def omega_conf_to_dataclass(config, dataclass_type=None):
+        try:
+            has_router = "router" in config and _is_rollout_target(config, dataclass_type)
+        except Exception:  # noqa: BLE001
+            has_router = False
+        if not has_router:
+            return orig(config, dataclass_type)
+        if asks_for_router(config):
+            # The key is only stripped when the rest of the hook can honour it.
+            ensure_supported()
+        if isinstance(config, dict):
+            return orig({k: v for k, v in config.items() if k != "router"}, dataclass_type)
+        # A DictConfig: take the key out in place (a detached copy would lose
+        # the parent that interpolations resolve against) and put it back.
+        from omegaconf import flag_override
+
+        with flag_override(config, ["struct", "readonly"], False):
+            saved = config.pop("router")
+        try:
+            return orig(config, dataclass_type)
+        finally:
+            with flag_override(config, ["struct", "readonly"], False):
+                config["router"] = saved
+
+    module.omega_conf_to_dataclass = _mark(omega_conf_to_dataclass)
+    return APPLIED
+
+
+# --------------------------------------------------------------------------
+# verl.workers.rollout.llm_server: the manager
+
+
+def _manager(module: Any) -> Any:
+    return _need(module, "LLMServerManager", "verl.workers.rollout.llm_server")
+
+
+def patch_init_servers(module: Any) -> str:
+    return _wrap_method(_manager(module), "_initialize_llm_servers", _make_initialize)
+
+
+def patch_init_lb(module: Any) -> str:
+    return _wrap_method(_manager(module), "_init_global_load_balancer", _make_init_lb)
+
+
+def _maybe_async(orig: Any, before: Any, after: Any) -> Any:
+    """Wraps ``orig`` (sync or async) with ``before(self) -> state`` and
+    ``after(self, state)``."""
+    if inspect.iscoroutinefunction(orig):
+
+        @functools.wraps(orig)
+        async def wrapper(self, *args, **kwargs):
+            state = before(self)
+            try:
+                return await orig(self, *args, **kwargs)
+            finally:
+                after(self, state)
+
+    else:
+
+        @functools.wraps(orig)
+        def wrapper(self, *args, **kwargs):
+            state = before(self)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                after(self, state)
+
+    return wrapper
+
+
+def plan_for(manager: Any) -> Optional[dict]:
+    """The manager's validated router block (cached on it), or None; passes
+    the gate when it asks for kvc_aware."""
+    if hasattr(manager, "_kvc_plan"):
+        return manager._kvc_plan
+    plan = router_block(getattr(manager, "rollout_config", None))
+    if plan is not None:
+        ensure_supported()
+    manager._kvc_plan = plan
+    return plan
+
+
+def _make_initialize(orig: Any) -> Any:
+    def before(self):
+        plan = plan_for(self)
+        if plan is None:
+            return None
+        rc = self.rollout_config
+        inner = plan["config"]
+        name = get(rc, "name")
+        metrics_on = bool(inner.get("enable_server_metrics"))
+        kv_auto = inner.get("kv_events") == "auto"
+        if name not in ("vllm", None) and (metrics_on or kv_auto):
+            warn_once(
+                "non-vllm",
+                "kvc-router: kv_events/enable_server_metrics only configure vLLM servers; rollout.name=%r is "
+                "left as it is",
+                name,
+            )
+            return None
+        if get(rc, "disable_log_stats", True) and not metrics_on:
+            warn_once(
+                "log-stats",
+                "kvc-router: actor_rollout_ref.rollout.disable_log_stats is true, so vLLM's /metrics gauges "
+                "(running, waiting, kv_cache_usage_perc) never update and the kvc_aware balancer sees every "
+                "server as idle. Set router.config.enable_server_metrics: true (or "
+                "actor_rollout_ref.rollout.disable_log_stats=false).",
+            )
+        if not (metrics_on or kv_auto):
+            return None
+        base = base_port(inner)
+        events: Dict[int, dict] = {}
+        orig_cls = self.rollout_replica_class
+
+        def make_replica(*args, **kwargs):
+            replica = orig_cls(*args, **kwargs)
+            try:
+                spec = configure_replica(replica, metrics_on, kv_auto, base)
+            except Exception as e:  # noqa: BLE001
+                logger.warning(
+                    "kvc-router: could not configure replica %s: %r", getattr(replica, "replica_rank", "?"), e
+                )
+                spec = None
+            if spec is not None:
+                events[replica.replica_rank] = spec
+            return replica
+
+        self.rollout_replica_class = make_replica
+        self._kvc_events = events
+        return orig_cls
+
+    def after(self, orig_cls):
+        if orig_cls is not None:
+            self.rollout_replica_class = orig_cls
+
+    return _maybe_async(orig, before, after)
+
+
+def _make_init_lb(orig: Any) -> Any:
+    def prepare(self):
+        plan = plan_for(self)
+        if plan is None:
+            return None
+        block = balancer_block(plan, endpoints_for(self))
+        fd = bool(get(self.rollout_config, "full_determinism", False))
+        if plan["config"].get("kv_events") != "auto":
+            logger.info("kvc-router: kv_events is off: the balancer runs in approximate mode (see get_status())")
+        attr = next((a for a in ("_load_balancer_cls", "load_balancer_cls") if a in self.__dict__), None)
+        if attr is not None:
+            prev = self.__dict__[attr]
+            default = getattr(sys.modules.get("verl.workers.rollout.llm_server"), "GlobalRequestLoadBalancer", None)
+            if prev is not None and prev is not default:
+                warn_once(
+                    "lb-cls",
+                    "kvc-router: LLMServerManager got load_balancer_cls=%r from its caller; router.type "
+                    "kvc_aware is ignored",
+                    prev,
+                )
+                return None
+            if not actor.actor_options():
+                setattr(self, attr, actor.bound_balancer_class(block, fd))
+                return ("hook", (attr, prev))
+        # verl 0.8.x (no load_balancer_cls), or actor options to apply.
+        return ("direct", (block, fd))
+
+    def finish(self, how):
+        if how is None:
+            return
+        if how[0] == "direct":
+            block, fd = how[1]
+            servers = dict(zip(self.server_addresses, self.server_handles))
+            self.global_load_balancer = actor.create_actor(servers, block, fd)
+        else:
+            attr, prev = how[1]
+            setattr(self, attr, prev)
+        actor.register_balancer(self.global_load_balancer)
+        logger.info(
+            "kvc-router: KVCAwareBalancer is verl's global load balancer (%d servers)", len(self.server_addresses)
+        )
+
+    def restore(self, how):
+        if how is not None and how[0] == "hook":
+            setattr(self, how[1][0], how[1][1])
+
+    if inspect.iscoroutinefunction(orig):
+
+        @functools.wraps(orig)
+        async def wrapper(self, *args, **kwargs):
+            how = prepare(self)
+            if how is not None and how[0] == "direct":
+                finish(self, how)
+                return None
+            try:
+                result = await orig(self, *args, **kwargs)
+            except BaseException:
+                restore(self, how)
+                raise
+            finish(self, how)
+            return result
+
+    else:
+
+        @functools.wraps(orig)
+        def wrapper(self, *args, **kwargs):
+            how = prepare(self)
+            if how is not None and how[0] == "direct":
+                finish(self, how)
+                return None
+            try:
+                result = orig(self, *args, **kwargs)
+            except BaseException:
+                restore(self, how)
+                raise
+            finish(self, how)
+            return result
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------
+# verl.workers.rollout.llm_server: the client (verl 0.9.0 / 0.8.0 shape,
+# ``_acquire_server(request_id)`` only; verl >= 0.9.1 forwards the fields the
+# balancer names in ``require_acquire_fields()`` itself)
+
+_prompt: contextvars.ContextVar = contextvars.ContextVar("kvc_router_prompt_ids", default=None)
+
+
+def patch_client(module: Any) -> str:
+    client = _need(module, "LLMServerClient", "verl.workers.rollout.llm_server")
+    acquire = getattr(client, "_acquire_server", None)
+    if acquire is None:
+        raise PatchError("LLMServerClient._acquire_server does not exist")
+    params = inspect.signature(acquire).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return NOT_NEEDED
+    if not inspect.iscoroutinefunction(getattr(client, "generate", None)):
+        raise PatchError("LLMServerClient.generate is not a coroutine function")
+    _wrap_method(client, "generate", _make_generate)
+    return _wrap_method(client, "_acquire_server", _make_acquire)
+
+
+def _make_generate(orig: Any) -> Any:
+    @functools.wraps(orig)
+    async def generate(self, *args, **kwargs):
+        token = _prompt.set(kwargs.get("prompt_ids"))
+        try:
+            return await orig(self, *args, **kwargs)
+        finally:
+            _prompt.reset(token)
+
+    return generate
+
+
+def _make_acquire(orig: Any) -> Any:
+    @functools.wraps(orig)
+    async def _acquire_server(self, request_id, *args, **kwargs):
+        lb = getattr(self, "_load_balancer", None)
+        fields = getattr(self, "_kvc_fields", None)
+        if fields is None and lb is not None:
+            try:
+                fields = list(await lb.require_acquire_fields.remote())
+            except Exception:  # noqa: BLE001 - verl's own balancer has no such method
+                fields = []
+            self._kvc_fields = fields
+        ids = _prompt.get()
+        if fields and "prompt_ids" in fields and ids is not None and not args and not kwargs:
+            return await lb.acquire_server.remote(request_id=request_id, prompt_ids=ids)
+        return await orig(self, request_id, *args, **kwargs)
+
+    return _acquire_server
+
+
+# --------------------------------------------------------------------------
+# verl.checkpoint_engine.base: reset the prefix index after each weight sync
+
+
+def patch_checkpoint_engine(module: Any) -> str:
+    mgr = _need(module, "CheckpointEngineManager", "verl.checkpoint_engine.base")
+    orig = mgr.__dict__.get("update_weights")
+    if orig is None:
+        raise PatchError("CheckpointEngineManager.update_weights does not exist")
+    if _is_patched(orig):
+        return APPLIED
+    inner = getattr(orig, "__wrapped__", None)
+    if inner is None or not inspect.iscoroutinefunction(inner):
+        raise PatchError("CheckpointEngineManager.update_weights is not an auto_await coroutine function")
+    try:
+        from verl.utils.ray_utils import auto_await
+    except Exception as e:  # noqa: BLE001
+        raise PatchError(f"verl.utils.ray_utils.auto_await is missing ({e!r})") from e
+
+    @functools.wraps(inner)
+    async def update_weights(self, *args, **kwargs):
+        result = await inner(self, *args, **kwargs)
+        await actor.reset_balancers()
+        return result
+
+    # verl's auto_await looks at its caller's frame, so re-decorate the
+    # coroutine function instead of wrapping the decorated one.
+    mgr.update_weights = _mark(auto_await(update_weights))
+    return APPLIED
+
+
+#: module -> [(patch name, apply)], applied in order after the module executed.
+#: verl.workers.rollout.router (0.9.1) needs no patch: the manager passes
+#: load_balancer_cls, which wins over router_config_path.
+_TABLE: Dict[str, List[Tuple[str, Callable[[Any], str]]]] = {
+    "verl.utils.config": [(CONFIG, patch_config)],
+    "verl.workers.rollout.llm_server": [
+        (INIT_SERVERS, patch_init_servers),
+        (INIT_LB, patch_init_lb),
+        (ACQUIRE, patch_client),
+    ],
+    "verl.checkpoint_engine.base": [(UPDATE_WEIGHTS, patch_checkpoint_engine)],
+}
+
+#: Module names the boot's finder watches.
+WATCHED = frozenset(_TABLE)
