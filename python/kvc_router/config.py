@@ -60,6 +60,7 @@ class KVCAwareStrategyConfig:
     token_load: Optional[bool] = None
     kv_tokens: Optional[int] = None
     saved_scale_tokens: Optional[int] = None
+    session_weight: Optional[float] = None
 
     name: ClassVar[str] = _KVC
     target: ClassVar[str] = "kvc_router.config.KVCAwareStrategyConfig"
