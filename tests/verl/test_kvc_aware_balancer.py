@@ -53,8 +53,10 @@ class TestKVCAwareBalancerImport:
         eff = rc.validate()["router"]["strategies"][0]["params"]
         assert eff["alpha"] == 0.7 and eff["token_load"] is True  # set value kept, default filled in
         assert "vllm_metrics" in rc.collector_names
-        with pytest.raises(ConfigError, match="strateg"):
-            load_router_config({"type": "kvc_aware", "config": {"strategies": []}})
+        with pytest.raises(ConfigError, match=r"strategies\[0\]\.alpah"):
+            load_router_config(
+                {"type": "kvc_aware", "config": {"strategies": [{"_target_": ALIAS_TARGET, "alpah": 0.5}]}}
+            )
         with pytest.raises(ConfigError, match="alpha"):
             load_router_config(
                 {"type": "kvc_aware", "config": {"strategies": [{"_target_": ALIAS_TARGET, "alpha": 7}]}}
