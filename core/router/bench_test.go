@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvc-router/kvc-router/core/blockhash"
 	"github.com/kvc-router/kvc-router/core/load"
 )
 
@@ -106,6 +107,37 @@ func BenchmarkAcquireGRPO8k(b *testing.B) {
 		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: ps[i%len(ps)], Pin: -1})
 		if err != nil {
 			b.Fatal(err)
+		}
+		r.Release(d.Server)
+		i++
+	}
+	b.ReportMetric(float64(threadCPU()-cpu0)/float64(i), "cpu-ns/op")
+}
+
+// BenchmarkAcquire8kKVCCold is BenchmarkAcquire8kKVC without help from the
+// key memo: it cycles over more distinct prompts than the memo keeps, each
+// indexed on four servers, so every Acquire hashes all 512 blocks. The
+// figure for a prompt the router has not seen recently.
+func BenchmarkAcquire8kKVCCold(b *testing.B) {
+	r, _ := benchRouter(b, 8192, ModeKVCAware)
+	n := blockhash.MemoMaxEntries + 8
+	ps := make([][]int32, n)
+	for k := range ps {
+		ps[k] = prompt(8192, int32(1_000_000*(k+1)))
+		storeOn(b, r, fmt.Sprintf("10.0.0.%d:8000", (k%4)*16), ps[k], 16)
+	}
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
+	i := 0
+	for b.Loop() {
+		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: ps[i%n], Pin: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.HitBlocks[0] == 0 {
+			b.Fatalf("no hit: %+v", d)
 		}
 		r.Release(d.Server)
 		i++
