@@ -6,7 +6,7 @@
   package an existing library instead (it must already be there).
 * ``kvc_router_verl.pth`` goes to the root of the wheel (site-packages once
   installed): it imports ``_kvc_router_verl_boot``, the verl post-import hook
-  (see python/kvc_router.verl.py). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
+  (see python/kvc_router/verl/). ``KVC_ROUTER_VERL_HOOK=0`` disables it.
 * The wheel is ``py3-none-<platform>``: one wheel serves every CPython (ctypes,
   no CPython ABI). On Linux the platform tag is ``manylinux_2_<N>_<arch>``
   where 2.<N> is the newest GLIBC_ symbol version the built library needs

@@ -161,13 +161,13 @@ class Reaper:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    # The name scripts/demo_lib.py's Cleanup used.
+    # What the demo and arena runners call at the end.
     run = close
 
 
 class Cleanup(Reaper):
-    """scripts/demo_lib.py's name for the reaper, with its default: it also
-    runs at interpreter exit."""
+    """The reaper the long runs (demo, arena) use: it also runs at
+    interpreter exit, so an exception anywhere still stops the fleet."""
 
     def __init__(self) -> None:
         super().__init__(at_exit=True)
