@@ -24,7 +24,6 @@ is reported in wall milliseconds, since a proxy hop is real time.
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import json
 import math
@@ -40,7 +39,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from kvc_harness import HOST, REPO
 from kvc_harness.balancer import router_config
-from kvc_harness.client import COUNTERS, http_request, reset_prefix_caches, scrape_all
+from kvc_harness.client import COUNTERS, cached_tokens, http_request, reset_prefix_caches, scrape_all, stream_events
 from kvc_harness.fleet import Server, start_sim_fleet
 from kvc_harness.procs import Cleanup, die_with_parent
 from kvc_harness.report import percentile
@@ -258,49 +257,29 @@ def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
 
 
 def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0) -> dict:
-    """POST /v1/completions with a text prompt, streamed; returns TTFT (first
-    data chunk), e2e, the generated text and usage (wall seconds)."""
-    u = base_url.split("//", 1)[1]
-    host, port = u.split(":")[0], int(u.split(":")[1].split("/")[0])
-    body = json.dumps({
+    """Streamed completion of a text prompt; returns TTFT (first chunk with
+    a choice), e2e, the generated text and usage (wall seconds)."""
+    body = {
         "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
         "seed": seed, "stream": True, "stream_options": {"include_usage": True},
-    }).encode()
+    }
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     ttft: Optional[float] = None
     parts: List[str] = []
     usage: dict = {}
     resp_id = ""
-    try:
-        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            msg = json.loads(data)
-            if msg.get("object") == "error" or "error" in msg:
-                raise RuntimeError(f"stream error: {str(msg)[:200]}")
-            resp_id = resp_id or msg.get("id") or ""
-            for ch in msg.get("choices") or ():
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                parts.append(ch.get("text") or "")
-            if msg.get("usage"):
-                usage = msg["usage"]
-    finally:
-        conn.close()
+    for t, msg in stream_events(base_url, body, timeout):
+        resp_id = resp_id or msg.get("id") or ""
+        for ch in msg.get("choices") or ():
+            if ttft is None:
+                ttft = t
+            parts.append(ch.get("text") or "")
+        if msg.get("usage"):
+            usage = msg["usage"]
     e2e = time.perf_counter() - t0
     return {"ttft": ttft if ttft is not None else e2e, "e2e": e2e, "text": "".join(parts),
-            "cached": ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0,
-            "prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
-            "id": resp_id}
+            "cached": cached_tokens(usage), "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0), "id": resp_id}
 
 
 def tokenize(url: str, text: str) -> List[int]:

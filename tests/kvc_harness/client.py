@@ -9,7 +9,7 @@ import http.client
 import json
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 
 def split_url(url: str) -> Tuple[str, int]:
@@ -60,33 +60,16 @@ def complete(url: str, prompt: List[int], max_tokens: int = 1, timeout: float = 
     )
 
 
-def stream_completion(
-    base_url: str, model: str, prompt: List[int], max_tokens: int, seed: int, timeout: float = 600.0
-) -> dict:
-    """POST /v1/completions (stream=True); returns TTFT (first data chunk), e2e,
-    generated token ids and usage (cached prompt tokens)."""
+def stream_events(base_url: str, body: dict, timeout: float = 600.0) -> Iterator[Tuple[float, dict]]:
+    """POST /v1/completions with ``stream`` on; yields (seconds since the
+    request was sent, message) for every server-sent data message until
+    ``[DONE]``. An HTTP error or an error message raises RuntimeError."""
     host, port = split_url(base_url)
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "ignore_eos": True,
-            "temperature": 1.0,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
-        }
-    ).encode()
+    data_out = json.dumps(body).encode()
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    ttft = None
-    tokens: List[int] = []
-    usage: dict = {}
     try:
-        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", "/v1/completions", body=data_out, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
@@ -95,28 +78,57 @@ def stream_completion(
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if ttft is None:
-                ttft = time.perf_counter() - t0
             if data == b"[DONE]":
-                break
+                return
             msg = json.loads(data)
-            if msg.get("object") == "error":
-                raise RuntimeError(f"stream error: {msg.get('message')}")
-            for ch in msg.get("choices") or ():
-                ids = ch.get("token_ids")
-                if ids:
-                    tokens.extend(ids)
-            if msg.get("usage"):
-                usage = msg["usage"]
+            if msg.get("object") == "error" or "error" in msg:
+                raise RuntimeError(f"stream error: {str(msg)[:200]}")
+            yield time.perf_counter() - t0, msg
     finally:
         conn.close()
+
+
+def cached_tokens(usage: dict) -> int:
+    """Prompt tokens the server served from its prefix cache."""
+    return ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+
+
+def stream_completion(
+    base_url: str, model: str, prompt: List[int], max_tokens: int, seed: int, timeout: float = 600.0
+) -> dict:
+    """Streamed completion of a token-id prompt; returns TTFT (first data
+    chunk), e2e, generated token ids and usage (cached prompt tokens)."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    tokens: List[int] = []
+    usage: dict = {}
+    for t, msg in stream_events(base_url, body, timeout):
+        if ttft is None:
+            ttft = t
+        for ch in msg.get("choices") or ():
+            ids = ch.get("token_ids")
+            if ids:
+                tokens.extend(ids)
+        if msg.get("usage"):
+            usage = msg["usage"]
     e2e = time.perf_counter() - t0
-    cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
     return {
         "ttft": ttft if ttft is not None else e2e,
         "e2e": e2e,
         "tokens": tokens,
-        "cached": cached,
+        "cached": cached_tokens(usage),
         "prompt_tokens": usage.get("prompt_tokens", len(prompt)),
     }
 
