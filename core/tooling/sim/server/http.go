@@ -188,18 +188,9 @@ func mkUsage(prompt, completion, cached int) *usage {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
 	model := s.cores[0].eng.Config().ModelName // immutable after New
-	req, err := ParseCompletionRequest(body, s.cores[0].eng.Config().VocabSize)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	if !s.checkModel(w, req.Model) {
+	req, ok := s.readCompletion(w, r)
+	if !ok {
 		return
 	}
 	c := s.pickCore()

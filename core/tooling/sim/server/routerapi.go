@@ -44,6 +44,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	return body, true
 }
 
+// readCompletion reads and parses a /v1/completions-shaped body and checks
+// its model, answering the error itself when it returns false.
+func (s *Server) readCompletion(w http.ResponseWriter, r *http.Request) (*CompletionRequest, bool) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return nil, false
+	}
+	req, err := ParseCompletionRequest(body, s.cores[0].eng.Config().VocabSize)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	return req, s.checkModel(w, req.Model)
+}
+
 // checkModel mirrors vLLM's _check_model: an absent or empty model means the
 // served one; any other name is 404 NotFoundError.
 func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
@@ -137,16 +152,8 @@ type renderedRequest struct {
 // handleRender is POST /v1/completions/render: the completion request parsed
 // and tokenised exactly as /v1/completions would, without generating.
 func (s *Server) handleRender(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
+	req, ok := s.readCompletion(w, r)
 	if !ok {
-		return
-	}
-	req, err := ParseCompletionRequest(body, s.cores[0].eng.Config().VocabSize)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	if !s.checkModel(w, req.Model) {
 		return
 	}
 	var opts any
