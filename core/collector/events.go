@@ -405,14 +405,15 @@ func (s *Subscriber) recoverStart(ctx context.Context) {
 	n := 0
 	_, bad, err := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
 		func(seq int64, payload []byte) {
-			n++
+			if n++; n == 1 { // counted before its batches show in the index
+				s.mu.Lock()
+				s.replays++
+				s.mu.Unlock()
+			}
 			s.applyReplayed(seq, payload)
 		})
 	s.mu.Lock()
 	s.badFrames += uint64(bad)
-	if n > 0 {
-		s.replays++
-	}
 	s.mu.Unlock()
 	if err != nil {
 		// Unreachable or timed out: the first live batch asks again.

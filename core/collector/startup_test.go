@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,9 +14,13 @@ import (
 
 // ZMQ's slow joiner: a SUB socket receives nothing until its subscription
 // has reached the publisher, so batches published right after the
-// subscriber is created are dropped from the live stream. These tests
-// publish in that window and then fall silent, so no later live batch
-// reveals a gap: only the start-up recovery can bring those blocks back.
+// subscriber is created are dropped from the live stream but kept in the
+// publisher's replay buffer. go-zeromq's PUB queues sends and writes them
+// asynchronously, so whether a batch sent in that window reaches a new
+// subscriber depends on timing; the tests therefore publish the window's
+// batches to the replay buffer only (publish(b, true)), which is exactly
+// what the subscriber experiences, and then fall silent, so no later live
+// batch reveals a gap: only the start-up recovery brings those blocks back.
 
 // startupBatch is batch i of a start-up burst: 3 blocks of its own prefix.
 func startupBatch(i int) (*kvevents.Batch, []int32) {
@@ -52,7 +57,7 @@ func TestSubscriberRecoversStartupWindow(t *testing.T) {
 			var ps [][]int32
 			for i := 0; i < n; i++ {
 				b, p := startupBatch(i)
-				pub.publish(b, false) // live, but before the subscription propagated
+				pub.publish(b, true) // lost in the slow-joiner window
 				ps = append(ps, p)
 			}
 			waitFor(t, "start-up batches recovered", 5*time.Second, func() bool {
@@ -65,7 +70,7 @@ func TestSubscriberRecoversStartupWindow(t *testing.T) {
 			})
 			assertSingleCopies(t, r, "b", 3*n)
 			st := s.Status()
-			if st.LastSeq != n-1 || st.Restarts != 0 || st.Events.Cleared != 0 || st.StartupUnreplayed != 0 || st.Replays == 0 {
+			if st.LastSeq != n-1 || st.Restarts != 0 || st.Events.Cleared != 0 || st.StartupUnreplayed != 0 || st.Replays == 0 || st.ReplayFailed != 0 {
 				t.Fatalf("status %+v", st)
 			}
 		})
@@ -117,7 +122,7 @@ func TestSubscriberStartupWithoutReplayCounts(t *testing.T) {
 	const n = 5
 	for i := 0; i < n; i++ {
 		b, _ := startupBatch(i)
-		pub.publish(b, false)
+		pub.publish(b, true) // lost in the slow-joiner window
 	}
 	connect(t, pub, s)
 	st := s.Status()
@@ -134,9 +139,10 @@ func TestSubscriberStartupWithoutReplayCounts(t *testing.T) {
 	}
 }
 
-// The real simulator: requests served before the balancer exists and
-// right after it is created (inside the slow-joiner window), then silence.
-// The index must equal the engine's resident set.
+// The real simulator: requests served before the balancer subscribes, then
+// silence, as when the balancer is created next to a warm fleet or its
+// subscription is still propagating. The index must equal the engine's
+// resident set.
 func TestSimStartupWindowRecovered(t *testing.T) {
 	f := &simFleet{t: t, servers: map[string]*server.Server{}}
 	spec := false
@@ -152,8 +158,9 @@ func TestSimStartupWindowRecovered(t *testing.T) {
 	if err := r.AddServers([]string{a}); err != nil {
 		t.Fatal(err)
 	}
-	ps := prompts(4, 4, 1)
-	f.complete(a, ps[0], 4) // history from before the balancer
+	for _, p := range prompts(4, 4, 1) {
+		f.complete(a, p, 4)
+	}
 	srv.FlushEvents()
 	m, err := Start(r, Config{Collectors: []Spec{{Name: NameVLLMZMQ, Endpoints: map[string][]Endpoint{
 		a: {{Endpoint: srv.KVEventsEndpoints()[0], Replay: srv.ReplayEndpoints()[0], Topic: "kv@"}},
@@ -163,9 +170,6 @@ func TestSimStartupWindowRecovered(t *testing.T) {
 	}
 	f.m = m
 	t.Cleanup(func() { _ = m.Close() })
-	for _, p := range ps[1:] {
-		f.complete(a, p, 4) // published while the subscription propagates
-	}
 	f.waitAgree(a, "after the start-up window")
 	pubs := m.Status().Collectors[NameVLLMZMQ].([]PublisherStatus)
 	if len(pubs) != 1 || pubs[0].Restarts != 0 || pubs[0].Events.Cleared != 0 || pubs[0].StartupUnreplayed != 0 {
@@ -173,5 +177,50 @@ func TestSimStartupWindowRecovered(t *testing.T) {
 	}
 	if len(f.indexed(a)) == 0 {
 		t.Fatal("nothing indexed")
+	}
+}
+
+// The overlap made deterministic: the start-up replay applies batches
+// 0..k-1 from the real replay socket, then the same batches arrive live
+// (the SUB socket queued them while the replay ran), then batch k. Each
+// must be applied once, and the lower live seqs must not read as an engine
+// restart. A different payload under a replayed seq still does.
+func TestSubscriberStartupReplayDedupsLiveCopies(t *testing.T) {
+	pub := newTestPublisher(t, true, true)
+	r := newRouter(t, "a", "b")
+	s := NewSubscriber(r, "b", pub.endpoint(), fastCfg())
+	ctx := context.Background()
+	const k = 6
+	live := make([][][]byte, 0, k+1)
+	for i := 0; i <= k; i++ {
+		b, _ := startupBatch(i)
+		sq := pub.publish(b, true)
+		payload, err := kvevents.Encode(b, kvevents.LayoutArray)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, [][]byte{[]byte(pub.topic), be(sq), payload})
+	}
+	s.replayed, s.replayedMax = nil, -1 // as session does at connect
+	s.probe(ctx)                        // start-up recovery: applies 0..k
+	if st := s.Status(); st.LastSeq != k || st.Replays != 1 {
+		t.Fatalf("start-up replay: %+v", st)
+	}
+	for _, m := range live {
+		s.handle(ctx, m)
+	}
+	assertSingleCopies(t, r, "b", 3*(k+1))
+	st := s.Status()
+	if st.Duplicates != k+1 || st.Restarts != 0 || st.Events.Cleared != 0 || st.Events.Batches != k+1 {
+		t.Fatalf("status %+v", st)
+	}
+
+	// A restarted publisher's batch 0 differs from the replayed one: after
+	// dedup state is gone it is a restart, as before.
+	b, _ := startupBatch(100)
+	payload, _ := kvevents.Encode(b, kvevents.LayoutArray)
+	s.handle(ctx, [][]byte{[]byte(pub.topic), be(0), payload})
+	if st := s.Status(); st.Restarts != 1 || st.Events.Cleared != 1 {
+		t.Fatalf("restart not detected: %+v", st)
 	}
 }
