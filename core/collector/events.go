@@ -73,17 +73,26 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 
 // PublisherStatus describes one subscription.
 type PublisherStatus struct {
-	Server        string      `json:"server"`
-	Endpoint      string      `json:"endpoint"`
-	Replay        string      `json:"replay,omitempty"`
-	Connected     bool        `json:"connected"`
-	LastSeq       int64       `json:"last_seq"`
-	Gaps          uint64      `json:"gaps"`
-	Replays       uint64      `json:"replays"`
-	ReplayFailed  uint64      `json:"replay_failures"`
-	Restarts      uint64      `json:"restarts"`
-	Dials         uint64      `json:"dials"`
-	BadFrames     uint64      `json:"bad_frames"`
+	Server       string `json:"server"`
+	Endpoint     string `json:"endpoint"`
+	Replay       string `json:"replay,omitempty"`
+	Connected    bool   `json:"connected"`
+	LastSeq      int64  `json:"last_seq"`
+	Gaps         uint64 `json:"gaps"`
+	Replays      uint64 `json:"replays"`
+	ReplayFailed uint64 `json:"replay_failures"`
+	Restarts     uint64 `json:"restarts"`
+	Dials        uint64 `json:"dials"`
+	BadFrames    uint64 `json:"bad_frames"`
+	// StartupUnreplayed counts batches of the publisher's current run,
+	// before the first one applied, that were never applied: published
+	// before the subscription took effect (ZMQ's slow joiner) with no
+	// replay endpoint, or already evicted from the replay buffer. Nonzero
+	// means the index may lack blocks the engine holds.
+	StartupUnreplayed uint64 `json:"startup_unreplayed"`
+	// Duplicates counts live batches skipped because a replay in the same
+	// connection had already applied them.
+	Duplicates    uint64      `json:"duplicates"`
 	LastEventUnix float64     `json:"last_event_unix"`
 	EventsPerSec  float64     `json:"events_per_sec"`
 	Events        EventCounts `json:"events"`
@@ -112,6 +121,15 @@ type Subscriber struct {
 	restarts    uint64
 	dials       uint64
 	badFrames   uint64
+	unreplayed  uint64
+	duplicates  uint64
+
+	// replayed maps seq -> payload hash for batches this connection
+	// applied through an open-ended replay (at connect, or a probe) that
+	// live messages may still deliver: the SUB socket queues them while
+	// the replay runs. Only the run goroutine touches it.
+	replayed    map[int64]uint64
+	replayedMax int64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -148,6 +166,7 @@ func (s *Subscriber) Status() PublisherStatus {
 		Server: s.server, Endpoint: s.ep.Endpoint, Replay: s.ep.Replay, Connected: s.connected,
 		LastSeq: s.lastSeq, Gaps: s.gaps, Replays: s.replays, ReplayFailed: s.replayFails,
 		Restarts: s.restarts, Dials: s.dials, BadFrames: s.badFrames, EventsPerSec: s.rate,
+		StartupUnreplayed: s.unreplayed, Duplicates: s.duplicates,
 		Events: s.stats.Snapshot(),
 	}
 	if !s.lastEvent.IsZero() {
@@ -199,7 +218,10 @@ func (s *Subscriber) session(ctx context.Context) error {
 	}
 	s.setConnected(true)
 	s.r.SetEventFeed(s.server, true)
-	// A new connection may be to a restarted publisher on the same port.
+	s.replayed, s.replayedMax = nil, -1
+	// A new connection may be to a restarted publisher on the same port;
+	// and a first connection recovers what the publisher buffered,
+	// including what it sends before our subscription reaches it.
 	s.probe(ctx)
 
 	msgs := make(chan zmq4.Msg, 64)
@@ -229,8 +251,10 @@ func (s *Subscriber) session(ctx context.Context) error {
 		case <-idle.C:
 			// Silence. A lost final batch would go unnoticed until the
 			// next event, so ask the replay buffer for anything after
-			// the last seq; then reconnect, so that a publisher restarted
-			// on the same port is seen (its sequence restarts at 0).
+			// the last seq (or for everything, when nothing arrived yet:
+			// batches published while the subscription propagated); then
+			// reconnect, so that a publisher restarted on the same port
+			// is seen (its sequence restarts at 0).
 			s.probe(ctx)
 			return errors.New("idle")
 		case m := <-msgs:
@@ -255,6 +279,20 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	seq := int64(binary.BigEndian.Uint64(frames[1]))
+	if s.replayed != nil {
+		if seq > s.replayedMax {
+			s.replayed = nil // live has overtaken the replay
+		} else if h, ok := s.replayed[seq]; ok && h == xxhash.Sum64(frames[2]) {
+			// Already applied from the replay buffer (byte-identical):
+			// applying it again would double its blocks' copies, and its
+			// lower seq would read as an engine restart.
+			delete(s.replayed, seq)
+			s.mu.Lock()
+			s.duplicates++
+			s.mu.Unlock()
+			return
+		}
+	}
 	s.mu.Lock()
 	last := s.lastSeq
 	s.mu.Unlock()
@@ -275,6 +313,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		s.mu.Unlock()
 		s.cfg.Logger.Warn("kv events: engine restart detected, clearing its index", "server", s.server, "last_seq", last, "seq", seq)
 		s.clear()
+		s.resetSeq() // the new run's batches before seq count as unreplayed if lost
 		if seq > 0 {
 			s.replay(ctx, 0, seq)
 		}
@@ -300,7 +339,11 @@ func (s *Subscriber) probe(ctx context.Context) {
 	s.mu.Lock()
 	last, lastHash := s.lastSeq, s.lastHash
 	s.mu.Unlock()
-	if s.ep.Replay == "" || last < 0 {
+	if s.ep.Replay == "" {
+		return
+	}
+	if last < 0 {
+		s.recoverStart(ctx)
 		return
 	}
 	var (
@@ -318,7 +361,7 @@ func (s *Subscriber) probe(ctx context.Context) {
 				verdict = "lost"
 			case verdict == "same":
 				missed++
-				s.apply(seq, payload)
+				s.applyReplayed(seq, payload)
 			}
 		})
 	s.mu.Lock()
@@ -344,7 +387,7 @@ func (s *Subscriber) probe(ctx context.Context) {
 		s.cfg.Logger.Warn("kv events: engine restart detected, clearing its index", "server", s.server, "last_seq", last)
 		s.clear()
 		s.resetSeq()
-		_, bad, _ := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.apply)
+		_, bad, _ := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.applyReplayed)
 		s.mu.Lock()
 		s.replays++
 		s.badFrames += uint64(bad)
@@ -352,11 +395,51 @@ func (s *Subscriber) probe(ctx context.Context) {
 	}
 }
 
+// recoverStart applies everything the publisher's replay buffer holds
+// before the first batch this subscriber received. A SUB socket receives
+// nothing until its subscription has reached the publisher (ZMQ's slow
+// joiner, ~1-2 s here), so batches published right after we connected are
+// dropped, and if the publisher then goes quiet no live batch ever reveals
+// the gap. Live batches that also arrive are deduplicated in handle.
+func (s *Subscriber) recoverStart(ctx context.Context) {
+	n := 0
+	_, bad, err := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
+		func(seq int64, payload []byte) {
+			if n++; n == 1 { // counted before its batches show in the index
+				s.mu.Lock()
+				s.replays++
+				s.mu.Unlock()
+			}
+			s.applyReplayed(seq, payload)
+		})
+	s.mu.Lock()
+	s.badFrames += uint64(bad)
+	s.mu.Unlock()
+	if err != nil {
+		// Unreachable or timed out: the first live batch asks again.
+		s.cfg.Logger.Debug("kv events start-up replay failed", "server", s.server, "applied", n, "err", err)
+	}
+}
+
+// applyReplayed applies a batch from an open-ended replay and remembers it,
+// so that the same batch arriving live on this connection is skipped.
+func (s *Subscriber) applyReplayed(seq int64, payload []byte) {
+	if s.replayed == nil {
+		s.replayed = map[int64]uint64{}
+	}
+	s.replayed[seq] = xxhash.Sum64(payload)
+	if seq > s.replayedMax {
+		s.replayedMax = seq
+	}
+	s.apply(seq, payload)
+}
+
 // resetSeq forgets the sequence position, as for a new publisher.
 func (s *Subscriber) resetSeq() {
 	s.mu.Lock()
 	s.lastSeq, s.lastHash = -1, 0
 	s.mu.Unlock()
+	s.replayed, s.replayedMax = nil, -1
 }
 
 func (s *Subscriber) clear() {
@@ -376,6 +459,10 @@ func (s *Subscriber) apply(seq int64, payload []byte) {
 	}
 	now := time.Now()
 	s.mu.Lock()
+	if s.lastSeq < 0 {
+		// Batches 0..seq-1 of this publisher run were never applied.
+		s.unreplayed += uint64(seq)
+	}
 	s.lastSeq = seq
 	s.lastHash = xxhash.Sum64(payload)
 	s.lastEvent = now
