@@ -10,11 +10,20 @@ import (
 // A vLLM scrape holds 40-100 families, almost all histograms the router never
 // reads; building protobuf families for all of them costs ~14k allocations.
 // So before the expfmt parser runs, one pass over the body keeps only the
-// lines of the families the flavor reads and checks every other line
-// lightly: a sample line must have a valid metric name, a well-formed
-// (quote-aware) label block and a float value; comments are free text.
-// Kept lines then get expfmt's full validation. Errors name the line of the
-// original body.
+// lines of the families the flavor reads. Kept lines get full validation
+// (fast path or expfmt). Of the other lines:
+//   - a sample line of a family declared by HELP/TYPE that the router does
+//     not read (the bulk of a scrape: histogram buckets) only has its name
+//     scanned, to tell it is not a wanted family. Its labels and value are
+//     not checked: a malformed line the router never reads must not cost
+//     the router a server's load figures, and checking ~600 such lines
+//     per scrape was most of the polling CPU;
+//   - any other sample line (outside a declared family, or whose name
+//     does not start with it) gets a light check: a valid metric name, a
+//     well-formed (quote-aware) label block and a float value, so that an
+//     HTML error page or a truncated body is still rejected;
+//   - comments are free text.
+// Errors name the line of the original body.
 
 var vllmFamilies = set(
 	"vllm:num_requests_running",
@@ -76,20 +85,24 @@ type filtered struct {
 	// family is the valid metric name of the last HELP/TYPE line (empty
 	// if none or invalid).
 	family []byte
+	// familyUnread: family is not one the flavor reads, so its sample
+	// lines are skipped unchecked.
+	familyUnread bool
 }
 
 // setFamily remembers name as the current family if it is a valid name.
-func (f *filtered) setFamily(name []byte) {
+func (f *filtered) setFamily(name []byte, wanted *familySet) {
 	if len(f.family) > 0 && bytes.Equal(name, f.family) {
 		return // the TYPE line after its HELP line
 	}
-	f.family = f.family[:0]
+	f.family, f.familyUnread = f.family[:0], false
 	for i, c := range name {
 		if !isNameByte(c, i == 0) {
 			return
 		}
 	}
 	f.family = append(f.family, name...)
+	f.familyUnread = len(name) > 0 && !isWanted(name, wanted)
 }
 
 var filterPool = sync.Pool{New: func() any { return new(filtered) }}
@@ -108,7 +121,7 @@ func (f *filtered) origLine(n int) int {
 }
 
 func (f *filtered) filter(body []byte, wanted *familySet) error {
-	f.text, f.lines, f.family = f.text[:0], f.lines[:0], f.family[:0]
+	f.text, f.lines, f.family, f.familyUnread = f.text[:0], f.lines[:0], f.family[:0], false
 	for ln := 1; len(body) > 0; ln++ {
 		var line []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -142,7 +155,7 @@ func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 			return false, nil
 		}
 		name, rest := word(rest)
-		f.setFamily(name)
+		f.setFamily(name, wanted)
 		if !isWanted(name, wanted) {
 			return false, nil
 		}
@@ -155,11 +168,11 @@ func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 		}
 		return true, nil
 	}
-	n := 0
+	n, inFamily := 0, false
 	if len(f.family) > 0 && bytes.HasPrefix(line, f.family) {
 		// The family's sample lines repeat its (already checked) name:
 		// only the suffix (_bucket, _sum, ...) needs scanning.
-		n = len(f.family)
+		n, inFamily = len(f.family), true
 	}
 	for n < len(line) && isNameByte(line[n], n == 0) {
 		n++
@@ -170,6 +183,9 @@ func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 	name, rest := line[:n], line[n:]
 	if isWanted(name, wanted) {
 		return true, nil // fully parsed and validated later
+	}
+	if inFamily && f.familyUnread {
+		return false, nil // a line of a family the router does not read
 	}
 	if len(rest) > 0 && rest[0] == '{' {
 		end := labelsEnd(rest)
