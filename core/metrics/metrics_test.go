@@ -232,6 +232,7 @@ func FuzzParse(f *testing.F) {
 		}
 		orig := bytes.Clone(body)
 		checkFastAgrees(t, body, flavor)
+		checkBlockSkipAgrees(t, body, vllmFamilies)
 		m1, err1 := ParseBytes(body, flavor, 1<<20)
 		if !bytes.Equal(orig, body) {
 			t.Fatal("input modified")
