@@ -52,9 +52,13 @@ func (c PollerConfig) withDefaults() PollerConfig {
 		c.BackoffMax = 5 * time.Second
 	}
 	if c.Client == nil {
+		// No Client.Timeout: fetch bounds each scrape (body included) by
+		// its context already, and a second deadline costs a timer and a
+		// request clone per scrape.
 		c.Client = &http.Client{
-			Timeout: c.Timeout,
 			Transport: &http.Transport{
+				// One kept-alive connection per server (the key is the
+				// host), so every scrape after the first reuses it.
 				MaxIdleConnsPerHost: 2,
 				ReadBufferSize:      64 << 10,
 				IdleConnTimeout:     30 * time.Second,
@@ -82,6 +86,11 @@ func MetricsURL(server string) string {
 }
 
 type target struct {
+	// url is resolved once; kick wakes the target's worker for one scrape
+	// (buffered 1, sent only when not running), closed when the target
+	// leaves the pool.
+	url       string
+	kick      chan struct{}
 	failures  int
 	nextAt    time.Time
 	running   bool
@@ -159,7 +168,10 @@ func (p *Poller) loop(ctx context.Context) {
 }
 
 // tick starts a scrape for every pool member that is due and not already
-// being scraped; a slow server never delays the others.
+// being scraped; a slow server never delays the others. Each target has a
+// long-lived worker goroutine rather than one goroutine per scrape: a
+// fresh goroutine regrows its stack through the HTTP client and parser on
+// every scrape, which showed in the polling profile.
 func (p *Poller) tick(ctx context.Context, now time.Time) {
 	servers := p.r.Servers()
 	p.mu.Lock()
@@ -169,26 +181,44 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 		seen[s] = true
 		tg, ok := p.tgts[s]
 		if !ok {
-			tg = &target{}
+			tg = &target{url: p.url(s), kick: make(chan struct{}, 1)}
 			p.tgts[s] = tg
+			p.wg.Add(1)
+			go p.worker(ctx, s, tg)
 		}
 		if tg.running || now.Before(tg.nextAt) {
 			continue
 		}
 		tg.running = true
-		p.wg.Add(1)
-		go p.scrape(ctx, s, tg)
+		tg.kick <- struct{}{} // never blocks: the worker drained it before running went false
 	}
 	for s, tg := range p.tgts {
 		if !seen[s] && !tg.running {
+			close(tg.kick)
 			delete(p.tgts, s)
 		}
 	}
 }
 
-func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
+// worker scrapes its target once per kick until the target leaves the pool
+// or the poller closes.
+func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 	defer p.wg.Done()
-	m, err := p.fetch(ctx, server)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-tg.kick:
+			if !ok {
+				return
+			}
+			p.scrape(ctx, server, tg)
+		}
+	}
+}
+
+func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
+	m, err := p.fetch(ctx, tg.url)
 	if ctx.Err() != nil {
 		p.mu.Lock()
 		tg.running = false
@@ -230,10 +260,10 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 	p.r.UpdateMetrics(server, m)
 }
 
-func (p *Poller) fetch(ctx context.Context, server string) (load.Metrics, error) {
+func (p *Poller) fetch(ctx context.Context, url string) (load.Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url(server), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return load.Metrics{}, err
 	}
@@ -245,7 +275,7 @@ func (p *Poller) fetch(ctx context.Context, server string) (load.Metrics, error)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return load.Metrics{}, fmt.Errorf("metrics: %s answered %s", p.url(server), resp.Status)
+		return load.Metrics{}, fmt.Errorf("metrics: %s answered %s", url, resp.Status)
 	}
 	return metrics.Parse(resp.Body, p.cfg.Flavor, p.cfg.MaxBytes)
 }

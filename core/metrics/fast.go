@@ -19,14 +19,31 @@ import (
 // validator (a test checks both agree on every fixture and fuzz seed).
 func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 	fams := make(map[string]*dto.MetricFamily, 12)
+	// One string holds all kept text: names and label values are its
+	// substrings, and the protobuf structs come from slabs, so a scrape
+	// costs a few dozen allocations instead of one per field.
+	str := string(text)
+	base := 0 // offset of the current line in str
+	var a fastArena
+	a.size(text)
 	var cur *dto.MetricFamily
 	seenHelp := map[string]bool{}
 	for len(text) > 0 {
 		var line []byte
+		lineAt := base
 		if i := bytes.IndexByte(text, '\n'); i >= 0 {
 			line, text = text[:i], text[i+1:]
+			base += i + 1
 		} else {
 			line, text = text, nil
+		}
+		// sub returns b, a subslice of line, as a substring of str.
+		sub := func(b []byte) string {
+			if len(b) == 0 {
+				return ""
+			}
+			off := lineAt + cap(line) - cap(b)
+			return str[off : off+len(b)]
 		}
 		if len(line) == 0 {
 			continue
@@ -42,7 +59,7 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 				return nil, false // family lines not contiguous
 			}
 			if !ok {
-				f = &dto.MetricFamily{Name: strPtr(string(name))}
+				f = a.family(sub(name))
 				fams[*f.Name] = f
 			}
 			cur = f
@@ -52,7 +69,7 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 					return nil, false
 				}
 				seenHelp[*f.Name] = true
-				f.Help = strPtr(string(trimBlank(rest)))
+				f.Help = a.str(sub(trimBlank(rest)))
 			case "TYPE":
 				if f.Type != nil || len(f.Metric) > 0 {
 					return nil, false
@@ -88,14 +105,14 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 			return nil, false
 		}
 		if !ok {
-			f = &dto.MetricFamily{Name: strPtr(string(name))}
+			f = a.family(sub(name))
 			fams[*f.Name] = f
 		}
 		cur = f
-		m := &dto.Metric{}
+		m := a.metrics.next()
 		if len(rest) > 0 && rest[0] == '{' {
 			var okL bool
-			if m.Label, rest, okL = fastLabels(rest); !okL {
+			if m.Label, rest, okL = fastLabels(rest, sub, &a); !okL {
 				return nil, false
 			}
 		}
@@ -106,21 +123,22 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 		if len(val) == 0 || blankIndex(val) >= 0 || !plainFloat(val) {
 			return nil, false // timestamps, odd spacing, odd values: expfmt
 		}
-		v, err := strconv.ParseFloat(string(val), 64)
-		if err != nil {
+		v := a.floats.next()
+		var err error
+		if *v, err = strconv.ParseFloat(sub(val), 64); err != nil {
 			return nil, false
 		}
 		switch {
 		case f.Type == nil:
 			t := dto.MetricType_UNTYPED
 			f.Type = &t
-			m.Untyped = &dto.Untyped{Value: &v}
+			m.Untyped = &dto.Untyped{Value: v}
 		case *f.Type == dto.MetricType_GAUGE:
-			m.Gauge = &dto.Gauge{Value: &v}
+			m.Gauge = &dto.Gauge{Value: v}
 		case *f.Type == dto.MetricType_COUNTER:
-			m.Counter = &dto.Counter{Value: &v}
+			m.Counter = &dto.Counter{Value: v}
 		default:
-			m.Untyped = &dto.Untyped{Value: &v}
+			m.Untyped = &dto.Untyped{Value: v}
 		}
 		for _, o := range f.Metric {
 			if sameLabels(o.Label, m.Label) {
@@ -139,7 +157,7 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 
 // fastLabels parses `{a="x",b="y"}` (optionally with a trailing comma) and
 // returns the pairs and the rest of the line.
-func fastLabels(s []byte) ([]*dto.LabelPair, []byte, bool) {
+func fastLabels(s []byte, sub func([]byte) string, a *fastArena) ([]*dto.LabelPair, []byte, bool) {
 	s = s[1:]
 	var out []*dto.LabelPair
 	for {
@@ -153,7 +171,7 @@ func fastLabels(s []byte) ([]*dto.LabelPair, []byte, bool) {
 		if n == 0 || n+1 >= len(s) || s[n] != '=' || s[n+1] != '"' {
 			return nil, nil, false
 		}
-		name := string(s[:n])
+		name := sub(s[:n])
 		if len(name) >= 2 && name[:2] == "__" {
 			return nil, nil, false // reserved names: expfmt's rules
 		}
@@ -167,7 +185,9 @@ func fastLabels(s []byte) ([]*dto.LabelPair, []byte, bool) {
 				return nil, nil, false
 			}
 		}
-		out = append(out, &dto.LabelPair{Name: strPtr(name), Value: strPtr(string(s[:end]))})
+		lp := a.labels.next()
+		lp.Name, lp.Value = a.str(name), a.str(sub(s[:end]))
+		out = append(out, lp)
 		s = s[end+1:]
 		if len(s) > 0 && s[0] == ',' {
 			s = s[1:]
@@ -198,4 +218,48 @@ func sameLabels(a, b []*dto.LabelPair) bool {
 	return true
 }
 
-func strPtr(s string) *string { return &s }
+// slab hands out pointers to zeroed T from chunks of 32: pointers stay
+// valid because a full chunk is replaced, never grown.
+type slab[T any] struct{ buf []T }
+
+func (s *slab[T]) next() *T {
+	if len(s.buf) == cap(s.buf) {
+		s.buf = make([]T, 0, 32)
+	}
+	s.buf = s.buf[:len(s.buf)+1]
+	return &s.buf[len(s.buf)-1]
+}
+
+// fastArena batches the allocations of one fastFamilies call.
+type fastArena struct {
+	strs     slab[string]
+	floats   slab[float64]
+	labels   slab[dto.LabelPair]
+	metrics  slab[dto.Metric]
+	families slab[dto.MetricFamily]
+}
+
+// size gives each slab's first chunk an upper bound of what text needs, so
+// a scrape takes one chunk per slab.
+func (a *fastArena) size(text []byte) {
+	lines := bytes.Count(text, []byte{'\n'}) + 1
+	labels := bytes.Count(text, []byte{'=', '"'})
+	fams := min(lines, 16)
+	a.strs.buf = make([]string, 0, 2*labels+2*fams)
+	a.floats.buf = make([]float64, 0, lines)
+	a.labels.buf = make([]dto.LabelPair, 0, labels)
+	a.metrics.buf = make([]dto.Metric, 0, lines)
+	a.families.buf = make([]dto.MetricFamily, 0, fams)
+}
+
+func (a *fastArena) str(s string) *string {
+	p := a.strs.next()
+	*p = s
+	return p
+}
+
+func (a *fastArena) family(name string) *dto.MetricFamily {
+	f := a.families.next()
+	f.Name = a.str(name)
+	return f
+}

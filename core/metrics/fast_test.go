@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -168,5 +169,41 @@ func TestLabelsEndFastPathAgrees(t *testing.T) {
 		if got, want := labelsEnd(s), labelsEndSlow(s); got != want {
 			t.Fatalf("labelsEnd(%q) = %d, want %d", s, got, want)
 		}
+	}
+}
+
+// checkBlockSkipAgrees: skipping runs of unread-family lines by prefix
+// gives the same kept lines, line map and error as the line-by-line path.
+func checkBlockSkipAgrees(t *testing.T, body []byte, wanted *familySet) {
+	t.Helper()
+	var a, b filtered
+	blockSkipOn = false
+	errA := a.filter(body, wanted)
+	blockSkipOn = true
+	errB := b.filter(body, wanted)
+	if fmt.Sprint(errA) != fmt.Sprint(errB) || string(a.text) != string(b.text) || fmt.Sprint(a.lines) != fmt.Sprint(b.lines) {
+		t.Fatalf("block skip differs:\nline by line: %v %v\n%s\nblock skip: %v %v\n%s", errA, a.lines, a.text, errB, b.lines, b.text)
+	}
+}
+
+func TestBlockSkipAgrees(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.txt")
+	bodies := [][]byte{
+		// A wanted name extends the unread family: no block skip.
+		[]byte("# TYPE vllm:prefix_cache gauge\nvllm:prefix_cache 1\nvllm:prefix_cache_hits_total 2\nvllm:prefix_cache_x{ 3\n"),
+		// Blank, indented and foreign lines inside an unread family, no final newline.
+		[]byte("# HELP vllm:lat_seconds x\nvllm:lat_seconds_bucket{le=\"1\"} 1\n\n  vllm:lat_seconds_sum 2\nbad{ 1\nvllm:num_requests_running 3\nvllm:lat_seconds_count"),
+		[]byte("# TYPE a counter\na_total 1\na_created 2\nvllm:num_requests_waiting 1\na_total{"),
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies = append(bodies, b)
+	}
+	for _, b := range bodies {
+		checkBlockSkipAgrees(t, b, vllmFamilies)
+		checkBlockSkipAgrees(t, b, sglangFamilies)
 	}
 }

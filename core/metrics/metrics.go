@@ -3,8 +3,9 @@
 //
 // Parsing uses prometheus/common's expfmt text parser (classic format,
 // legacy name validation; colons in names are legal), fed only the lines of
-// the families the router reads; every other line gets a light syntax check
-// (see filter.go), which makes a scrape ~10x cheaper. Bodies in OpenMetrics
+// the families the router reads; lines of declared families it does not
+// read are skipped unchecked and other lines get a light syntax check (see
+// filter.go), which makes a scrape over 10x cheaper. Bodies in OpenMetrics
 // style are tolerated as far as the router needs: "# EOF" (with or without
 // a final newline), "# UNIT" lines, and TYPE lines of OpenMetrics-only types
 // (info, stateset, gaugehistogram, unknown), whose samples are read as

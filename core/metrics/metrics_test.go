@@ -232,6 +232,7 @@ func FuzzParse(f *testing.F) {
 		}
 		orig := bytes.Clone(body)
 		checkFastAgrees(t, body, flavor)
+		checkBlockSkipAgrees(t, body, vllmFamilies)
 		m1, err1 := ParseBytes(body, flavor, 1<<20)
 		if !bytes.Equal(orig, body) {
 			t.Fatal("input modified")
@@ -317,5 +318,35 @@ func BenchmarkManyEngines(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/engine")
 		})
+	}
+}
+
+// TestUnreadFamilyLinesNotValidated: a malformed sample line of a declared
+// family the router does not read does not reject the scrape, while the
+// same defect in a family it reads, or in a line outside any declared
+// family, is still a precise error naming the body's line.
+func TestUnreadFamilyLinesNotValidated(t *testing.T) {
+	head := "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n" +
+		"vllm:num_requests_running{engine=\"0\"} 3\n" +
+		"# HELP vllm:e2e_request_latency_seconds Latency.\n# TYPE vllm:e2e_request_latency_seconds histogram\n"
+	for _, bad := range []string{
+		"vllm:e2e_request_latency_seconds_bucket{le=\"0.3\" 1",
+		"vllm:e2e_request_latency_seconds_sum{engine=\"0\"} three",
+		"vllm:e2e_request_latency_seconds_count",
+	} {
+		m, err := ParseBytes([]byte(head+bad+"\n"), VLLM, 0)
+		if err != nil || m.Running != 3 {
+			t.Errorf("%q in an unread family: %+v, %v", bad, m, err)
+		}
+	}
+	for _, tc := range []struct{ tail, substr string }{
+		{"vllm:num_requests_waiting{engine=\"0\"} three\n", "line 6"},                               // read family
+		{"other_metric{le=\"0.3\" 1\n", "line 6"},                                                   // outside the declared family
+		{"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=0} 1\n", "line 7"}, // read, declared
+	} {
+		_, err := ParseBytes([]byte(head+tc.tail), VLLM, 0)
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.substr) {
+			t.Errorf("%q: got %v, want ErrMalformed at %s", tc.tail, err, tc.substr)
+		}
 	}
 }
