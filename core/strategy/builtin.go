@@ -160,7 +160,8 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			total += c[i].Sessions
 			sess.min = min(sess.min, c[i].Sessions)
 		}
-		sess.scale = k.SessionWeight * multiTurn(req) / (float64(total)/float64(len(c)) + 1)
+		sess.multi = multiTurn(req)
+		sess.scale = k.SessionWeight * sess.multi / (float64(total)/float64(len(c)) + 1)
 	}
 	for i := range c {
 		out[i] = k.score(req, &c[i], &base, &sess)
@@ -184,6 +185,7 @@ func multiTurn(req *Request) float64 {
 // sessionTerm is the per-decision part of the session load.
 type sessionTerm struct {
 	scale float64
+	multi float64 // multiTurn(req)
 	min   int
 }
 
@@ -205,10 +207,13 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 	}
 	load := k.EffectiveLoad(c)
 	// A server whose cache covers the whole prompt holds its siblings
-	// (GRPO samples, an agent task's trajectories): co-locating them costs
-	// no prefill, so their sessions weigh less there; a server that only
-	// shares a system prompt gets most of the term.
-	sessLoad := sess.scale * (1 - covered) * float64(c.Sessions-sess.min)
+	// (GRPO samples, an agent task's trajectories): co-locating one-request
+	// siblings saves their whole prefill, so their sessions weigh less
+	// there. Multi-turn siblings save only the shared first prompt, once,
+	// and then send 20-40 turns each to the server they were put on, so
+	// the exemption fades with the multi-turn evidence. A server that
+	// only shares a system prompt gets most of the term either way.
+	sessLoad := sess.scale * (1 - covered*(1-sess.multi)) * float64(c.Sessions-sess.min)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
 		s--

@@ -89,6 +89,15 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 		return c
 	}
 	tokens := make([]int32, 1552)
+	// sibling: a holds the whole prompt (n siblings of the request bound).
+	sibling := func(n int) func() []Candidate {
+		return func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = n, n, int64(n*1552)
+			return c
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		params string
@@ -113,21 +122,21 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			}
 			return c
 		}, "a", 0, 0},
-		// A full-prompt sibling hit (same task, cold fleet, one session
-		// bound) still outweighs one session: siblings stay together.
-		{"one sibling bound: full hit wins", `{}`, func() []Candidate {
-			c := crowd()
-			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
-			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 1, 1, 1552
-			return c
-		}, "a", 0, 0},
-		// A task's whole group stays together: the server holding the full
-		// prompt carries no session load for it, even with four bound.
-		{"four siblings bound: full hit still wins", `{}`, func() []Candidate {
-			c := crowd()
-			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
-			return c
-		}, "a", 0, 0},
+		// A full-prompt sibling hit (GRPO samples, or an agent task's
+		// trajectories): the server holding the whole prompt is exempt
+		// from session load only as far as sessions are one-request.
+		// Multi-turn siblings save one first-prompt prefill there but
+		// then send all their turns to it, so on a fresh router (presumed
+		// multi-turn) or with agent history they spread: the arena's
+		// long_agent stacked each task on one server without this.
+		{"one sibling bound, fresh router: multi-turn siblings spread", `{}`, sibling(1), "b", 0, 0},
+		{"four siblings bound, fresh router: spread", `{}`, sibling(4), "b", 0, 0},
+		{"four siblings bound, agent history: spread", `{}`, sibling(4), "b", 64, 64 * 29},
+		// After a GRPO step's one-request sessions the exemption holds:
+		// samples of one prompt stay together (the term alone, without
+		// the exemption, would still push the fourth away).
+		{"one sibling bound, single-turn history: full hit wins", `{}`, sibling(1), "a", 400, 0},
+		{"four siblings bound, single-turn history: full hit wins", `{}`, sibling(4), "a", 400, 0},
 		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
 		// new) weigh like a cold fleet: only the excess over the least
 		// counts.
