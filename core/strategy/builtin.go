@@ -75,9 +75,11 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     such as single-turn GRPO ids left in the LRU, change nothing; the +1
 //     bounds it while few sessions exist), and covered, the share of the
 //     prompt's hittable blocks credited on that server, spares servers
-//     whose cache holds the whole prompt: those hold the request's
-//     siblings (GRPO samples, an agent task's trajectories), which share
-//     it at no prefill cost, while a server that only shares the system
+//     whose cache holds the whole prompt as far as sessions are
+//     one-request: those hold the request's siblings, and GRPO samples
+//     share it at no prefill cost, while multi-turn siblings (an agent
+//     task's trajectories) save one first-prompt prefill but bring 20-40
+//     turns each, so they spread; a server that only shares the system
 //     prompt gets most of the term. The term is scaled by the router's
 //     evidence that sessions are multi-turn (later turns per bound session,
 //     see multiTurn): bindings of one-request sessions (GRPO samples) stay
