@@ -163,7 +163,9 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			sess.min = min(sess.min, c[i].Sessions)
 		}
 		sess.multi = multiTurn(req)
-		sess.scale = k.SessionWeight * sess.multi / (float64(total)/float64(len(c)) + 1)
+		mean := float64(total) / float64(len(c))
+		sess.scale = k.SessionWeight * sess.multi / (mean + 1)
+		sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
 	}
 	for i := range c {
 		out[i] = k.score(req, &c[i], &base, &sess)
@@ -186,9 +188,10 @@ func multiTurn(req *Request) float64 {
 
 // sessionTerm is the per-decision part of the session load.
 type sessionTerm struct {
-	scale float64
-	multi float64 // multiTurn(req)
-	min   int
+	scale  float64
+	multi  float64 // multiTurn(req)
+	strong float64
+	min    int
 }
 
 func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sess *sessionTerm) float64 {
@@ -215,7 +218,7 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 	// and then send 20-40 turns each to the server they were put on, so
 	// the exemption fades with the multi-turn evidence. A server that
 	// only shares a system prompt gets most of the term either way.
-	sessLoad := sess.scale * (1 - covered*(1-sess.multi)) * float64(c.Sessions-sess.min)
+	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
 		s--
