@@ -74,14 +74,16 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     (mean sessions + 1). It is relative (evenly spread stale bindings,
 //     such as single-turn GRPO ids left in the LRU, change nothing; the +1
 //     bounds it while few sessions exist), and covered, the share of the
-//     prompt's hittable blocks credited on that server, spares servers
-//     whose cache holds the whole prompt as far as sessions are
-//     one-request: those hold the request's siblings, and GRPO samples
-//     share it at no prefill cost, while multi-turn siblings (an agent
-//     task's trajectories) save one first-prompt prefill but bring 20-40
-//     turns each, so they spread; a server that only shares the system
-//     prompt gets most of the term. The term is scaled by the router's
-//     evidence that sessions are multi-turn (later turns per bound session,
+//     prompt's hittable blocks credited on that server, splits it: the
+//     uncached share is weighed as above, the cached share (a server
+//     holding the whole prompt holds the request's siblings) by
+//     session_weight * multi_turn^2 * (sessions - least) / (mean - least
+//   - 1). GRPO samples share their prompt at no prefill cost and stay
+//     together once history shows one-request sessions; multi-turn
+//     siblings (an agent task's trajectories) save one first-prompt
+//     prefill but bring 20-40 turns each, so they spread. The term is
+//     scaled by the router's evidence that sessions are multi-turn
+//     (multi_turn: later turns per bound session,
 //     see multiTurn): bindings of one-request sessions (GRPO samples) stay
 //     in the LRU but are not future work. The overload penalty and
 //     EffectiveLoad (the router's sticky breakout) do not include it.
@@ -165,6 +167,11 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 		sess.multi = multiTurn(req)
 		mean := float64(total) / float64(len(c))
 		sess.scale = k.SessionWeight * sess.multi / (mean + 1)
+		// The sibling share (see score) is measured against the
+		// least-bound server's count, not the mean: with a few sessions
+		// per server, one more is a large imbalance that a first prompt's
+		// cache credit must not outweigh. multi_turn squared: it fades
+		// faster than the rest, so one-request siblings stay together.
 		sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
 	}
 	for i := range c {
@@ -188,9 +195,9 @@ func multiTurn(req *Request) float64 {
 
 // sessionTerm is the per-decision part of the session load.
 type sessionTerm struct {
-	scale  float64
+	scale  float64 // per excess session, share of the prompt not cached
 	multi  float64 // multiTurn(req)
-	strong float64
+	strong float64 // per excess session, share cached (siblings)
 	min    int
 }
 
@@ -211,13 +218,14 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 		}
 	}
 	load := k.EffectiveLoad(c)
-	// A server whose cache covers the whole prompt holds its siblings
-	// (GRPO samples, an agent task's trajectories): co-locating one-request
-	// siblings saves their whole prefill, so their sessions weigh less
-	// there. Multi-turn siblings save only the shared first prompt, once,
-	// and then send 20-40 turns each to the server they were put on, so
-	// the exemption fades with the multi-turn evidence. A server that
-	// only shares a system prompt gets most of the term either way.
+	// A server whose cache covers the whole prompt holds the request's
+	// siblings (GRPO samples, an agent task's trajectories). One-request
+	// siblings share it at no prefill cost, so their sessions weigh little
+	// there (strong fades with multi_turn squared). Multi-turn siblings
+	// save one first-prompt prefill there but then send 20-40 turns each
+	// to the server they were put on: they must spread, or a step with
+	// fewer tasks than servers leaves servers idle (the arena's
+	// long_agent: 2 tasks x 4 trajectories on 4 servers).
 	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
