@@ -285,11 +285,6 @@ func TestKVCAwareRouting(t *testing.T) {
 func TestSpeculativeSiblings(t *testing.T) {
 	cfg := Config{Mode: ModeKVCAware} // no events: approximate, speculation on
 	r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
-	// A previous GRPO step's one-request sessions: on a fresh router,
-	// presumed multi-turn, session load would spread the siblings.
-	for i := 0; i < 400; i++ {
-		r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(64, int32(10_000_000+1000*i))...))
-	}
 	a, b := prompt(1024, 1), prompt(1024, 90000)
 	first := acq(t, r, "a0", a...)
 	for i := 1; i < 16; i++ {

@@ -113,14 +113,14 @@ func TestSessionCounts(t *testing.T) {
 // tasks x 4 trajectories (one request_id each) arrive at once; every first
 // turn is a 1k-token system prompt plus its task's 1k tokens; speculation
 // records each placement. Siblings of a task share their whole prompt,
-// tasks share only the system prompt. A fresh router presumes multi-turn
-// sessions, so session load spreads them evenly, siblings included (each
-// trajectory sends 20-40 turns where it lands; sharing the first prompt
-// saves one prefill). Without the term the system-prompt credit crowds
-// sessions onto a few servers; with the full-prompt exemption not faded by
-// multi-turn evidence, the arena's long_agent (2 tasks x 4 on 4 servers)
-// stacked each task on one server and left two idle. After a history of
-// one-request sessions (GRPO), siblings stay together again.
+// tasks share only the system prompt. By default session load gives every
+// server one task's four trajectories (siblings share a server at no
+// session cost); without the term the system-prompt credit crowds sessions
+// onto a few servers. That default stacks each task on one server when
+// tasks are fewer than servers (the arena's long_agent: 2 tasks x 4 on 4
+// servers, two idle): sibling_spread spreads multi-turn siblings too (a
+// fresh router presumes multi-turn sessions), and after a history of
+// one-request sessions (GRPO) siblings stay together again.
 func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 	system := prompt(1024, 1)
 	// run places tasks x 4 trajectories after warm one-request sessions,
@@ -156,8 +156,24 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	}
-	t.Run("fresh router spreads 8 tasks x 4 over 8 servers", func(t *testing.T) {
+	t.Run("default: one task per server", func(t *testing.T) {
 		per, of := run(t, `{}`, 8, 8, 0)
+		even(t, per, 8, 4)
+		for task, on := range of {
+			if len(on) != 1 {
+				t.Fatalf("task %d's trajectories on %v: want one server", task, on)
+			}
+		}
+	})
+	t.Run("default: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
+		per, _ := run(t, `{}`, 4, 2, 0)
+		if len(per) != 2 {
+			t.Fatalf("sessions per server %v: the scenario no longer shows the crowding sibling_spread fixes", per)
+		}
+	})
+	spread := `{"sibling_spread":true}`
+	t.Run("sibling_spread: fresh router spreads 8 tasks x 4 over 8 servers", func(t *testing.T) {
+		per, of := run(t, spread, 8, 8, 0)
 		even(t, per, 8, 4)
 		for task, on := range of {
 			if len(on) != 4 {
@@ -165,12 +181,12 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	})
-	t.Run("fresh router: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
-		per, _ := run(t, `{}`, 4, 2, 0)
+	t.Run("sibling_spread: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
+		per, _ := run(t, spread, 4, 2, 0)
 		even(t, per, 4, 2)
 	})
-	t.Run("single-turn history keeps siblings together", func(t *testing.T) {
-		_, of := run(t, `{}`, 8, 8, 400)
+	t.Run("sibling_spread: single-turn history keeps siblings together", func(t *testing.T) {
+		_, of := run(t, spread, 8, 8, 400)
 		for task, on := range of {
 			if len(on) != 1 {
 				t.Fatalf("task %d's siblings on %v: want one server", task, on)

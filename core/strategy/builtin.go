@@ -74,19 +74,23 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     (mean sessions + 1). It is relative (evenly spread stale bindings,
 //     such as single-turn GRPO ids left in the LRU, change nothing; the +1
 //     bounds it while few sessions exist), and covered, the share of the
-//     prompt's hittable blocks credited on that server, splits it: the
-//     uncached share is weighed as above, the cached share (a server
-//     holding the whole prompt holds the request's siblings) by
-//     session_weight * multi_turn^2 * (sessions - least) / (mean - least
-//   - 1). GRPO samples share their prompt at no prefill cost and stay
-//     together once history shows one-request sessions; multi-turn
-//     siblings (an agent task's trajectories) save one first-prompt
-//     prefill but bring 20-40 turns each, so they spread. The term is
-//     scaled by the router's evidence that sessions are multi-turn
-//     (multi_turn: later turns per bound session,
+//     prompt's hittable blocks credited on that server, spares servers
+//     whose cache holds the whole prompt: those hold the request's
+//     siblings (GRPO samples, an agent task's trajectories), which share
+//     it at no prefill cost, while a server that only shares the system
+//     prompt gets most of the term. The term is scaled by the router's
+//     evidence that sessions are multi-turn (later turns per bound session,
 //     see multiTurn): bindings of one-request sessions (GRPO samples) stay
 //     in the LRU but are not future work. The overload penalty and
 //     EffectiveLoad (the router's sticky breakout) do not include it.
+//   - Sibling spread (sibling_spread, off by default): the cached share is
+//     weighed too, by session_weight * multi_turn^2 * (sessions - least)
+//     / (mean sessions - least + 1). Multi-turn siblings (an agent task's
+//     trajectories) save one first-prompt prefill by sharing a server but
+//     bring 20-40 turns each, so they spread; one-request siblings stay
+//     together once the history shows one-request sessions. A fresh
+//     router presumes multi-turn sessions, so it also spreads the first
+//     GRPO samples it sees, hence off by default (docs/kvbench.md).
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -98,6 +102,7 @@ type KVCAware struct {
 	KVTokens         int                `json:"kv_tokens"`
 	SavedScaleTokens int                `json:"saved_scale_tokens"`
 	SessionWeight    float64            `json:"session_weight"`
+	SiblingSpread    bool               `json:"sibling_spread"`
 	tier             [index.NumTiers]float64
 }
 
@@ -172,7 +177,9 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 		// per server, one more is a large imbalance that a first prompt's
 		// cache credit must not outweigh. multi_turn squared: it fades
 		// faster than the rest, so one-request siblings stay together.
-		sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
+		if k.SiblingSpread {
+			sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
+		}
 	}
 	for i := range c {
 		out[i] = k.score(req, &c[i], &base, &sess)
@@ -219,13 +226,12 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 	}
 	load := k.EffectiveLoad(c)
 	// A server whose cache covers the whole prompt holds the request's
-	// siblings (GRPO samples, an agent task's trajectories). One-request
-	// siblings share it at no prefill cost, so their sessions weigh little
-	// there (strong fades with multi_turn squared). Multi-turn siblings
-	// save one first-prompt prefill there but then send 20-40 turns each
-	// to the server they were put on: they must spread, or a step with
-	// fewer tasks than servers leaves servers idle (the arena's
-	// long_agent: 2 tasks x 4 trajectories on 4 servers).
+	// siblings (GRPO samples, an agent task's trajectories): the uncached
+	// share spares it. With sibling_spread the cached share counts too
+	// (strong, fading with multi_turn squared): multi-turn siblings save
+	// one first-prompt prefill there but then send 20-40 turns each to
+	// it, and a step with fewer tasks than servers would leave servers
+	// idle (the arena's long_agent: 2 tasks x 4 trajectories on 4 servers).
 	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {

@@ -122,21 +122,22 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			}
 			return c
 		}, "a", 0, 0},
-		// A full-prompt sibling hit (GRPO samples, or an agent task's
-		// trajectories): the server holding the whole prompt is exempt
-		// from session load only as far as sessions are one-request.
-		// Multi-turn siblings save one first-prompt prefill there but
-		// then send all their turns to it, so on a fresh router (presumed
-		// multi-turn) or with agent history they spread: the arena's
-		// long_agent stacked each task on one server without this.
-		{"one sibling bound, fresh router: multi-turn siblings spread", `{}`, sibling(1), "b", 0, 0},
-		{"four siblings bound, fresh router: spread", `{}`, sibling(4), "b", 0, 0},
-		{"four siblings bound, agent history: spread", `{}`, sibling(4), "b", 64, 64 * 29},
-		// After a GRPO step's one-request sessions the exemption holds:
-		// samples of one prompt stay together (the term alone, without
-		// the exemption, would still push the fourth away).
-		{"one sibling bound, single-turn history: full hit wins", `{}`, sibling(1), "a", 400, 0},
-		{"four siblings bound, single-turn history: full hit wins", `{}`, sibling(4), "a", 400, 0},
+		// Default: a full-prompt sibling hit (same task or GRPO prompt)
+		// carries no session load, even with four bound: siblings stay
+		// together.
+		{"one sibling bound: full hit wins", `{}`, sibling(1), "a", 0, 0},
+		{"four siblings bound: full hit still wins", `{}`, sibling(4), "a", 0, 0},
+		// sibling_spread: the exemption holds only as far as sessions are
+		// one-request. Multi-turn siblings save one first-prompt prefill
+		// but then send all their turns to that server, so on a fresh
+		// router (presumed multi-turn) or with agent history they spread:
+		// the arena's long_agent stacked each task on one server without it.
+		{"spread: one sibling bound, fresh router", `{"sibling_spread":true}`, sibling(1), "b", 0, 0},
+		{"spread: four siblings bound, fresh router", `{"sibling_spread":true}`, sibling(4), "b", 0, 0},
+		{"spread: four siblings bound, agent history", `{"sibling_spread":true}`, sibling(4), "b", 64, 64 * 29},
+		// After a GRPO step's one-request sessions the exemption holds.
+		{"spread: one sibling bound, single-turn history", `{"sibling_spread":true}`, sibling(1), "a", 400, 0},
+		{"spread: four siblings bound, single-turn history", `{"sibling_spread":true}`, sibling(4), "a", 400, 0},
 		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
 		// new) weigh like a cold fleet: only the excess over the least
 		// counts.
@@ -192,7 +193,7 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 	if math.Abs(out[0]-0.7) > 1e-9 {
 		t.Fatalf("single candidate score %v, want 0.7", out[0])
 	}
-	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`} {
+	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`, `{"sibling_spread":1}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
