@@ -109,46 +109,93 @@ func TestSessionCounts(t *testing.T) {
 	})
 }
 
-// TestFirstTurnsSpreadAcrossServers is kvbench's agent_long step start in
-// miniature: 8 tasks x 4 trajectories (one request_id each) arrive at once;
-// every first turn is a 1k-token system prompt plus its task's 1k tokens;
-// speculation records each placement. Siblings of a task share their whole
-// prompt, tasks share only the system prompt. With session load every
-// server ends up with one task's four trajectories; without it the
-// system-prompt credit crowds tasks onto a few servers, whose sticky
-// sessions then keep all later turns there.
+// TestFirstTurnsSpreadAcrossServers is an agent step start in miniature:
+// tasks x 4 trajectories (one request_id each) arrive at once; every first
+// turn is a 1k-token system prompt plus its task's 1k tokens; speculation
+// records each placement. Siblings of a task share their whole prompt,
+// tasks share only the system prompt. By default session load gives every
+// server one task's four trajectories (siblings share a server at no
+// session cost); without the term the system-prompt credit crowds sessions
+// onto a few servers. That default stacks each task on one server when
+// tasks are fewer than servers (the arena's long_agent: 2 tasks x 4 on 4
+// servers, two idle): sibling_spread spreads multi-turn siblings too (a
+// fresh router presumes multi-turn sessions), and after a history of
+// one-request sessions (GRPO) siblings stay together again.
 func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
-	servers := []string{"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"}
 	system := prompt(1024, 1)
-	run := func(t *testing.T, params string) (perServer map[string]int, tasksOn map[string]map[int]bool) {
+	// run places tasks x 4 trajectories after warm one-request sessions,
+	// each released at once (a finished GRPO step).
+	run := func(t *testing.T, params string, nServers, tasks, warm int) (perServer map[string]int, serversOf map[int]map[string]bool) {
 		t.Helper()
+		servers := make([]string, nServers)
+		for i := range servers {
+			servers[i] = fmt.Sprint("s", i)
+		}
 		cfg := Config{Mode: ModeKVCAware, Model: "m", Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(params)}}}
 		r := mustNew(t, cfg, servers...)
-		perServer, tasksOn = map[string]int{}, map[string]map[int]bool{}
-		for task := 0; task < 8; task++ {
+		for i := 0; i < warm; i++ {
+			r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(64, int32(10_000_000+1000*i))...))
+		}
+		perServer, serversOf = map[string]int{}, map[int]map[string]bool{}
+		for task := 0; task < tasks; task++ {
 			p := append(append([]int32{}, system...), prompt(1024, int32(100_000*(task+1)))...)
+			serversOf[task] = map[string]bool{}
 			for g := 0; g < 4; g++ {
 				s := acq(t, r, fmt.Sprintf("t%d-g%d", task, g), p...)
 				perServer[s]++
-				if tasksOn[s] == nil {
-					tasksOn[s] = map[int]bool{}
-				}
-				tasksOn[s][task] = true
+				serversOf[task][s] = true
 			}
 		}
-		return perServer, tasksOn
+		return perServer, serversOf
 	}
-	t.Run("default session_weight", func(t *testing.T) {
-		per, tasks := run(t, `{}`)
-		for _, s := range servers {
-			if per[s] != 4 || len(tasks[s]) != 1 {
-				t.Fatalf("sessions per server %v, tasks per server %v: want one task's 4 trajectories each", per, tasks)
+	even := func(t *testing.T, per map[string]int, nServers, want int) {
+		t.Helper()
+		for i := 0; i < nServers; i++ {
+			if s := fmt.Sprint("s", i); per[s] != want {
+				t.Fatalf("sessions per server %v: want %d each", per, want)
+			}
+		}
+	}
+	t.Run("default: one task per server", func(t *testing.T) {
+		per, of := run(t, `{}`, 8, 8, 0)
+		even(t, per, 8, 4)
+		for task, on := range of {
+			if len(on) != 1 {
+				t.Fatalf("task %d's trajectories on %v: want one server", task, on)
+			}
+		}
+	})
+	t.Run("default: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
+		per, _ := run(t, `{}`, 4, 2, 0)
+		if len(per) != 2 {
+			t.Fatalf("sessions per server %v: the scenario no longer shows the crowding sibling_spread fixes", per)
+		}
+	})
+	spread := `{"sibling_spread":true}`
+	t.Run("sibling_spread: fresh router spreads 8 tasks x 4 over 8 servers", func(t *testing.T) {
+		per, of := run(t, spread, 8, 8, 0)
+		even(t, per, 8, 4)
+		for task, on := range of {
+			if len(on) != 4 {
+				t.Fatalf("task %d's trajectories on %v: want 4 servers", task, on)
+			}
+		}
+	})
+	t.Run("sibling_spread: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
+		per, _ := run(t, spread, 4, 2, 0)
+		even(t, per, 4, 2)
+	})
+	t.Run("sibling_spread: single-turn history keeps siblings together", func(t *testing.T) {
+		_, of := run(t, spread, 8, 8, 400)
+		for task, on := range of {
+			if len(on) != 1 {
+				t.Fatalf("task %d's siblings on %v: want one server", task, on)
 			}
 		}
 	})
 	t.Run("session_weight 0 crowds", func(t *testing.T) {
-		per, _ := run(t, `{"session_weight":0}`)
-		if len(per) == len(servers) {
+		per, _ := run(t, `{"session_weight":0}`, 8, 8, 0)
+		if len(per) == 8 {
 			t.Fatalf("without session load every server got sessions %v: the scenario no longer shows the crowding", per)
 		}
 	})

@@ -83,6 +83,14 @@ func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
 //     see multiTurn): bindings of one-request sessions (GRPO samples) stay
 //     in the LRU but are not future work. The overload penalty and
 //     EffectiveLoad (the router's sticky breakout) do not include it.
+//   - Sibling spread (sibling_spread, off by default): the cached share is
+//     weighed too, by session_weight * multi_turn^2 * (sessions - least)
+//     / (mean sessions - least + 1). Multi-turn siblings (an agent task's
+//     trajectories) save one first-prompt prefill by sharing a server but
+//     bring 20-40 turns each, so they spread; one-request siblings stay
+//     together once the history shows one-request sessions. A fresh
+//     router presumes multi-turn sessions, so it also spreads the first
+//     GRPO samples it sees, hence off by default (docs/kvbench.md).
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -94,6 +102,7 @@ type KVCAware struct {
 	KVTokens         int                `json:"kv_tokens"`
 	SavedScaleTokens int                `json:"saved_scale_tokens"`
 	SessionWeight    float64            `json:"session_weight"`
+	SiblingSpread    bool               `json:"sibling_spread"`
 	tier             [index.NumTiers]float64
 }
 
@@ -160,7 +169,17 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 			total += c[i].Sessions
 			sess.min = min(sess.min, c[i].Sessions)
 		}
-		sess.scale = k.SessionWeight * multiTurn(req) / (float64(total)/float64(len(c)) + 1)
+		sess.multi = multiTurn(req)
+		mean := float64(total) / float64(len(c))
+		sess.scale = k.SessionWeight * sess.multi / (mean + 1)
+		// The sibling share (see score) is measured against the
+		// least-bound server's count, not the mean: with a few sessions
+		// per server, one more is a large imbalance that a first prompt's
+		// cache credit must not outweigh. multi_turn squared: it fades
+		// faster than the rest, so one-request siblings stay together.
+		if k.SiblingSpread {
+			sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
+		}
 	}
 	for i := range c {
 		out[i] = k.score(req, &c[i], &base, &sess)
@@ -183,8 +202,10 @@ func multiTurn(req *Request) float64 {
 
 // sessionTerm is the per-decision part of the session load.
 type sessionTerm struct {
-	scale float64
-	min   int
+	scale  float64 // per excess session, share of the prompt not cached
+	multi  float64 // multiTurn(req)
+	strong float64 // per excess session, share cached (siblings)
+	min    int
 }
 
 func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, sess *sessionTerm) float64 {
@@ -204,11 +225,14 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 		}
 	}
 	load := k.EffectiveLoad(c)
-	// A server whose cache covers the whole prompt holds its siblings
-	// (GRPO samples, an agent task's trajectories): co-locating them costs
-	// no prefill, so their sessions weigh less there; a server that only
-	// shares a system prompt gets most of the term.
-	sessLoad := sess.scale * (1 - covered) * float64(c.Sessions-sess.min)
+	// A server whose cache covers the whole prompt holds the request's
+	// siblings (GRPO samples, an agent task's trajectories): the uncached
+	// share spares it. With sibling_spread the cached share counts too
+	// (strong, fading with multi_turn squared): multi-turn siblings save
+	// one first-prompt prefill there but then send 20-40 turns each to
+	// it, and a step with fewer tasks than servers would leave servers
+	// idle (the arena's long_agent: 2 tasks x 4 trajectories on 4 servers).
+	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad)
 	if load > k.LoadThreshold {
 		s--

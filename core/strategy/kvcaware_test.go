@@ -89,6 +89,15 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 		return c
 	}
 	tokens := make([]int32, 1552)
+	// sibling: a holds the whole prompt (n siblings of the request bound).
+	sibling := func(n int) func() []Candidate {
+		return func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = n, n, int64(n*1552)
+			return c
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		params string
@@ -113,21 +122,22 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 			}
 			return c
 		}, "a", 0, 0},
-		// A full-prompt sibling hit (same task, cold fleet, one session
-		// bound) still outweighs one session: siblings stay together.
-		{"one sibling bound: full hit wins", `{}`, func() []Candidate {
-			c := crowd()
-			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
-			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 1, 1, 1552
-			return c
-		}, "a", 0, 0},
-		// A task's whole group stays together: the server holding the full
-		// prompt carries no session load for it, even with four bound.
-		{"four siblings bound: full hit still wins", `{}`, func() []Candidate {
-			c := crowd()
-			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
-			return c
-		}, "a", 0, 0},
+		// Default: a full-prompt sibling hit (same task or GRPO prompt)
+		// carries no session load, even with four bound: siblings stay
+		// together.
+		{"one sibling bound: full hit wins", `{}`, sibling(1), "a", 0, 0},
+		{"four siblings bound: full hit still wins", `{}`, sibling(4), "a", 0, 0},
+		// sibling_spread: the exemption holds only as far as sessions are
+		// one-request. Multi-turn siblings save one first-prompt prefill
+		// but then send all their turns to that server, so on a fresh
+		// router (presumed multi-turn) or with agent history they spread:
+		// the arena's long_agent stacked each task on one server without it.
+		{"spread: one sibling bound, fresh router", `{"sibling_spread":true}`, sibling(1), "b", 0, 0},
+		{"spread: four siblings bound, fresh router", `{"sibling_spread":true}`, sibling(4), "b", 0, 0},
+		{"spread: four siblings bound, agent history", `{"sibling_spread":true}`, sibling(4), "b", 64, 64 * 29},
+		// After a GRPO step's one-request sessions the exemption holds.
+		{"spread: one sibling bound, single-turn history", `{"sibling_spread":true}`, sibling(1), "a", 400, 0},
+		{"spread: four siblings bound, single-turn history", `{"sibling_spread":true}`, sibling(4), "a", 400, 0},
 		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
 		// new) weigh like a cold fleet: only the excess over the least
 		// counts.
@@ -183,7 +193,7 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 	if math.Abs(out[0]-0.7) > 1e-9 {
 		t.Fatalf("single candidate score %v, want 0.7", out[0])
 	}
-	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`} {
+	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`, `{"sibling_spread":1}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

@@ -61,6 +61,7 @@ class KVCAwareStrategyConfig:
     kv_tokens: Optional[int] = None
     saved_scale_tokens: Optional[int] = None
     session_weight: Optional[float] = None
+    sibling_spread: Optional[bool] = None
 
     name: ClassVar[str] = _KVC
     target: ClassVar[str] = "kvc_router.config.KVCAwareStrategyConfig"
