@@ -140,23 +140,6 @@ func TestFastPathDefersUnusualSyntax(t *testing.T) {
 	}
 }
 
-// labelsEndSlow is the plain quote-aware loop labelsEnd's fast path must
-// agree with.
-func labelsEndSlow(s []byte) int {
-	inQuote := false
-	for i := 1; i < len(s); i++ {
-		switch c := s[i]; {
-		case inQuote && c == '\\':
-			i++
-		case c == '"':
-			inQuote = !inQuote
-		case !inQuote && c == '}':
-			return i
-		}
-	}
-	return -1
-}
-
 func TestLabelsEndFastPathAgrees(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	alphabet := []byte(`ab"\}{=, `)

@@ -287,6 +287,12 @@ func labelsEnd(s []byte) int {
 			return c
 		}
 	}
+	return labelsEndSlow(s)
+}
+
+// labelsEndSlow is the plain quote-aware scan; the fast path above must
+// agree with it (TestLabelsEndFastPathAgrees).
+func labelsEndSlow(s []byte) int {
 	inQuote := false
 	for i := 1; i < len(s); i++ {
 		switch c := s[i]; {
