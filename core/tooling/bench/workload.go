@@ -22,6 +22,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // Item is one request of a workload.
@@ -207,16 +209,7 @@ func SynthPrompt(ids []int64, n, vocab int, dst []int32) []int32 {
 
 // SynthToken is token j of hash id h.
 func SynthToken(h int64, j, vocab int) int32 {
-	return int32(mix64(uint64(h)*0x9e3779b97f4a7c15^uint64(j)*0xbf58476d1ce4e5b9) % uint64(vocab))
-}
-
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return int32(sim.Mix64(uint64(h)*0x9e3779b97f4a7c15^uint64(j)*0xbf58476d1ce4e5b9) % uint64(vocab))
 }
 
 // TraceOracle is the reference oracle on the trace's own 512-token blocks:

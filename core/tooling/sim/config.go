@@ -118,7 +118,7 @@ func (c Config) WithDefaults() Config {
 		c.VocabSize = DefaultVocabSize
 	}
 	if c.HashSalt == 0 {
-		c.HashSalt = mix64(c.Seed ^ 0x6b76632d726f7574)
+		c.HashSalt = Mix64(c.Seed ^ 0x6b76632d726f7574)
 	}
 	return c
 }

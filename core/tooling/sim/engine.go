@@ -412,7 +412,7 @@ func (e *Engine) ensureHashes(r *request, n int) {
 		}
 		h := xxhash.Sum64(buf)
 		r.hashes = append(r.hashes, h)
-		r.ehashes = append(r.ehashes, mix64(h^e.cfg.HashSalt))
+		r.ehashes = append(r.ehashes, Mix64(h^e.cfg.HashSalt))
 	}
 }
 

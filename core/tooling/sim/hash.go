@@ -10,8 +10,8 @@ import (
 // rootHash is the parent of block 0 in the internal chain.
 const rootHash uint64 = 0x9e3779b97f4a7c15
 
-// mix64 is the splitmix64 finaliser: a bijection on uint64.
-func mix64(x uint64) uint64 {
+// Mix64 is the splitmix64 finaliser: a bijection on uint64.
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
@@ -38,7 +38,7 @@ func sampleKey(seed, sampling uint64, prompt []int32) uint64 {
 
 // sampleToken is output token idx of a request: deterministic in its key.
 func sampleToken(key uint64, idx, vocab int) int32 {
-	return int32(mix64(key+uint64(idx+1)*0x9e3779b97f4a7c15) % uint64(vocab))
+	return int32(Mix64(key+uint64(idx+1)*0x9e3779b97f4a7c15) % uint64(vocab))
 }
 
 // Tokenize is the simulator's trivial tokeniser: the text is split on
