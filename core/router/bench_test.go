@@ -39,19 +39,25 @@ func benchRouter(b *testing.B, tokens int, mode string) (*Router, []int32) {
 
 func benchAcquire(b *testing.B, tokens int, mode string) {
 	r, p := benchRouter(b, tokens, mode)
+	loopAcquire(b, r, func(int) []int32 { return p }, mode == ModeKVCAware)
+}
+
+// loopAcquire runs Acquire/Release for the benchmark, prompt i from
+// pick(i), failing on a decision without a GPU hit when wantHit, and reports
+// the thread's CPU time per op next to wall time: on a shared,
+// oversubscribed machine wall time mostly measures waiting for a CPU.
+func loopAcquire(b *testing.B, r *Router, pick func(i int) []int32, wantHit bool) {
 	b.ReportAllocs()
-	// Thread CPU time per op next to wall time: on a shared, oversubscribed
-	// machine wall time mostly measures waiting for a CPU.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cpu0 := threadCPU()
 	i := 0
 	for b.Loop() {
-		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: p, Pin: -1})
+		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: pick(i), Pin: -1})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if mode == ModeKVCAware && d.HitBlocks[0] == 0 {
+		if wantHit && d.HitBlocks[0] == 0 {
 			b.Fatalf("no hit: %+v", d)
 		}
 		r.Release(d.Server)
@@ -99,19 +105,7 @@ func BenchmarkAcquireGRPO8k(b *testing.B) {
 			ps[i][j] = int32(1_000_000 + i*8192 + j)
 		}
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	cpu0 := threadCPU()
-	i := 0
-	for b.Loop() {
-		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: ps[i%len(ps)], Pin: -1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		r.Release(d.Server)
-		i++
-	}
-	b.ReportMetric(float64(threadCPU()-cpu0)/float64(i), "cpu-ns/op")
+	loopAcquire(b, r, func(i int) []int32 { return ps[i%len(ps)] }, false)
 }
 
 // BenchmarkAcquire8kKVCCold is BenchmarkAcquire8kKVC without help from the
@@ -126,21 +120,5 @@ func BenchmarkAcquire8kKVCCold(b *testing.B) {
 		ps[k] = prompt(8192, int32(1_000_000*(k+1)))
 		storeOn(b, r, fmt.Sprintf("10.0.0.%d:8000", (k%4)*16), ps[k], 16)
 	}
-	b.ReportAllocs()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	cpu0 := threadCPU()
-	i := 0
-	for b.Loop() {
-		d, err := r.Acquire(Request{ID: fmt.Sprint(i), Tokens: ps[i%n], Pin: -1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if d.HitBlocks[0] == 0 {
-			b.Fatalf("no hit: %+v", d)
-		}
-		r.Release(d.Server)
-		i++
-	}
-	b.ReportMetric(float64(threadCPU()-cpu0)/float64(i), "cpu-ns/op")
+	loopAcquire(b, r, func(i int) []int32 { return ps[i%n] }, true)
 }
