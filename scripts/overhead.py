@@ -1,23 +1,8 @@
 #!/usr/bin/env python3
-"""What routing costs, in one table, each figure next to a baseline measured
-in the same run:
-
-1. Go core decision time: ``go test -bench Acquire`` in core/router (64
-   event-fed servers, the prompt cached on 4 of them); kvc_aware against the
-   default least-in-flight path.
-2. C ABI call cost: one acquire + release pair through ``kvc_router._native``
-   (ctypes), 16-token and 8k-token prompts, against the Go core's own Acquire
-   and against the cheapest ctypes call into the library (``kvr_abi_version``).
-3. Ray actor round trip: ``ray.remote(KVCAwareBalancer)`` against a plain-Python
-   least-in-flight actor, 8k-token prompts.
-4. KV-event ingest: ``go test -bench DecodeApply`` in core/collector (msgpack
-   decode + index update), against decoding the same batches with Python's
-   msgpack, and as engines one core keeps up with.
-
+"""`make overhead`: what routing costs, in one table, each figure next to a
+baseline measured in the same run (what is measured: kvc_harness.overhead).
 Run from the repository root with ``make overhead`` (PYTHONPATH=tests); needs
-Go, the .venv and python/kvc_router/libkvcrouter.so. The measurements are
-kvc_harness.overhead.
-"""
+Go, the .venv and python/kvc_router/libkvcrouter.so."""
 
 from __future__ import annotations
 
@@ -26,6 +11,7 @@ import sys
 from typing import List, Optional
 
 try:
+    from kvc_harness import overhead
     from kvc_harness.overhead import format_overhead, measure
 except ModuleNotFoundError as e:
     if e.name != "kvc_harness":
@@ -34,7 +20,9 @@ except ModuleNotFoundError as e:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=f"{__doc__}\n\n{overhead.__doc__}", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--benchtime", default="1s", help="go test -benchtime (default 1s)")
     ap.add_argument("--iters", type=int, default=20000, help="C ABI pairs per case")
     ap.add_argument("--ray-seconds", type=float, default=3.0, help="seconds per Ray balancer (default 3)")
