@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--client-actors", type=int, default=2)
     ap.add_argument(
-        "--kvc-variant", default="kvc_sync", help="variant reported as kvc_pairs_per_s (kvc_sync: as verl creates it)"
+        "--kvc-variant", default="kvc", help="variant reported as kvc_pairs_per_s (kvc: as the verl hook runs it)"
     )
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "overhead", "actor.json"))
     a = ap.parse_args()

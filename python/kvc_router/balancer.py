@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native
 from .config import RouterConfig, load_router_config, parse_endpoint
@@ -130,6 +130,22 @@ class KVCAwareBalancer:
         sid = _id_bytes(server_id)
         if sid is not None:
             self._router.release(sid)
+
+    def route_batch(self, releases: Sequence[str], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:
+        """Many ``release_server`` then ``acquire_server`` calls in one actor
+        call (see :mod:`kvc_router.batching`, which sends them from verl's
+        clients). Returns one entry per acquire, in order: ``(server_id,
+        handle)``, or the exception that acquire raised (the others still run)."""
+        for sid in releases:
+            self.release_server(sid)
+        out: List[Any] = []
+        for item in acquires:
+            try:
+                request_id, prompt_ids = item
+                out.append(self.acquire_server(request_id, prompt_ids))
+            except Exception as e:  # noqa: BLE001 - each caller gets its own error
+                out.append(e)
+        return out
 
     def add_servers(self, servers: Mapping[str, Any]) -> None:
         """Adds servers (``{id: handle}``); re-adding resets the count to 0."""

@@ -1,12 +1,19 @@
 """Balancer actor throughput: acquire/release pairs per second through a Ray
-actor, driven by N concurrent async callers the way verl's LLM server clients
-drive it (``await lb.acquire_server.remote(...)``, then a fire-and-forget
-``lb.release_server.remote(...)``), for KVCAwareBalancer and for verl's own
+actor, driven by N concurrent async callers through verl's own client code
+(``LLMServerClient._acquire_server`` awaited, then its fire-and-forget
+``_release_server``), for KVCAwareBalancer and for verl's own
 GlobalRequestLoadBalancer in the same run.
 
-Run from an interpreter where both verl and kvc_router import (see
-scripts/actor_bench.py). The callers live in client actors (verl's agent-loop
-workers), not in the driver.
+The client code is verl's as the kvc-router hook leaves it: with verl's
+balancer it runs unchanged (one actor call per acquire and per release);
+with ours the hook batches the calls of one event loop
+(:mod:`kvc_router.batching`). ``kvc_unbatched`` turns batching off
+(``KVC_ROUTER_CLIENT_BATCHING=0`` in the client processes) to show what the
+batching is worth.
+
+Run from an interpreter where both verl and kvc_router import, with the
+kvc-router verl hook installed (see scripts/actor_bench.py). The callers live
+in client actors (verl's agent-loop workers), not in the driver.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class Variant:
     cls_path: str
     actor_options: Dict[str, Any] = field(default_factory=dict)
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    #: environment of the client processes (e.g. batching off)
+    client_env: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,9 +61,19 @@ def default_variants() -> List[Variant]:
     return [
         Variant("verl", VERL_CLASS),
         Variant("verl_prompt", VERL_WITH_PROMPT),
-        Variant("kvc_sync", "kvc_router.KVCAwareBalancer", {}, kvc),
-        Variant("kvc_async", KVC_ASYNC, {}, kvc),
-        Variant("kvc_threaded", "kvc_router.KVCAwareBalancer", {"max_concurrency": 8}, kvc),
+        Variant("kvc", "kvc_router.KVCAwareBalancer", {}, kvc),
+        Variant("kvc_unbatched", "kvc_router.KVCAwareBalancer", {}, kvc, {"KVC_ROUTER_CLIENT_BATCHING": "0"}),
+    ]
+
+
+def extra_variants() -> List[Variant]:
+    """Measured earlier and not shipped (docs/performance.md): an async actor
+    and a threaded one, both without client batching."""
+    kvc = {"router_config": kvc_config()}
+    off = {"KVC_ROUTER_CLIENT_BATCHING": "0"}
+    return [
+        Variant("kvc_async", KVC_ASYNC, {}, kvc, off),
+        Variant("kvc_threaded", "kvc_router.KVCAwareBalancer", {"max_concurrency": 8}, kvc, off),
     ]
 
 
@@ -125,27 +144,38 @@ def _verl_with_prompt() -> Any:
 
 
 class _Client:
-    """A verl-like client: owns `callers` coroutines awaiting the balancer."""
+    """A verl agent-loop worker: `callers` coroutines generating through one
+    real ``verl.workers.rollout.llm_server.LLMServerClient``."""
 
-    def __init__(self, lb: Any, prompts: List[List[int]]) -> None:
-        self.lb, self.prompts = lb, prompts
-        self.fields: Optional[List[str]] = None
+    def __init__(self, lb: Any, prompts: List[List[int]], env: Optional[Dict[str, str]] = None) -> None:
+        import os
+
+        os.environ.update(env or {})
+        import _kvc_router_verl_boot  # noqa: F401 - the hook (the .pth has usually imported it already)
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        self.client = LLMServerClient(config=None, load_balancer_handle=lb)
+        self.prompts = prompts
+
+    def hooked(self) -> bool:
+        """True if the kvc-router hook patched the client's acquire path."""
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        return bool(getattr(LLMServerClient._acquire_server, "_kvc_router_patched", False))
 
     async def run(self, callers: int, seconds: float, tag: str) -> int:
         import asyncio
 
-        if self.fields is None:
-            self.fields = list(await self.lb.require_acquire_fields.remote())
+        client = self.client
         deadline = time.monotonic() + seconds
         counts = [0] * callers
 
         async def caller(c: int) -> None:
             k = 0
             while time.monotonic() < deadline:
-                extra = {"prompt_ids": self.prompts[(c * 7 + k) % len(self.prompts)]}
-                fields = {f: extra[f] for f in self.fields or () if f in extra}
-                sid, _ = await self.lb.acquire_server.remote(request_id=f"{tag}-{c}-{k}", **fields)
-                self.lb.release_server.remote(server_id=sid)  # fire-and-forget, as verl does
+                prompt = self.prompts[(c * 7 + k) % len(self.prompts)]
+                sid, _ = await client._acquire_server(f"{tag}-{c}-{k}", prompt_ids=prompt, sampling_params={})
+                client._release_server(sid, request_id=f"{tag}-{c}-{k}")  # fire-and-forget, as verl does
                 k += 1
             counts[c] = k
 
@@ -192,8 +222,10 @@ def run(ray: Any, cfg: BenchConfig, variants: Optional[List[Variant]] = None, lo
             lb = actor_cls.remote(servers=servers, **v.kwargs)
             actors.append(lb)
             ray.get(lb.get_total_inflight.remote())  # constructed
-            cs = [Client.remote(lb, prompts) for _ in range(cfg.client_actors)]
+            cs = [Client.remote(lb, prompts, v.client_env) for _ in range(cfg.client_actors)]
             actors += cs
+            if not all(ray.get([c.hooked.remote() for c in cs])):
+                raise RuntimeError("the kvc-router verl hook did not patch LLMServerClient in the client actors")
             setups.append((v, lb, cs))
         out: Dict[str, Dict[int, float]] = {v.name: {} for v in variants}
         for rnd in range(cfg.rounds):

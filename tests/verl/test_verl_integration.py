@@ -303,6 +303,48 @@ def test_c_agent_loop_workers_in_other_processes(manager, compose):
         ray.kill(w)
 
 
+# -- client-side batching (kvc_router.batching) through verl's own client ------
+
+
+def test_client_batches_acquire_and_release_to_our_balancer_only(manager):
+    from kvc_router import batching
+
+    m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    lb = m.global_load_balancer
+    client = m.get_client()
+    prompts = [prompt(300 + i, n=64) for i in range(16)]
+
+    async def run():
+        outs = await asyncio.gather(
+            *(
+                client.generate(f"bat-{i}", prompt_ids=p, sampling_params={"max_tokens": 2})
+                for i, p in enumerate(prompts)
+            )
+        )
+        b = batching.batcher_for(lb)
+        await asyncio.sleep(0.2)  # the last releases leave
+        return outs, b.batches, b.carried
+
+    outs, batches, carried = asyncio.run(run())
+    assert len(outs) == 16 and all(len(o.token_ids) == 2 for o in outs)
+    assert carried == 32 and batches < 16  # 16 acquires + 16 releases in fewer actor calls
+    assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
+    st = ray.get(lb.get_status.remote())["router"]
+    assert st["counters"]["prompt_tokens"] == sum(len(p) for p in prompts)
+    assert sum(len(v) for v in server_logs(m).values()) == 16
+
+    # verl's own balancer has no route_batch: its client calls stay verl's.
+    m2 = manager()
+    assert asyncio.run(_batcher_in_loop(m2.global_load_balancer)) is None
+    assert len(generate(m2.get_client(), "plain", prompt(1)).token_ids) == 8
+
+
+async def _batcher_in_loop(lb):
+    from kvc_router import batching
+
+    return batching.batcher_for(lb)
+
+
 # -- verl 0.9.1's native router_config_path route ------------------------------
 
 

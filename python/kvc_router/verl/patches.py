@@ -26,6 +26,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import batching
 from . import actor
 from .detection import SUPPORTED_TEXT, asks_for_router, get, is_tested, router_block, unsupported_reason, verl_version
 from .ports import balancer_block, base_port, configure_replica, endpoints_for, warn_once
@@ -394,9 +395,13 @@ def _make_init_lb(orig: Any) -> Any:
 
 
 # --------------------------------------------------------------------------
-# verl.workers.rollout.llm_server: the client (verl 0.9.0 / 0.8.0 shape,
-# ``_acquire_server(request_id)`` only; verl >= 0.9.1 forwards the fields the
-# balancer names in ``require_acquire_fields()`` itself)
+# verl.workers.rollout.llm_server: the client. Two jobs:
+# * verl 0.9.0 / 0.8.0 call ``_acquire_server(request_id)`` only, so the
+#   prompt is taken from ``generate``'s arguments (verl >= 0.9.1 forwards the
+#   fields the balancer names in ``require_acquire_fields()`` itself);
+# * when the balancer is ours, acquires and releases go through this event
+#   loop's :class:`kvc_router.batching.Batcher` (one actor call for many).
+#   With verl's own balancer (no ``route_batch``) verl's code runs unchanged.
 
 _prompt: contextvars.ContextVar = contextvars.ContextVar("kvc_router_prompt_ids", default=None)
 
@@ -407,11 +412,13 @@ def patch_client(module: Any) -> str:
     if acquire is None:
         raise PatchError("LLMServerClient._acquire_server does not exist")
     params = inspect.signature(acquire).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return NOT_NEEDED
-    if not inspect.iscoroutinefunction(getattr(client, "generate", None)):
-        raise PatchError("LLMServerClient.generate is not a coroutine function")
-    _wrap_method(client, "generate", _make_generate)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        if not inspect.iscoroutinefunction(getattr(client, "generate", None)):
+            raise PatchError("LLMServerClient.generate is not a coroutine function")
+        _wrap_method(client, "generate", _make_generate)
+    if callable(getattr(client, "_release_server", None)):
+        # Without it (a verl releasing inline) releases stay single calls.
+        _wrap_method(client, "_release_server", _make_release)
     return _wrap_method(client, "_acquire_server", _make_acquire)
 
 
@@ -431,6 +438,11 @@ def _make_acquire(orig: Any) -> Any:
     @functools.wraps(orig)
     async def _acquire_server(self, request_id, *args, **kwargs):
         lb = getattr(self, "_load_balancer", None)
+        if not args:
+            b = batching.batcher_for(lb)
+            if b is not None:
+                ids = kwargs["prompt_ids"] if "prompt_ids" in kwargs else _prompt.get()
+                return await b.acquire(request_id, ids)
         fields = getattr(self, "_kvc_fields", None)
         if fields is None and lb is not None:
             try:
@@ -444,6 +456,23 @@ def _make_acquire(orig: Any) -> Any:
         return await orig(self, request_id, *args, **kwargs)
 
     return _acquire_server
+
+
+def _make_release(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def _release_server(self, server_id, *args, **kwargs):
+        lb = getattr(self, "_load_balancer", None)
+        b = batching.batcher_for(lb)
+        if b is not None:
+            b.release(server_id)
+            return None
+        if batching.supports_batching(lb) and getattr(self, "_lb_require_release_fields", 0) is None:
+            # Our balancer, released outside an event loop after a batched
+            # acquire skipped verl's field query: it needs no release fields.
+            self._lb_require_release_fields = []
+        return orig(self, server_id, *args, **kwargs)
+
+    return _release_server
 
 
 # --------------------------------------------------------------------------

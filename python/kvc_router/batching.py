@@ -1,0 +1,208 @@
+"""Client-side batching of acquire/release calls to the balancer actor.
+
+The balancer is one Ray actor on verl's hot path, and a Ray actor call costs
+far more than routing one request (hundreds of microseconds of task
+submission, scheduling and (de)serialisation against tens for the native
+``acquire``). Each verl agent-loop worker runs many trajectories on one event
+loop, and all of them ``await lb.acquire_server.remote(...)``. The
+:class:`Batcher` coalesces the calls made by one event loop into a single
+``lb.route_batch.remote(releases, acquires)`` call:
+
+* nothing waits for a timer: a call made while fewer than ``max_inflight``
+  batches are in flight is sent on the next loop iteration (together with
+  whatever else that iteration queued), so an idle client pays no latency;
+* while batches are in flight, new calls queue and leave together as soon as
+  one returns, so under load one actor call carries many requests;
+* releases (fire-and-forget in verl) ride along and are applied before the
+  batch's acquires, so the next routing decision already sees them;
+* prompts travel as ``array('i')`` (a byte buffer) instead of a list of
+  Python ints, which the actor would otherwise unpickle int by int and then
+  convert again for the native call.
+
+Routing semantics are the actor's: the same ``acquire_server`` and
+``release_server`` run there, in arrival order. A failed acquire raises the
+actor's exception in its own caller only; a lost actor fails every caller of
+the batch with Ray's error, as individual calls would.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger("kvc_router")
+
+#: The actor method a balancer must have for its callers to batch.
+METHOD = "route_batch"
+
+#: Set to "0" to send one actor call per acquire/release, as verl does.
+ENV = "KVC_ROUTER_CLIENT_BATCHING"
+
+#: Batches in flight per event loop and balancer. Two let the actor start the
+#: next batch while the previous one's results travel back.
+MAX_INFLIGHT = 2
+#: Requests in one batch; more wait for the next one.
+MAX_BATCH = 256
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def supports_batching(handle: Any) -> bool:
+    """True if ``handle`` is an actor handle of a balancer with ``route_batch``
+    (an attribute lookup on the local handle: no actor call)."""
+    if handle is None:
+        return False
+    try:
+        return callable(getattr(handle, METHOD).remote)
+    except Exception:  # noqa: BLE001 - ActorHandle raises AttributeError for unknown methods
+        return False
+
+
+def pack_prompt(prompt_ids: Any) -> Any:
+    """A list of token ids as ``array('i')``; anything else unchanged (the
+    actor validates it and raises the precise error)."""
+    if isinstance(prompt_ids, list):
+        try:
+            return array.array("i", prompt_ids)
+        except (TypeError, OverflowError, ValueError):
+            return prompt_ids
+    return prompt_ids
+
+
+class Batcher:
+    """Coalesces the acquire/release calls of one event loop to one balancer
+    actor. Use :func:`batcher_for`; every method must run on that loop."""
+
+    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, max_inflight: int = MAX_INFLIGHT,
+                 max_batch: int = MAX_BATCH) -> None:
+        if max_inflight < 1 or max_batch < 1:
+            raise ValueError("max_inflight and max_batch must be >= 1")
+        self._handle = handle
+        self._loop = loop
+        self._max_inflight = max_inflight
+        self._max_batch = max_batch
+        self._acquires: List[Tuple[str, Any, asyncio.Future]] = []
+        self._releases: List[str] = []
+        self._inflight = 0
+        self._scheduled = False
+        self._fields: Optional[List[str]] = None
+        self._fields_query: Optional[asyncio.Future] = None
+        #: batches sent, requests carried (acquires + releases): for tests and status.
+        self.batches = 0
+        self.carried = 0
+
+    async def acquire(self, request_id: str, prompt_ids: Any = None) -> Tuple[str, Any]:
+        """``(server_id, handle)``, as ``lb.acquire_server.remote(...)`` returns."""
+        if self._fields is None:
+            await self._query_fields()
+        prompt = pack_prompt(prompt_ids) if "prompt_ids" in (self._fields or ()) else None
+        fut = self._loop.create_future()
+        self._acquires.append((request_id, prompt, fut))
+        self._kick()
+        return await fut
+
+    async def _query_fields(self) -> None:
+        # One query for all the callers that arrive before the answer.
+        if self._fields_query is None:
+            self._fields_query = asyncio.ensure_future(self._handle.require_acquire_fields.remote())
+        try:
+            fields = await asyncio.shield(self._fields_query)
+        except Exception:
+            self._fields_query = None  # let the next caller ask again
+            raise
+        self._fields = list(fields)
+
+    def release(self, server_id: str) -> None:
+        """Fire-and-forget, as verl's client releases."""
+        self._releases.append(server_id)
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._scheduled and self._inflight < self._max_inflight:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._inflight < self._max_inflight and (self._acquires or self._releases):
+            batch, self._acquires = self._acquires[: self._max_batch], self._acquires[self._max_batch :]
+            releases, self._releases = self._releases, []
+            try:
+                ref = getattr(self._handle, METHOD).remote(releases, [(rid, p) for rid, p, _ in batch])
+            except Exception as e:  # noqa: BLE001 - submission failed: each caller sees why
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
+            self._inflight += 1
+            self.batches += 1
+            self.carried += len(batch) + len(releases)
+            self._loop.create_task(self._collect(ref, [fut for _, _, fut in batch]))
+
+    async def _collect(self, ref: Any, futures: Sequence[asyncio.Future]) -> None:
+        try:
+            results = await ref
+        except BaseException as e:  # noqa: BLE001 - the actor call failed: fail its callers alike
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            if not isinstance(e, Exception):
+                raise
+            return
+        finally:
+            self._inflight -= 1
+            if self._acquires or self._releases:
+                self._kick()
+        if len(results) != len(futures):
+            err = RuntimeError(f"kvc-router: {METHOD} answered {len(results)} results for {len(futures)} requests")
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        for fut, res in zip(futures, results):
+            if isinstance(res, BaseException):
+                if not fut.done():
+                    fut.set_exception(res)
+            elif fut.done():
+                # The caller gave up (cancelled) after the actor counted the
+                # request: release it, or the server's count leaks.
+                self.release(res[0])
+            else:
+                fut.set_result(res)
+
+
+_lock = threading.Lock()
+#: (loop, actor key) -> Batcher; loops are weak so a closed loop's batchers go.
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict] = weakref.WeakKeyDictionary()
+
+
+def _actor_key(handle: Any) -> Any:
+    aid = getattr(handle, "_actor_id", None)
+    return aid.hex() if aid is not None and hasattr(aid, "hex") else id(handle)
+
+
+def batcher_for(handle: Any) -> Optional[Batcher]:
+    """This event loop's batcher for ``handle``, or None when batching does not
+    apply (disabled, no running loop, or not a batching balancer)."""
+    if not enabled() or not supports_batching(handle):
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    key = _actor_key(handle)
+    with _lock:
+        per_loop = _batchers.get(loop)
+        if per_loop is None:
+            per_loop = _batchers[loop] = {}
+        b = per_loop.get(key)
+        if b is None:
+            b = per_loop[key] = Batcher(handle, loop)
+        return b

@@ -1,0 +1,269 @@
+"""Client-side batching (kvc_router.batching) against a real balancer actor.
+
+The batcher must not change what a caller sees: the same server ids (sticky
+bindings hold), errors raised in the caller whose request failed and nowhere
+else, counts that return to zero, and a dead actor surfacing as Ray's error
+instead of a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, List
+
+import pytest
+from kvc_router import KVCAwareBalancer, batching
+from kvc_router.errors import NoServerError
+
+KVC = {"type": "kvc_aware", "config": {"strategies": [{"name": "kvc_aware", "collector_names": []}]}}
+SERVERS = {f"10.0.0.{i}:8000": None for i in range(4)}
+
+
+def prompt(i: int, n: int = 64) -> List[int]:
+    return [1000 * (i + 1) + t for t in range(n)]
+
+
+def drained(ray: Any, lb: Any, timeout: float = 30.0) -> int:
+    end = time.monotonic() + timeout
+    while True:
+        total = ray.get(lb.get_total_inflight.remote())
+        if total == 0 or time.monotonic() > end:
+            return total
+        time.sleep(0.01)
+
+
+# -- the actor method, in-process ---------------------------------------------
+
+
+def test_route_batch_applies_releases_first_and_isolates_errors():
+    lb = KVCAwareBalancer(dict(SERVERS), router_config=KVC)
+    sid, _ = lb.acquire_server("r0", prompt(0))
+    assert lb.get_total_inflight() == 1
+    out = lb.route_batch([sid], [("r1", prompt(1)), ("r2", ["x"]), ("r3", prompt(3)), ("r4",)])
+    assert len(out) == 4
+    assert out[0][0] in SERVERS and out[2][0] in SERVERS
+    assert isinstance(out[1], TypeError) and "found str 'x'" in str(out[1])
+    assert isinstance(out[3], ValueError)  # malformed item: its own error
+    # r0 released before the batch's acquires, and only the two good acquires count.
+    assert lb.get_total_inflight() == 2
+    # Sticky through the batch path, as through acquire_server.
+    assert lb.route_batch([], [("r1", prompt(1))])[0][0] == out[0][0]
+
+
+def test_route_batch_on_empty_pool_raises_verls_message_per_item():
+    lb = KVCAwareBalancer({}, router_config=KVC)
+    (err,) = lb.route_batch([], [("r", prompt(0))])
+    assert isinstance(err, NoServerError) and "No available servers in load balancer" in str(err)
+
+
+def test_pack_prompt():
+    packed = batching.pack_prompt([1, -2, 3])
+    assert packed.typecode == "i" and list(packed) == [1, -2, 3]
+    for bad in (["x"], [2**31], "abc", None):
+        assert batching.pack_prompt(bad) is bad  # left for the actor to reject precisely
+
+
+# -- the batcher against a real actor ------------------------------------------
+
+
+def test_batcher_coalesces_concurrent_callers_and_keeps_sticky(make_actor, ray_cluster):
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+    assert batching.supports_batching(lb)
+
+    async def main():
+        b = batching.batcher_for(lb)
+        assert b is batching.batcher_for(lb)  # one per loop and actor
+        first = await asyncio.gather(*(b.acquire(f"req-{i}", prompt(i)) for i in range(64)))
+        sent = b.batches
+        for sid, _ in first:
+            b.release(sid)
+        again = await asyncio.gather(*(b.acquire(f"req-{i}", prompt(i)) for i in range(64)))
+        for sid, _ in again:
+            b.release(sid)
+        await asyncio.sleep(0)
+        return first, again, sent, b
+
+    first, again, sent, b = asyncio.run(main())
+    assert all(sid in SERVERS for sid, _ in first)
+    assert [s for s, _ in again] == [s for s, _ in first]  # request_id stays sticky
+    assert sent < 64 / 4  # 64 concurrent callers shared a handful of actor calls
+    assert b.carried == 64 * 4  # every acquire and release travelled
+    assert drained(ray_cluster, lb) == 0
+
+
+def test_batcher_failed_acquire_raises_in_its_caller_only(make_actor, ray_cluster):
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+
+    async def main():
+        b = batching.batcher_for(lb)
+        res = await asyncio.gather(
+            *(b.acquire(f"r{i}", ["bad"] if i == 5 else prompt(i)) for i in range(12)), return_exceptions=True
+        )
+        for r in res:
+            if not isinstance(r, BaseException):
+                b.release(r[0])
+        await asyncio.sleep(0)
+        return res
+
+    res = asyncio.run(main())
+    assert isinstance(res[5], TypeError) and "found str 'bad'" in str(res[5])
+    assert all(r[0] in SERVERS for i, r in enumerate(res) if i != 5)
+    assert drained(ray_cluster, lb) == 0
+
+
+def test_cancelled_caller_has_its_server_released(make_actor, ray_cluster):
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+
+    async def main():
+        b = batching.batcher_for(lb)
+        await b.acquire("warm", prompt(0))  # fields known, one request counted
+        b.release((await b.acquire("warm", prompt(0)))[0])
+        task = asyncio.ensure_future(b.acquire("gone", prompt(1)))
+        await asyncio.sleep(0)
+        while b._acquires or b._scheduled:  # until the batch carrying "gone" left
+            await asyncio.sleep(0)
+        assert b._inflight >= 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Let the actor's answer arrive and the compensating release go out.
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if b._inflight == 0 and not b._releases:
+                break
+
+    asyncio.run(main())
+    # Only "warm"'s first acquire is still counted; "gone" was given back.
+    assert ray_cluster.get(lb.get_total_inflight.remote()) == 1
+
+
+def test_dead_actor_fails_every_pending_caller(make_actor, ray_cluster):
+    import ray
+
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+
+    async def main():
+        b = batching.batcher_for(lb)
+        await b.acquire("ok", prompt(0))
+        ray.kill(lb)
+        return await asyncio.wait_for(
+            asyncio.gather(*(b.acquire(f"r{i}", prompt(i)) for i in range(8)), return_exceptions=True), 60
+        )
+
+    res = asyncio.run(main())
+    assert len(res) == 8 and all(isinstance(r, ray.exceptions.RayActorError) for r in res)
+
+
+def test_batching_off_by_env_and_for_other_balancers(make_actor, ray_cluster, monkeypatch):
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+
+    class Plain:  # a balancer without route_batch (as verl's own)
+        def acquire_server(self, request_id: str) -> Any:
+            return "s", None
+
+    plain = ray_cluster.remote(Plain).remote()
+    try:
+
+        async def probe():
+            return batching.batcher_for(lb), batching.batcher_for(plain)
+
+        ours, theirs = asyncio.run(probe())
+        assert ours is not None and theirs is None
+        assert batching.batcher_for(lb) is None  # no running event loop
+        monkeypatch.setenv(batching.ENV, "0")
+        assert asyncio.run(probe()) == (None, None)
+    finally:
+        ray_cluster.kill(plain)
+
+
+# -- the verl client patch on verl's two client shapes (stand-ins; tests/verl
+# runs the real releases) -----------------------------------------------------
+
+
+def _client_shapes() -> dict:
+    class Client091:  # verl 0.9.1: forwards the declared fields itself
+        def __init__(self, lb: Any) -> None:
+            self._load_balancer, self._lb_require_acquire_fields, self.calls = lb, None, 0
+
+        async def _acquire_server(self, request_id: str, **extra: Any) -> Any:
+            self.calls += 1
+            if self._lb_require_acquire_fields is None:
+                self._lb_require_acquire_fields = list(await self._load_balancer.require_acquire_fields.remote())
+            fields = {k: extra[k] for k in self._lb_require_acquire_fields if k in extra}
+            return await self._load_balancer.acquire_server.remote(request_id=request_id, **fields)
+
+        def _release_server(self, server_id: str, request_id: Any = None) -> None:
+            self._load_balancer.release_server.remote(server_id=server_id)
+
+        async def generate(self, request_id: str, *, prompt_ids: Any, sampling_params: Any) -> str:
+            sid, _ = await self._acquire_server(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+            self._release_server(sid, request_id=request_id)
+            return sid
+
+    class Client080:  # verl 0.8.0 / 0.9.0: acquire takes the request id only
+        def __init__(self, lb: Any) -> None:
+            self._load_balancer, self.calls = lb, 0
+
+        async def _acquire_server(self, request_id: str) -> Any:
+            self.calls += 1
+            return await self._load_balancer.acquire_server.remote(request_id=request_id)
+
+        def _release_server(self, server_id: str) -> None:
+            self._load_balancer.release_server.remote(server_id=server_id)
+
+        async def generate(self, request_id: str, *, prompt_ids: Any, sampling_params: Any) -> str:
+            sid, _ = await self._acquire_server(request_id)
+            self._release_server(sid)
+            return sid
+
+    return {"0.9.1": Client091, "0.8.0": Client080}
+
+
+@pytest.mark.parametrize("shape", ["0.9.1", "0.8.0"])
+def test_verl_client_patch_batches_for_ours_and_leaves_verls_alone(make_actor, ray_cluster, shape):
+    import types
+
+    from kvc_router.verl import patches
+
+    cls = _client_shapes()[shape]
+    assert patches.patch_client(types.SimpleNamespace(LLMServerClient=cls)) == patches.APPLIED
+    ours = make_actor(servers=dict(SERVERS), router_config=KVC)
+    prompts = [prompt(i) for i in range(24)]
+
+    async def run(lb: Any) -> Any:
+        c = cls(lb)
+        sids = await asyncio.gather(
+            *(c.generate(f"v-{i}", prompt_ids=p, sampling_params={}) for i, p in enumerate(prompts))
+        )
+        await asyncio.sleep(0.2)
+        b = batching.batcher_for(lb)
+        return sids, c.calls, (b.batches, b.carried)
+
+    sids, calls, (batches, carried) = asyncio.run(run(ours))
+    assert all(s in SERVERS for s in sids)
+    assert calls == 0 and carried == 48 and batches < 24  # verl's acquire body never ran: batched
+    st = ray_cluster.get(ours.get_status.remote())["router"]
+    assert st["counters"]["prompt_tokens"] == sum(len(p) for p in prompts)  # prompts reached the router
+    assert drained(ray_cluster, ours) == 0
+
+    # A balancer without route_batch (verl's own, here a stand-in) gets verl's calls.
+    class VerlLike:
+        def acquire_server(self, request_id: str) -> Any:
+            return "s0", None
+
+        def release_server(self, server_id: str) -> None:
+            pass
+
+        def require_acquire_fields(self) -> list:
+            return []
+
+    verl_lb = ray_cluster.remote(VerlLike).remote()
+    try:
+        c = cls(verl_lb)
+
+        async def one() -> str:
+            return await c.generate("x", prompt_ids=prompt(0), sampling_params={})
+
+        assert asyncio.run(one()) == "s0" and c.calls == 1
+    finally:
+        ray_cluster.kill(verl_lb)
