@@ -88,7 +88,32 @@ def test_batcher_coalesces_concurrent_callers_and_keeps_sticky(make_actor, ray_c
     assert [s for s, _ in again] == [s for s, _ in first]  # request_id stays sticky
     assert sent < 64 / 4  # 64 concurrent callers shared a handful of actor calls
     assert b.carried == 64 * 4  # every acquire and release travelled
+    st = ray_cluster.get(lb.get_status.remote())["router"]["client_batches"]
+    assert st == {"calls": b.batches, "acquires": 128, "releases": 128}
     assert drained(ray_cluster, lb) == 0
+
+
+def test_batch_size_caps_keep_arguments_inline(make_actor, ray_cluster):
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC)
+
+    async def main(**caps: int) -> Any:
+        b = batching.Batcher(lb, asyncio.get_running_loop(), max_inflight=1, **caps)
+        res = await asyncio.gather(*(b.acquire(f"cap-{i}", prompt(i, n=64)) for i in range(12)))
+        for sid, _ in res:
+            b.release(sid)
+        await asyncio.sleep(0)
+        return res, b.batches
+
+    # 64 tokens = 256 bytes: two prompts fit in 600 bytes, a third does not.
+    res, batches = asyncio.run(main(max_batch_bytes=600))
+    assert all(sid in SERVERS for sid, _ in res) and batches >= 12 / 2
+    res, batches = asyncio.run(main(max_batch=3))
+    assert batches >= 12 / 3
+    # One prompt larger than the cap still goes (alone).
+    res, batches = asyncio.run(main(max_batch_bytes=10))
+    assert batches >= 12 and len(res) == 12
+    assert drained(ray_cluster, lb) == 0
+    assert batching._payload(batching.pack_prompt(prompt(0, n=64))) == 256
 
 
 def test_batcher_failed_acquire_raises_in_its_caller_only(make_actor, ray_cluster):

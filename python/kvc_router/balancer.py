@@ -85,6 +85,8 @@ class KVCAwareBalancer:
         # membership change, read without locking on the hot path.
         self._view: Tuple[Tuple[str, ...], Dict[str, Any], int] = ((), {}, -1)
         self._lock = threading.Lock()  # serialises pool changes (threaded actors)
+        #: route_batch calls and what they carried (status: is client batching on?)
+        self._batches = {"calls": 0, "acquires": 0, "releases": 0}
         self._router = _native.Router(self._config.native(sticky_default=max_cache_size))
         self._finalizer = weakref.finalize(self, self._router.close_in_owner)
         self._refresh()
@@ -136,6 +138,10 @@ class KVCAwareBalancer:
         call (see :mod:`kvc_router.batching`, which sends them from verl's
         clients). Returns one entry per acquire, in order: ``(server_id,
         handle)``, or the exception that acquire raised (the others still run)."""
+        b = self._batches
+        b["calls"] += 1
+        b["acquires"] += len(acquires)
+        b["releases"] += len(releases)
         for sid in releases:
             self.release_server(sid)
         out: List[Any] = []
@@ -201,6 +207,7 @@ class KVCAwareBalancer:
         router["panics"] = doc.get("panics", 0)
         router["goroutines"] = doc.get("goroutines", 0)
         router["library"] = _native.loaded_path()
+        router["client_batches"] = dict(self._batches)
         if self._uses_prompt:
             router["index_mode"] = (
                 "approximate: no KV-event stream; cached prefixes are predicted from this balancer's own routing"

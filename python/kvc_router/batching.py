@@ -31,6 +31,7 @@ import array
 import asyncio
 import logging
 import os
+import struct
 import threading
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
@@ -48,6 +49,10 @@ ENV = "KVC_ROUTER_CLIENT_BATCHING"
 MAX_INFLIGHT = 2
 #: Requests in one batch; more wait for the next one.
 MAX_BATCH = 256
+#: Prompt bytes in one batch (a single larger prompt still goes, alone).
+#: Ray passes task arguments up to 100 KiB inline with the call and puts
+#: larger ones in the object store, which costs more than the batching saves.
+MAX_BATCH_BYTES = 64 * 1024
 
 
 def enabled() -> bool:
@@ -67,13 +72,23 @@ def supports_batching(handle: Any) -> bool:
 
 def pack_prompt(prompt_ids: Any) -> Any:
     """A list of token ids as ``array('i')``; anything else unchanged (the
-    actor validates it and raises the precise error)."""
+    actor validates it and raises the precise error). Unpickling a list of
+    2048 ints costs the actor ~90 us; an array's bytes cost next to nothing."""
     if isinstance(prompt_ids, list):
         try:
-            return array.array("i", prompt_ids)
-        except (TypeError, OverflowError, ValueError):
+            # struct packs a list about twice as fast as array('i', list).
+            packed = array.array("i")
+            packed.frombytes(struct.pack(f"={len(prompt_ids)}i", *prompt_ids))
+            return packed
+        except (struct.error, TypeError, OverflowError):
             return prompt_ids
     return prompt_ids
+
+
+def _payload(prompt: Any) -> int:
+    if isinstance(prompt, array.array):
+        return prompt.itemsize * len(prompt)
+    return 8 * len(prompt) if isinstance(prompt, (list, tuple)) else 0
 
 
 class Batcher:
@@ -81,14 +96,15 @@ class Batcher:
     actor. Use :func:`batcher_for`; every method must run on that loop."""
 
     def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, max_inflight: int = MAX_INFLIGHT,
-                 max_batch: int = MAX_BATCH) -> None:
+                 max_batch: int = MAX_BATCH, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
         if max_inflight < 1 or max_batch < 1:
             raise ValueError("max_inflight and max_batch must be >= 1")
         self._handle = handle
         self._loop = loop
         self._max_inflight = max_inflight
         self._max_batch = max_batch
-        self._acquires: List[Tuple[str, Any, asyncio.Future]] = []
+        self._max_batch_bytes = max_batch_bytes
+        self._acquires: List[Tuple[str, Any, asyncio.Future, int]] = []
         self._releases: List[str] = []
         self._inflight = 0
         self._scheduled = False
@@ -104,7 +120,7 @@ class Batcher:
             await self._query_fields()
         prompt = pack_prompt(prompt_ids) if "prompt_ids" in (self._fields or ()) else None
         fut = self._loop.create_future()
-        self._acquires.append((request_id, prompt, fut))
+        self._acquires.append((request_id, prompt, fut, _payload(prompt)))
         self._kick()
         return await fut
 
@@ -132,19 +148,24 @@ class Batcher:
     def _flush(self) -> None:
         self._scheduled = False
         while self._inflight < self._max_inflight and (self._acquires or self._releases):
-            batch, self._acquires = self._acquires[: self._max_batch], self._acquires[self._max_batch :]
+            n, size = 0, 0
+            for item in self._acquires[: self._max_batch]:
+                if n and size + item[3] > self._max_batch_bytes:
+                    break
+                n, size = n + 1, size + item[3]
+            batch, self._acquires = self._acquires[:n], self._acquires[n:]
             releases, self._releases = self._releases, []
             try:
-                ref = getattr(self._handle, METHOD).remote(releases, [(rid, p) for rid, p, _ in batch])
+                ref = getattr(self._handle, METHOD).remote(releases, [(rid, p) for rid, p, _, _ in batch])
             except Exception as e:  # noqa: BLE001 - submission failed: each caller sees why
-                for _, _, fut in batch:
+                for _, _, fut, _ in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
             self._inflight += 1
             self.batches += 1
             self.carried += len(batch) + len(releases)
-            self._loop.create_task(self._collect(ref, [fut for _, _, fut in batch]))
+            self._loop.create_task(self._collect(ref, [fut for _, _, fut, _ in batch]))
 
     async def _collect(self, ref: Any, futures: Sequence[asyncio.Future]) -> None:
         try:

@@ -61,6 +61,7 @@ def default_variants() -> List[Variant]:
     return [
         Variant("verl", VERL_CLASS),
         Variant("verl_prompt", VERL_WITH_PROMPT),
+        Variant("verl_batched", VERL_BATCHED),
         Variant("kvc", "kvc_router.KVCAwareBalancer", {}, kvc),
         Variant("kvc_unbatched", "kvc_router.KVCAwareBalancer", {}, kvc, {"KVC_ROUTER_CLIENT_BATCHING": "0"}),
     ]
@@ -100,12 +101,36 @@ def _import(path: str) -> Any:
         return _verl_with_prompt()
     if path == KVC_ASYNC:
         return _kvc_async()
+    if path == VERL_BATCHED:
+        return _verl_batched()
     mod, _, name = path.rpartition(".")
     return getattr(importlib.import_module(mod), name)
 
 
 VERL_WITH_PROMPT = "verl+prompt"
 KVC_ASYNC = "kvc+async"
+VERL_BATCHED = "verl+batch"
+
+
+def _verl_batched() -> Any:
+    """verl's balancer given our ``route_batch``, so the same batching client
+    batches to it: the control that separates what batching is worth from
+    what our balancer costs or saves. Not something verl ships."""
+    base = _import(VERL_CLASS)
+
+    class VerlBatched(base):  # type: ignore[misc, valid-type]
+        def route_batch(self, releases: List[str], acquires: List[Tuple[str, Any]]) -> List[Any]:
+            for sid in releases:
+                base.release_server(self, sid)
+            out: List[Any] = []
+            for rid, _ in acquires:
+                try:
+                    out.append(base.acquire_server(self, rid))
+                except Exception as e:  # noqa: BLE001
+                    out.append(e)
+            return out
+
+    return VerlBatched
 
 
 def _kvc_async() -> Any:
