@@ -422,3 +422,20 @@ def test_actor_options_create_the_balancer_directly(manager, monkeypatch):
     p = prompt(60)
     generate(client, "opt-1", p)
     assert ray.get(lb.get_status.remote())["router"]["counters"]["prompt_tokens"] == len(p)
+
+
+# -- make actor-bench stays runnable --------------------------------------------
+
+
+@pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="the bench drives verl 0.9.1's client (fields as kwargs)")
+def test_actor_bench_runs_through_the_hooked_client(verl_ray):
+    from kvc_harness import actor_bench
+
+    cfg = actor_bench.BenchConfig(
+        callers=(16,), seconds=0.5, warmup_seconds=0.2, rounds=1, servers=4, prompt_tokens=256
+    )
+    variants = [v for v in actor_bench.default_variants() if v.name in ("verl", "kvc", "kvc_unbatched")]
+    res = actor_bench.run(verl_ray, cfg, variants, log=lambda *_: None)
+    assert set(res) == {"verl", "kvc", "kvc_unbatched"} and all(r[16] > 0 for r in res.values())
+    (row,) = actor_bench.rows(res, "kvc", cfg.callers)
+    assert set(row) == {"callers", "kvc_pairs_per_s", "verl_pairs_per_s"} and row["callers"] == 16
