@@ -337,12 +337,15 @@ func readResponse(rd io.Reader, buf []byte, limit int) (response, error) {
 
 func (p *respReader) read(resp *response, limit int) error {
 	// Header block: read until the blank line.
-	hdrEnd := -1
+	hdrEnd, from := -1, 0
 	for hdrEnd < 0 {
-		if i := bytes.Index(p.buf[:p.n], []byte("\r\n\r\n")); i >= 0 {
-			hdrEnd = i + 4
+		// Search only what the last read added (and the 3 bytes before
+		// it): a server dripping its header must not cost quadratic time.
+		if i := bytes.Index(p.buf[from:p.n], []byte("\r\n\r\n")); i >= 0 {
+			hdrEnd = from + i + 4
 			break
 		}
+		from = max(0, p.n-3)
 		if p.n > maxHeaderBytes {
 			return badResponse("header block larger than %d bytes", maxHeaderBytes)
 		}
@@ -385,23 +388,9 @@ func (p *respReader) read(resp *response, limit int) error {
 		}
 		ln := hdr[:j-1]
 		hdr = hdr[j+1:]
-		if len(ln) == 0 || ln[0] == ' ' || ln[0] == '\t' {
-			return badResponse("folded or empty header line")
-		}
-		colon := bytes.IndexByte(ln, ':')
-		if colon <= 0 {
-			return badResponse("header line without a name: %q", clipPrintable(string(ln), 80))
-		}
-		name, val := ln[:colon], bytes.Trim(ln[colon+1:], " \t")
-		for _, c := range name {
-			if !isTokenByte(c) {
-				return badResponse("header name %q", clipPrintable(string(name), 80))
-			}
-		}
-		for _, c := range val {
-			if (c < ' ' && c != '\t') || c == 0x7f {
-				return badResponse("control byte in header %s", name)
-			}
+		name, val, err := headerLine(ln, "header")
+		if err != nil {
+			return err
 		}
 		switch {
 		case bytes.EqualFold(name, []byte("Content-Length")):
@@ -434,6 +423,10 @@ func (p *respReader) read(resp *response, limit int) error {
 	}
 	if resp.status != 200 {
 		return nil // not read: the caller reports the status and drops the connection
+	}
+	if chunked && http10 {
+		// RFC 9112 6.1: such framing is faulty.
+		return badResponse("Transfer-Encoding in an HTTP/1.0 response")
 	}
 	resp.keepAlive = !closeConn && (!http10 || keepAliveHdr)
 	if chunked && contentLen >= 0 {
@@ -512,6 +505,9 @@ func (p *respReader) untilEOF(limit int) ([]byte, error) {
 // first chunk's data does not move at all.
 func (p *respReader) chunked(limit int) ([]byte, error) {
 	bs, w := -1, p.r
+	// excess is framing beyond 16 bytes plus twice the data per chunk; a
+	// body mostly made of chunk lines is refused (net/http's rule).
+	excess := 0
 	for {
 		if bs < 0 {
 			w = p.r // nothing decoded yet: keep no bytes before the line
@@ -523,6 +519,9 @@ func (p *respReader) chunked(limit int) ([]byte, error) {
 		size, ok := parseChunkSize(ln)
 		if !ok {
 			return nil, badResponse("chunk-size line %q", clipPrintable(string(ln), 40))
+		}
+		if excess = max(0, excess+len(ln)+2-16-2*size); excess > 16<<10 {
+			return nil, badResponse("chunked framing much larger than its data")
 		}
 		if size == 0 {
 			break
@@ -573,15 +572,40 @@ func (p *respReader) chunked(limit int) ([]byte, error) {
 		if trailer += len(ln) + 2; trailer > maxHeaderBytes {
 			return nil, badResponse("trailer section larger than %d bytes", maxHeaderBytes)
 		}
-		if ln[0] == ' ' || ln[0] == '\t' || bytes.IndexByte(ln, ':') <= 0 {
-			return nil, badResponse("trailer line %q", clipPrintable(string(ln), 80))
+		if _, _, err := headerLine(ln, "trailer"); err != nil {
+			return nil, err
 		}
 	}
 	return p.buf[bs:w], nil
 }
 
-// parseChunkSize reads "HEX[;ext...]" with optional whitespace before the
-// extensions, which are ignored.
+// headerLine splits "Name: value" (a header or trailer field line without
+// its CRLF) and checks its syntax.
+func headerLine(ln []byte, what string) (name, val []byte, err error) {
+	if len(ln) == 0 || ln[0] == ' ' || ln[0] == '\t' {
+		return nil, nil, badResponse("folded or empty %s line", what)
+	}
+	colon := bytes.IndexByte(ln, ':')
+	if colon <= 0 {
+		return nil, nil, badResponse("%s line without a name: %q", what, clipPrintable(string(ln), 80))
+	}
+	name, val = ln[:colon], bytes.Trim(ln[colon+1:], " \t")
+	for _, c := range name {
+		if !isTokenByte(c) {
+			return nil, nil, badResponse("%s name %q", what, clipPrintable(string(name), 80))
+		}
+	}
+	for _, c := range val {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return nil, nil, badResponse("control byte in %s %s", what, name)
+		}
+	}
+	return name, val, nil
+}
+
+// parseChunkSize reads "HEX[;ext...]" or "HEX" and trailing whitespace;
+// extensions are ignored. Whitespace before ';' (RFC 9112's BWS) is
+// refused, as net/http does.
 func parseChunkSize(ln []byte) (int, bool) {
 	n, i := 0, 0
 	for ; i < len(ln); i++ {
@@ -606,10 +630,12 @@ rest:
 	if i == 0 {
 		return 0, false
 	}
-	for ; i < len(ln) && (ln[i] == ' ' || ln[i] == '\t'); i++ {
-	}
 	if i < len(ln) && ln[i] != ';' {
-		return 0, false
+		for _, c := range ln[i:] {
+			if c != ' ' && c != '\t' {
+				return 0, false
+			}
+		}
 	}
 	for _, c := range ln[i:] {
 		if (c < ' ' && c != '\t') || c == 0x7f {
