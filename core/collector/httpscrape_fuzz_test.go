@@ -82,4 +82,3 @@ func (s *smallReader) Read(p []byte) (int, error) {
 	}
 	return s.r.Read(p)
 }
-
