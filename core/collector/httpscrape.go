@@ -87,9 +87,10 @@ func newScrapeConn(rawURL string, timeout time.Duration, limit int64) (*scrapeCo
 			}
 		}
 	}
-	if limit <= 0 || limit > 1<<40 {
+	if limit <= 0 {
 		limit = metrics.DefaultLimit
 	}
+	limit = min(limit, 1<<40) // an int on every platform the router runs on
 	// No Accept header: vLLM then serves the classic text format. No
 	// Accept-Encoding: the body comes uncompressed.
 	req := "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: kvc-router\r\n\r\n"
@@ -135,7 +136,7 @@ func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []
 		d := net.Dialer{Deadline: deadline}
 		c, err := d.DialContext(ctx, "tcp", s.addr)
 		if err != nil {
-			return nil, false, fmt.Errorf("metrics: %s: %w", s.url, err)
+			return nil, false, s.wrapIOErr(err, "connecting")
 		}
 		s.conn = c
 		// Close aborts a scrape in flight through the conn's deadline,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -425,4 +426,34 @@ func TestPollerBadHTTP(t *testing.T) {
 	}
 	bad.Store(false)
 	waitFor(t, "healthy", 2*time.Second, func() bool { return r.Status().Servers[0].Running == 3 && !p.Status()[0].Unhealthy })
+}
+
+// TestPollerHTTPSFallsBack: an https URL goes through net/http (TLS), never
+// the plain scrape client; a configured Client is used for every URL.
+func TestPollerHTTPSFallsBack(t *testing.T) {
+	eng := &fakeEngine{}
+	eng.mode.Store("ok")
+	srv := httptest.NewTLSServer(eng)
+	defer srv.Close()
+	for _, custom := range []bool{false, true} {
+		r, _ := router.New(router.Config{})
+		_ = r.AddServers([]string{"tls"})
+		cfg := PollerConfig{Interval: 10 * time.Millisecond, URLs: map[string]string{"tls": srv.URL + "/metrics"}}
+		if custom {
+			cfg.Client = srv.Client() // trusts the test certificate
+		}
+		p := NewPoller(r, cfg)
+		p.Start()
+		if custom {
+			waitFor(t, "scraped over TLS", 2*time.Second, func() bool { return r.Status().Servers[0].Load.HasMetric })
+		} else {
+			// The default client does not trust the test certificate:
+			// the error proves a TLS handshake was attempted.
+			waitFor(t, "TLS error", 2*time.Second, func() bool {
+				st := p.Status()
+				return len(st) == 1 && strings.Contains(st[0].LastError, "certificate")
+			})
+		}
+		_ = p.Close()
+	}
 }
