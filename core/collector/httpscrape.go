@@ -237,8 +237,7 @@ type response struct {
 
 // respReader holds one response's bytes in buf: buf[:n] has been read,
 // buf[r:n] is not yet consumed. Chunked bodies are decoded in place into
-// buf[bs:w] (w <= r always: the framing removed is never shorter than
-// zero bytes).
+// buf[bs:w] (w <= r always: decoding only removes framing bytes).
 type respReader struct {
 	rd   io.Reader
 	buf  []byte
@@ -269,7 +268,10 @@ func (p *respReader) more(keep, need int) error {
 		copy(nb, p.buf[:p.n])
 		p.buf = nb
 	}
-	for {
+	for empty := 0; ; empty++ {
+		if empty == 100 {
+			return io.ErrNoProgress // a Reader breaking its contract
+		}
 		k, err := p.rd.Read(p.buf[p.n:])
 		p.n += k
 		p.got += k
@@ -289,7 +291,7 @@ func (p *respReader) more(keep, need int) error {
 }
 
 // line returns the next CRLF-terminated line of buf[r:] (without CRLF),
-// reading more as needed, and consumes it. keep is passed to more; max
+// reading more as needed, and consumes it. keep is passed to more; maxLen
 // bounds the line's length.
 func (p *respReader) line(keep, maxLen int, what string) ([]byte, error) {
 	from := p.r
