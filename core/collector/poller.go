@@ -32,7 +32,10 @@ type PollerConfig struct {
 	// http://<server id>/metrics (or <server id>/metrics when the id
 	// already carries a scheme).
 	URLs map[string]string
-	// Client is the HTTP client; nil builds one with the timeout.
+	// Client, when set, fetches every URL through net/http. Left nil,
+	// plain http:// URLs use the poller's own HTTP/1.1 client
+	// (httpscrape.go) and the rest (https, credentials in the URL) a
+	// default net/http client.
 	Client *http.Client
 	// Logger receives health changes; nil means slog.Default().
 	Logger *slog.Logger
@@ -88,8 +91,10 @@ func MetricsURL(server string) string {
 type target struct {
 	// url is resolved once; kick wakes the target's worker for one scrape
 	// (buffered 1, sent only when not running), closed when the target
-	// leaves the pool.
+	// leaves the pool. sc, used only by the worker, is the target's own
+	// client; nil means net/http.
 	url       string
+	sc        *scrapeConn
 	kick      chan struct{}
 	failures  int
 	nextAt    time.Time
@@ -116,17 +121,20 @@ type TargetStatus struct {
 // Poller scrapes every pool member's /metrics on an interval. It follows the
 // router's pool as servers come and go.
 type Poller struct {
-	r      *router.Router
-	cfg    PollerConfig
-	mu     sync.Mutex
-	tgts   map[string]*target
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	r   *router.Router
+	cfg PollerConfig
+	// ownClient: no Client was configured, so plain http URLs use
+	// scrapeConn.
+	ownClient bool
+	mu        sync.Mutex
+	tgts      map[string]*target
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // NewPoller prepares a poller; Start begins it.
 func NewPoller(r *router.Router, cfg PollerConfig) *Poller {
-	return &Poller{r: r, cfg: cfg.withDefaults(), tgts: make(map[string]*target)}
+	return &Poller{r: r, cfg: cfg.withDefaults(), ownClient: cfg.Client == nil, tgts: make(map[string]*target)}
 }
 
 // Start runs the poller until Close.
@@ -182,6 +190,9 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 		tg, ok := p.tgts[s]
 		if !ok {
 			tg = &target{url: p.url(s), kick: make(chan struct{}, 1)}
+			if p.ownClient {
+				tg.sc, _ = newScrapeConn(tg.url, p.cfg.Timeout, p.cfg.MaxBytes)
+			}
 			p.tgts[s] = tg
 			p.wg.Add(1)
 			go p.worker(ctx, s, tg)
@@ -204,6 +215,9 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 // or the poller closes.
 func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 	defer p.wg.Done()
+	if tg.sc != nil {
+		defer tg.sc.close()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -218,7 +232,7 @@ func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 }
 
 func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
-	m, err := p.fetch(ctx, tg.url)
+	m, err := p.fetch(ctx, tg)
 	if ctx.Err() != nil {
 		p.mu.Lock()
 		tg.running = false
@@ -232,7 +246,8 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 	tg.scrapes++
 	if err != nil {
 		tg.errors++
-		if errors.Is(err, metrics.ErrMalformed) || errors.Is(err, metrics.ErrNoMetrics) || errors.Is(err, metrics.ErrTooLarge) {
+		if errors.Is(err, metrics.ErrMalformed) || errors.Is(err, metrics.ErrNoMetrics) || errors.Is(err, metrics.ErrTooLarge) ||
+			errors.Is(err, ErrBadResponse) {
 			tg.malformed++
 		}
 		tg.failures++
@@ -260,7 +275,15 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 	p.r.UpdateMetrics(server, m)
 }
 
-func (p *Poller) fetch(ctx context.Context, url string) (load.Metrics, error) {
+func (p *Poller) fetch(ctx context.Context, tg *target) (load.Metrics, error) {
+	if tg.sc != nil {
+		body, err := tg.sc.get(ctx)
+		if err != nil {
+			return load.Metrics{}, err
+		}
+		return metrics.ParseBytes(body, p.cfg.Flavor, p.cfg.MaxBytes)
+	}
+	url := tg.url
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

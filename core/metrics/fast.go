@@ -3,6 +3,7 @@ package metrics
 import (
 	"bytes"
 	"strconv"
+	"sync"
 
 	dto "github.com/prometheus/client_model/go"
 )
@@ -18,16 +19,23 @@ import (
 // and the caller runs expfmt, which stays the reference parser and
 // validator (a test checks both agree on every fixture and fuzz seed).
 func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
-	fams := make(map[string]*dto.MetricFamily, 12)
+	return new(fastArena).readFamilies(text)
+}
+
+// readFamilies is fastFamilies with a's memory; the result is valid until
+// a.reset.
+func (a *fastArena) readFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
+	if a.fams == nil {
+		a.fams, a.seenHelp = make(map[string]*dto.MetricFamily, 16), make(map[string]bool, 16)
+	}
+	fams, seenHelp := a.fams, a.seenHelp
 	// One string holds all kept text: names and label values are its
 	// substrings, and the protobuf structs come from slabs, so a scrape
 	// costs a few dozen allocations instead of one per field.
 	str := string(text)
 	base := 0 // offset of the current line in str
-	var a fastArena
 	a.size(text)
 	var cur *dto.MetricFamily
-	seenHelp := map[string]bool{}
 	for len(text) > 0 {
 		var line []byte
 		lineAt := base
@@ -112,7 +120,7 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 		m := a.metrics.next()
 		if len(rest) > 0 && rest[0] == '{' {
 			var okL bool
-			if m.Label, rest, okL = fastLabels(rest, sub, &a); !okL {
+			if m.Label, rest, okL = fastLabels(rest, sub, a); !okL {
 				return nil, false
 			}
 		}
@@ -132,13 +140,17 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 		case f.Type == nil:
 			t := dto.MetricType_UNTYPED
 			f.Type = &t
-			m.Untyped = &dto.Untyped{Value: v}
+			m.Untyped = a.untyped.next()
+			m.Untyped.Value = v
 		case *f.Type == dto.MetricType_GAUGE:
-			m.Gauge = &dto.Gauge{Value: v}
+			m.Gauge = a.gauges.next()
+			m.Gauge.Value = v
 		case *f.Type == dto.MetricType_COUNTER:
-			m.Counter = &dto.Counter{Value: v}
+			m.Counter = a.counters.next()
+			m.Counter.Value = v
 		default:
-			m.Untyped = &dto.Untyped{Value: v}
+			m.Untyped = a.untyped.next()
+			m.Untyped.Value = v
 		}
 		for _, o := range f.Metric {
 			if sameLabels(o.Label, m.Label) {
@@ -156,13 +168,17 @@ func fastFamilies(text []byte) (map[string]*dto.MetricFamily, bool) {
 }
 
 // fastLabels parses `{a="x",b="y"}` (optionally with a trailing comma) and
-// returns the pairs and the rest of the line.
+// returns the pairs and the rest of the line. The pairs' slice is a
+// capacity-capped window of a.lps, so no later append can overwrite it.
 func fastLabels(s []byte, sub func([]byte) string, a *fastArena) ([]*dto.LabelPair, []byte, bool) {
 	s = s[1:]
-	var out []*dto.LabelPair
+	start := len(a.lps)
 	for {
 		if len(s) > 0 && s[0] == '}' {
-			return out, s[1:], true
+			if len(a.lps) == start {
+				return nil, s[1:], true
+			}
+			return a.lps[start:len(a.lps):len(a.lps)], s[1:], true
 		}
 		n := 0
 		for n < len(s) && (s[n] == '_' || (s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') || (n > 0 && s[n] >= '0' && s[n] <= '9')) {
@@ -180,14 +196,14 @@ func fastLabels(s []byte, sub func([]byte) string, a *fastArena) ([]*dto.LabelPa
 		if end < 0 || bytes.IndexByte(s[:end], '\\') >= 0 || bytes.IndexByte(s[:end], '\n') >= 0 {
 			return nil, nil, false
 		}
-		for _, l := range out {
+		for _, l := range a.lps[start:] {
 			if l.GetName() == name {
 				return nil, nil, false
 			}
 		}
 		lp := a.labels.next()
 		lp.Name, lp.Value = a.str(name), a.str(sub(s[:end]))
-		out = append(out, lp)
+		a.lps = append(a.lps, lp)
 		s = s[end+1:]
 		if len(s) > 0 && s[0] == ',' {
 			s = s[1:]
@@ -222,6 +238,19 @@ func sameLabels(a, b []*dto.LabelPair) bool {
 // valid because a full chunk is replaced, never grown.
 type slab[T any] struct{ buf []T }
 
+// reserve makes the current chunk hold n more before the next allocation.
+func (s *slab[T]) reserve(n int) {
+	if cap(s.buf)-len(s.buf) < n {
+		s.buf = make([]T, 0, n)
+	}
+}
+
+// reset zeroes what was handed out and keeps the current chunk.
+func (s *slab[T]) reset() {
+	clear(s.buf)
+	s.buf = s.buf[:0]
+}
+
 func (s *slab[T]) next() *T {
 	if len(s.buf) == cap(s.buf) {
 		s.buf = make([]T, 0, 32)
@@ -230,27 +259,66 @@ func (s *slab[T]) next() *T {
 	return &s.buf[len(s.buf)-1]
 }
 
-// fastArena batches the allocations of one fastFamilies call.
+// fastArena batches the allocations of fastFamilies calls. parse reuses
+// one from arenaPool: a scrape then allocates little more than its kept
+// text as one string.
 type fastArena struct {
 	strs     slab[string]
 	floats   slab[float64]
 	labels   slab[dto.LabelPair]
 	metrics  slab[dto.Metric]
 	families slab[dto.MetricFamily]
+	gauges   slab[dto.Gauge]
+	counters slab[dto.Counter]
+	untyped  slab[dto.Untyped]
+	lps      []*dto.LabelPair // backs every Metric.Label
+	fams     map[string]*dto.MetricFamily
+	seenHelp map[string]bool
 }
 
-// size gives each slab's first chunk an upper bound of what text needs, so
-// a scrape takes one chunk per slab.
+// size gives each slab room for an upper bound of what text needs, so a
+// scrape takes at most one chunk per slab.
 func (a *fastArena) size(text []byte) {
 	lines := bytes.Count(text, []byte{'\n'}) + 1
 	labels := bytes.Count(text, []byte{'=', '"'})
 	fams := min(lines, 16)
-	a.strs.buf = make([]string, 0, 2*labels+2*fams)
-	a.floats.buf = make([]float64, 0, lines)
-	a.labels.buf = make([]dto.LabelPair, 0, labels)
-	a.metrics.buf = make([]dto.Metric, 0, lines)
-	a.families.buf = make([]dto.MetricFamily, 0, fams)
+	a.strs.reserve(2*labels + 2*fams)
+	a.floats.reserve(lines)
+	a.labels.reserve(labels)
+	a.metrics.reserve(lines)
+	a.families.reserve(fams)
+	a.gauges.reserve(lines)
+	a.counters.reserve(lines)
+	a.untyped.reserve(lines)
+	if cap(a.lps)-len(a.lps) < labels {
+		a.lps = make([]*dto.LabelPair, 0, labels)
+	}
 }
+
+// reset drops every reference handed out, keeping the memory. Nothing
+// from a readFamilies call may be used after it.
+func (a *fastArena) reset() {
+	a.strs.reset()
+	a.floats.reset()
+	a.labels.reset()
+	a.metrics.reset()
+	a.families.reset()
+	a.gauges.reset()
+	a.counters.reset()
+	a.untyped.reset()
+	clear(a.lps)
+	a.lps = a.lps[:0]
+	clear(a.fams)
+	clear(a.seenHelp)
+}
+
+// pooled reports whether a is small enough to keep for the next scrape:
+// one hostile body must not pin its memory in the pool.
+func (a *fastArena) pooled() bool {
+	return cap(a.metrics.buf) <= 4096 && cap(a.lps) <= 16384 && len(a.fams) <= 64
+}
+
+var arenaPool = sync.Pool{New: func() any { return new(fastArena) }}
 
 func (a *fastArena) str(s string) *string {
 	p := a.strs.next()

@@ -3,6 +3,7 @@ package metrics
 import (
 	"bytes"
 	"fmt"
+	"sort"
 	"strconv"
 	"sync"
 )
@@ -56,6 +57,7 @@ func set(names ...string) *familySet {
 			fs.all = append(fs.all, n)
 		}
 	}
+	sort.Strings(fs.all) // for extends' binary search
 	return fs
 }
 
@@ -64,7 +66,7 @@ func set(names ...string) *familySet {
 // length, the rest by one or two byte comparisons, with no hashing.
 type familySet struct {
 	byLen [128][]string
-	all   []string
+	all   []string // sorted
 }
 
 // isWanted reports whether name is one of wanted's families.
@@ -104,8 +106,11 @@ func (f *filtered) setFamily(name []byte, wanted *familySet) {
 		return // the TYPE line after its HELP line
 	}
 	f.family, f.familyUnread, f.blockSkip = f.family[:0], false, false
-	for i, c := range name {
-		if !isNameByte(c, i == 0) {
+	if len(name) == 0 || nameByte[name[0]] != 1 {
+		return
+	}
+	for _, c := range name[1:] {
+		if nameByte[c] == 0 {
 			return
 		}
 	}
@@ -119,8 +124,19 @@ func (f *filtered) setFamily(name []byte, wanted *familySet) {
 // extends reports whether some wanted name is longer than prefix and
 // starts with it.
 func (fs *familySet) extends(prefix []byte) bool {
-	for _, w := range fs.all {
-		if len(w) > len(prefix) && w[:len(prefix)] == string(prefix) {
+	// all is sorted: the names starting with prefix directly follow its
+	// lower bound.
+	lo, hi := 0, len(fs.all)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if fs.all[m] < string(prefix) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	for ; lo < len(fs.all) && len(fs.all[lo]) >= len(prefix) && fs.all[lo][:len(prefix)] == string(prefix); lo++ {
+		if len(fs.all[lo]) > len(prefix) {
 			return true
 		}
 	}
@@ -198,7 +214,20 @@ func (f *filtered) checkLine(line []byte, wanted *familySet) (bool, error) {
 	if line[0] == '#' {
 		// "# HELP name ..." / "# TYPE name type"; anything else is a comment
 		// (including OpenMetrics "# EOF" and "# UNIT").
-		kw, rest := word(line[1:])
+		var kw, rest []byte
+		if len(line) > 7 && line[1] == ' ' && line[6] == ' ' && (string(line[2:6]) == "HELP" || string(line[2:6]) == "TYPE") {
+			// The canonical spelling, split without the word scanner.
+			kw, rest = line[2:6], line[6:]
+			// The TYPE line after its family's HELP line (or the
+			// reverse) names the current family again: setFamily would
+			// change nothing, and a family the flavor does not read
+			// keeps nothing.
+			if fam := f.family; f.familyUnread && bytes.HasPrefix(rest[1:], fam) && (len(rest) == 1+len(fam) || rest[1+len(fam)] == ' ') {
+				return false, nil
+			}
+		} else {
+			kw, rest = word(line[1:])
+		}
 		if string(kw) != "HELP" && string(kw) != "TYPE" {
 			return false, nil
 		}

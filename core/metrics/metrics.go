@@ -133,7 +133,16 @@ func parse(body []byte, flavor Flavor) (load.Metrics, error) {
 	if err := fb.filter(body, wanted); err != nil {
 		return load.Metrics{}, err
 	}
-	fams, ok := fastFamilies(fb.text)
+	a := arenaPool.Get().(*fastArena)
+	defer func() {
+		// fams (from a) is only read below; m holds no references into it.
+		keep := a.pooled()
+		a.reset()
+		if keep {
+			arenaPool.Put(a)
+		}
+	}()
+	fams, ok := a.readFamilies(fb.text)
 	var err error
 	if !ok {
 		fams, err = expfmtFamilies(fb.text)
