@@ -51,9 +51,56 @@ const (
 // package-level AppendKeys does, reusing remembered keys for the longest
 // remembered prefix, and remembers this prompt.
 func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) []uint64 {
+	start := len(dst)
+	dst, hit := m.Lookup(dst, tokens, blockSize, namespace)
+	dst = AppendMore(dst, start, tokens, blockSize, namespace)
+	m.Remember(hit, tokens, dst[start:])
+	return dst
+}
+
+// AppendMore completes dst[start:], the keys of tokens' leading blocks, to
+// the keys of every full block, hashing from the last key present (or
+// from the root when there is none).
+func AppendMore(dst []uint64, start int, tokens []int32, blockSize int, namespace uint64) []uint64 {
+	nb := FullBlocks(len(tokens), blockSize)
+	have := len(dst) - start
+	if have >= nb {
+		return dst
+	}
+	parent := Root(namespace, blockSize)
+	if have > 0 {
+		parent = dst[len(dst)-1]
+	}
+	for i := have; i < nb; i++ {
+		parent = Chain(parent, tokens[i*blockSize:(i+1)*blockSize])
+		dst = append(dst, parent)
+	}
+	return dst
+}
+
+// MemoHit is what Lookup found; Remember takes it back with the prompt's
+// keys. It is valid until the Memo is next used.
+type MemoHit struct {
+	best, common, nb int
+	bs               int
+	ns, first, last  uint64
+	ok               bool // false: nothing to remember
+}
+
+// Known reports how many leading keys Lookup appended.
+func (h MemoHit) Known() int { return h.common }
+
+// Lookup appends the keys of tokens' longest remembered leading blocks to
+// dst (at least block 0's, when tokens holds a full block) and returns what
+// Remember needs. A caller completes the keys (AppendMore, or hashing
+// interleaved with other work) and passes all of them to Remember: split
+// this way, the blocks a memo does not know can be hashed while the index
+// is probed for the ones already hashed.
+func (m *Memo) Lookup(dst []uint64, tokens []int32, blockSize int, namespace uint64) ([]uint64, MemoHit) {
 	nb := FullBlocks(len(tokens), blockSize)
 	if nb == 0 || !littleEndian {
-		return AppendKeys(dst, tokens, blockSize, namespace)
+		dst = AppendKeys(dst, tokens, blockSize, namespace)
+		return dst, MemoHit{common: nb}
 	}
 	m.clock++
 	first := Chain(Root(namespace, blockSize), tokens[:blockSize])
@@ -106,7 +153,6 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 			}
 		}
 	}
-	start := len(dst)
 	if best >= 0 {
 		e := &m.entries[best]
 		e.used = m.clock
@@ -115,13 +161,16 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 		dst = append(dst, first)
 		common = 1
 	}
-	parent := dst[len(dst)-1]
-	for i := common; i < nb; i++ {
-		parent = chainLE(parent, tb[i*w:(i+1)*w])
-		dst = append(dst, parent)
+	return dst, MemoHit{best: best, common: common, nb: nb, bs: blockSize, ns: namespace, first: first, last: last, ok: true}
+}
+
+// Remember records tokens with keys, the keys of all its full blocks, as
+// found by the Lookup that returned h.
+func (m *Memo) Remember(h MemoHit, tokens []int32, keys []uint64) {
+	if !h.ok || len(keys) != h.nb {
+		return
 	}
-	m.remember(best, common, nb, tokens[:nb*blockSize], dst[start:], blockSize, namespace, first, last)
-	return dst
+	m.remember(h.best, h.common, h.nb, tokens[:h.nb*h.bs], keys, h.bs, h.ns, h.first, h.last)
 }
 
 // commonBlocks counts the leading whole blocks a and b share.

@@ -26,13 +26,21 @@ func mergeRound(acc, val uint64) uint64 {
 	return acc*prime1 + prime4
 }
 
-// chainLE returns xxhash64 of (parent as 8 little-endian bytes ++ tb)
+// Chain returns the key of a block whose parent key is parent: xxhash64
+// of (parent as 8 little-endian bytes ++ the block's tokens as 4-byte
+// little-endian integers).
+//
+// On little-endian hosts it hashes the parent and the tokens in place,
 // without first copying the two into one buffer: the copy and the call into
 // the generic hasher cost as much as the hashing of a 72-byte block. It is
 // the same function as xxhash.Sum64 over the concatenation (tested), so keys
-// do not change. tb is the block's tokens viewed as little-endian bytes; its
-// length is a multiple of 4.
-func chainLE(parent uint64, tb []byte) uint64 {
+// do not change. The hash is one function, not a wrapper around one, so a
+// caller's per-block loop pays a single call.
+func Chain(parent uint64, block []int32) uint64 {
+	if !littleEndian {
+		return chainPortable(parent, block)
+	}
+	tb := tokenBytes(block)
 	n := uint64(8 + len(tb))
 	var h uint64
 	if n >= 32 {

@@ -513,18 +513,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if cap(scratch) < len(ix.servers) {
-		scratch = make([]int32, len(ix.servers))
-	}
-	pos := scratch[:len(ix.servers)]
-	for i := range pos {
-		pos[i] = 0
-	}
-	for i, id := range ids {
-		if int(id) < len(pos) {
-			pos[id] = int32(i + 1)
-		}
-	}
+	pos := ix.candidatePos(ids, scratch)
 	now := ix.tick(ix.cfg.Now())
 	// The walk below is the routing hot path: pages and pos are hoisted
 	// into locals and the record is addressed inline, so each chain step
@@ -532,7 +521,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	pages := ix.pages
 	out = out[:len(ids)]
 	if len(ids) <= 64 {
-		ix.matchMasked(keys, ids, out, pos, now)
+		ix.matchMasked(keys, out, pos, now)
 		return pos
 	}
 	for b, k := range keys {
@@ -576,70 +565,109 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	return pos
 }
 
-// matchMasked is MatchPrefix for up to 64 candidates, the common case.
+// masked is the state of MatchPrefix for up to 64 candidates, the common
+// case, fed one key at a time (step) so that MatchPrefixChain can derive
+// each key just before it is matched.
 // Each block yields bitmasks of the candidates holding it per best tier, so
 // a block costs its chain walk plus a few word operations rather than a
 // read-modify-write of every advancing candidate's Match: candidates drop
 // out of the alive mask, and blocks on which every alive candidate is on
 // GPU (almost all of them) are counted once for all.
-func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []int32, now uint32) {
-	pages := ix.pages
-	alive := ^uint64(0) >> (64 - len(ids))
-	allGPU := 0 // blocks so far on which every alive candidate was on GPU
-	drop := func(mask uint64, blocks int) {
-		for ; mask != 0; mask &= mask - 1 {
-			m := &out[bits.TrailingZeros64(mask)]
-			m.Blocks = blocks
-			m.Tier[GPU] += allGPU
-		}
+type masked struct {
+	keys   *u64map
+	pages  [][]rec
+	pos    []int32
+	out    []Match
+	now    uint32
+	alive  uint64
+	allGPU int // blocks so far on which every alive candidate was on GPU
+	b      int // blocks stepped so far
+}
+
+func (ix *Index) newMasked(out []Match, pos []int32, now uint32) masked {
+	return masked{keys: &ix.keys, pages: ix.pages, pos: pos, out: out, now: now,
+		alive: ^uint64(0) >> (64 - len(out))}
+}
+
+// drop ends the candidates in mask at blocks matched.
+func (m *masked) drop(mask uint64, blocks int) {
+	for ; mask != 0; mask &= mask - 1 {
+		o := &m.out[bits.TrailingZeros64(mask)]
+		o.Blocks = blocks
+		o.Tier[GPU] += m.allGPU
 	}
-	end := len(keys)
-	for b, k := range keys {
-		r, ok := ix.keys.Get(k)
-		if !ok {
-			end = b
-			break
-		}
-		var g, c, sd uint64
-		for r != nilRec {
-			rc := &pages[r>>pageShift][r&(pageSize-1)]
-			r = rc.next
-			p := pos[rc.server]
-			if p == 0 {
-				continue
-			}
-			bit := uint64(1) << (p - 1)
-			switch {
-			case rc.cnt[GPU] > 0 || rc.spec > now:
-				g |= bit
-			case rc.cnt[CPU] > 0:
-				c |= bit
-			case rc.cnt[SSD] > 0:
-				sd |= bit
-			}
-		}
-		g, c, sd = g&alive, c&alive, sd&alive
-		next := g | c | sd
-		drop(alive&^next, b)
-		alive = next
-		if alive == 0 {
-			return
-		}
-		if g == alive {
-			allGPU++
+}
+
+// step matches the next block's key and reports whether any candidate
+// still holds every block so far; after false the answer is final.
+func (m *masked) step(k uint64) bool {
+	b := m.b
+	m.b++
+	r, ok := m.keys.Get(k)
+	if !ok {
+		m.drop(m.alive, b)
+		m.alive = 0
+		return false
+	}
+	pages, pos, now := m.pages, m.pos, m.now
+	var g, c, sd uint64
+	for r != nilRec {
+		rc := &pages[r>>pageShift][r&(pageSize-1)]
+		r = rc.next
+		p := pos[rc.server]
+		if p == 0 {
 			continue
 		}
-		for m := g; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[GPU]++
-		}
-		for m := c; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[CPU]++
-		}
-		for m := sd; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[SSD]++
+		bit := uint64(1) << (p - 1)
+		switch {
+		case rc.cnt[GPU] > 0 || rc.spec > now:
+			g |= bit
+		case rc.cnt[CPU] > 0:
+			c |= bit
+		case rc.cnt[SSD] > 0:
+			sd |= bit
 		}
 	}
-	drop(alive, end)
+	alive := m.alive
+	g, c, sd = g&alive, c&alive, sd&alive
+	next := g | c | sd
+	m.drop(alive&^next, b)
+	m.alive = next
+	if next == 0 {
+		return false
+	}
+	if g == next {
+		m.allGPU++
+		return true
+	}
+	out := m.out
+	for x := g; x != 0; x &= x - 1 {
+		out[bits.TrailingZeros64(x)].Tier[GPU]++
+	}
+	for x := c; x != 0; x &= x - 1 {
+		out[bits.TrailingZeros64(x)].Tier[CPU]++
+	}
+	for x := sd; x != 0; x &= x - 1 {
+		out[bits.TrailingZeros64(x)].Tier[SSD]++
+	}
+	return true
+}
+
+// finish settles the candidates still alive after the last key.
+func (m *masked) finish() {
+	m.drop(m.alive, m.b)
+	m.alive = 0
+}
+
+// matchMasked is MatchPrefix for up to 64 candidates.
+func (ix *Index) matchMasked(keys []uint64, out []Match, pos []int32, now uint32) {
+	m := ix.newMasked(out, pos, now)
+	for _, k := range keys {
+		if !m.step(k) {
+			return
+		}
+	}
+	m.finish()
 }
 
 const (

@@ -561,11 +561,14 @@ func (r *Router) fillCandidates(req *Request) int {
 				next = i
 			}
 		}
-		keys := r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, ns)
-		r.keys[bs] = keys
+		// The memo supplies the keys of blocks shared with a recent
+		// prompt; the index hashes the rest while it walks the prefix.
+		keys, hit := r.memo.Lookup(r.keys[bs][:0], req.Tokens, bs, ns)
 		hittable := blockhash.HittableBlocks(len(req.Tokens), bs)
 		r.matches = grow(r.matches, len(r.members))
-		r.scratch = r.ix.MatchPrefix(keys[:hittable], r.ids, r.matches, r.scratch)
+		keys, r.scratch = r.ix.MatchPrefixChain(keys, req.Tokens, bs, ns, hittable, r.ids, r.matches, r.scratch)
+		r.memo.Remember(hit, req.Tokens, keys)
+		r.keys[bs] = keys
 		for j, i := range r.members {
 			r.cands[i].Hit = r.matches[j]
 			r.cands[i].HittableBlocks = hittable

@@ -1,0 +1,88 @@
+package index
+
+import "github.com/kvc-router/kvc-router/core/blockhash"
+
+// MatchPrefixChain is MatchPrefix for a prompt whose block keys are not all
+// known yet. keys holds the keys of the prompt's leading blocks (any
+// number, possibly none); the rest are chained from the last of them, or
+// from blockhash.Root(namespace, blockSize) when keys is empty, exactly as
+// blockhash.AppendKeys derives them. It returns keys completed to every
+// full block of tokens, and scratch; out answers ids over the first
+// hittable keys, as MatchPrefix(keys[:hittable], ...) would.
+//
+// Why: the chained hash is a serial chain of multiplies (about 60 cycles a
+// block) and the prefix walk is a chain of dependent loads; run one after
+// the other they add up, but when block i+1 is hashed in the same loop
+// iteration that walks block i, the CPU overlaps the two (neither waits on
+// the other), and the hash of an 8k prompt costs little beyond the walk.
+// Hashing continues past the end of the match because the callers need
+// every key (speculation records the blocks beyond the matched prefix, the
+// key memo keeps them for siblings).
+func (ix *Index) MatchPrefixChain(keys []uint64, tokens []int32, blockSize int, namespace uint64, hittable int, ids []ServerID, out []Match, scratch []int32) ([]uint64, []int32) {
+	nb := blockhash.FullBlocks(len(tokens), blockSize)
+	hittable = max(0, min(hittable, nb))
+	if len(ids) > 64 || len(ids) == 0 || hittable == 0 || len(keys) >= hittable {
+		// Nothing to overlap: the known keys cover the match (a memo
+		// hit), or the general walk is needed.
+		keys = blockhash.AppendMore(keys, 0, tokens, blockSize, namespace)
+		return keys, ix.MatchPrefix(keys[:hittable], ids, out, scratch)
+	}
+	for i := range out[:len(ids)] {
+		out[i] = Match{}
+	}
+	parent := blockhash.Root(namespace, blockSize)
+	if len(keys) > 0 {
+		parent = keys[len(keys)-1]
+	}
+	ix.mu.RLock()
+	pos := ix.candidatePos(ids, scratch)
+	m := ix.newMasked(out[:len(ids)], pos, ix.tick(ix.cfg.Now()))
+	b := 0
+	// Keys already known: walk only.
+	for ; b < len(keys); b++ {
+		if !m.step(keys[b]) {
+			break
+		}
+	}
+	if b == len(keys) {
+		// Hash block b+1 in the iteration that walks block b: the hash's
+		// chain does not depend on the walk, so their latencies overlap.
+		parent = blockhash.Chain(parent, tokens[b*blockSize:(b+1)*blockSize])
+		keys = append(keys, parent)
+		for ; b < hittable; b++ {
+			if n := len(keys); n < nb {
+				parent = blockhash.Chain(parent, tokens[n*blockSize:(n+1)*blockSize])
+				keys = append(keys, parent)
+			}
+			if !m.step(keys[b]) {
+				break
+			}
+		}
+		if b == hittable {
+			m.finish()
+		}
+	}
+	ix.mu.RUnlock()
+	// The rest is hashed outside the lock: event ingest may write meanwhile.
+	keys = blockhash.AppendMore(keys, 0, tokens, blockSize, namespace)
+	return keys, pos
+}
+
+// candidatePos maps server ids to their 1-based position in ids (0 for a
+// server that is not a candidate), in scratch grown to the server table.
+// The caller holds the lock.
+func (ix *Index) candidatePos(ids []ServerID, scratch []int32) []int32 {
+	if cap(scratch) < len(ix.servers) {
+		scratch = make([]int32, len(ix.servers))
+	}
+	pos := scratch[:len(ix.servers)]
+	for i := range pos {
+		pos[i] = 0
+	}
+	for i, id := range ids {
+		if int(id) < len(pos) {
+			pos[id] = int32(i + 1)
+		}
+	}
+	return pos
+}
