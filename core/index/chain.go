@@ -35,8 +35,8 @@ func (ix *Index) MatchPrefixChain(keys []uint64, tokens []int32, blockSize int, 
 		parent = keys[len(keys)-1]
 	}
 	ix.mu.RLock()
-	pos := ix.candidatePos(ids, scratch)
-	m := ix.newMasked(out[:len(ids)], pos, ix.tick(ix.cfg.Now()))
+	var m masked
+	pos := ix.newMasked(&m, ids, out[:len(ids)], scratch, ix.tick(ix.cfg.Now()))
 	b := 0
 	// Keys already known: walk only.
 	for ; b < len(keys); b++ {

@@ -134,6 +134,66 @@ type rec struct {
 // empty reports whether no tier holds a copy.
 func (rc *rec) empty() bool { return rc.cnt == [NumTiers]uint8{} }
 
+// keyVal is the block-key table's value: the head of the key's record
+// chain and a summary of the chain. The summary lets the routing walk skip
+// the chain in the common case (every copy of the block confirmed on GPU
+// by events, on servers numbered below 64): the walk then needs the key's
+// table slot alone, and a cold prompt's blocks cost one cache miss each
+// instead of one per record.
+type keyVal struct {
+	head uint32
+	// loose counts the chain's records that hold the block in a way gpu
+	// does not capture (a lower tier only, speculation, server >= 64);
+	// the walk reads the chain when it is not zero.
+	loose uint32
+	// gpu has bit s set when server s (< 64) holds the block on GPU.
+	gpu uint64
+}
+
+// Record classes for the key summary (keyVal).
+const (
+	classNone  = iota // holds nothing: invisible to a match
+	classGPU          // in keyVal.gpu
+	classLoose        // counted in keyVal.loose
+)
+
+// class is how the key summary counts rc.
+func (rc *rec) class() uint8 {
+	switch {
+	case rc.cnt[GPU] > 0 && rc.server < 64:
+		return classGPU
+	case rc.cnt[GPU] > 0 || rc.cnt[CPU] > 0 || rc.cnt[SSD] > 0 || rc.spec != 0:
+		return classLoose
+	}
+	return classNone
+}
+
+// addClass adds (delta 1) or removes (delta -1) rc's class c to kv.
+func (kv *keyVal) addClass(rc *rec, c uint8, delta int) {
+	switch c {
+	case classGPU:
+		if delta > 0 {
+			kv.gpu |= 1 << rc.server
+		} else {
+			kv.gpu &^= 1 << rc.server
+		}
+	case classLoose:
+		kv.loose += uint32(delta)
+	}
+}
+
+// reclass updates rc's key summary after rc changed from class was.
+func (ix *Index) reclass(rc *rec, was uint8) {
+	now := rc.class()
+	if now == was {
+		return
+	}
+	if kv := ix.keys.ref(rc.key); kv != nil {
+		kv.addClass(rc, was, -1)
+		kv.addClass(rc, now, 1)
+	}
+}
+
 type server struct {
 	name   string
 	opts   ServerOptions
@@ -150,7 +210,7 @@ type Index struct {
 	mu      sync.RWMutex
 	cfg     Config
 	epoch   time.Time
-	keys    u64map     // block key -> head of its record chain
+	keys    u64table[keyVal] // block key -> its record chain
 	pages   [][]rec    // fixed-size pages: growth never copies or over-allocates
 	engines [][]uint64 // engine hash per record, pages parallel to pages
 	nrecs   uint32     // records allocated (live + free)
@@ -437,7 +497,9 @@ func (ix *Index) Removed(id ServerID, tier Tier, engineHashes []uint64) error {
 		}
 		rc := ix.at(r)
 		if rc.cnt[tier] > 0 {
+			was := rc.class()
 			rc.cnt[tier]--
+			ix.reclass(rc, was)
 		}
 		s.removed++
 		if rc.empty() {
@@ -470,8 +532,10 @@ func (ix *Index) Speculate(id ServerID, keys []uint64) {
 	exp := ix.tick(now.Add(ttl))
 	for _, k := range keys {
 		r := ix.findOrCreate(id, s, k)
-		if ix.at(r).spec < exp {
-			ix.at(r).spec = exp
+		if rc := ix.at(r); rc.spec < exp {
+			was := rc.class()
+			rc.spec = exp
+			ix.reclass(rc, was)
 		}
 		ix.touch(r, s)
 	}
@@ -513,22 +577,31 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	pos := ix.candidatePos(ids, scratch)
 	now := ix.tick(ix.cfg.Now())
-	// The walk below is the routing hot path: pages and pos are hoisted
-	// into locals and the record is addressed inline, so each chain step
-	// is one dependent load with no calls or repeated bounds checks.
-	pages := ix.pages
 	out = out[:len(ids)]
 	if len(ids) <= 64 {
-		ix.matchMasked(keys, out, pos, now)
+		var m masked
+		pos := ix.newMasked(&m, ids, out, scratch, now)
+		for _, k := range keys {
+			if !m.step(k) {
+				return pos
+			}
+		}
+		m.finish()
 		return pos
 	}
+	pos := ix.candidatePos(ids, scratch)
+	// The walk below is the general case (over 64 candidates): pages and
+	// pos are hoisted into locals and the record is addressed inline, so
+	// each chain step is one dependent load with no calls or repeated
+	// bounds checks.
+	pages := ix.pages
 	for b, k := range keys {
-		r, ok := ix.keys.Get(k)
+		kv, ok := ix.keys.Get(k)
 		if !ok {
 			break
 		}
+		r := kv.head
 		advanced := false
 		for r != nilRec {
 			rc := &pages[r>>pageShift][r&(pageSize-1)]
@@ -542,7 +615,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 				continue
 			}
 			// A block counts on the best tier holding it; unexpired
-			// speculation counts as GPU (matchMasked applies the same rule).
+			// speculation counts as GPU (masked.step applies the same rule).
 			var t Tier
 			switch {
 			case rc.cnt[GPU] > 0 || rc.spec > now:
@@ -573,26 +646,61 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 // read-modify-write of every advancing candidate's Match: candidates drop
 // out of the alive mask, and blocks on which every alive candidate is on
 // GPU (almost all of them) are counted once for all.
+//
+// When every candidate's server id is below 64 (fast), a candidate's bit is
+// its server id, so a key whose summary has no loose records answers from
+// keyVal.gpu without reading its chain. Otherwise a candidate's bit is its
+// position in ids.
 type masked struct {
-	keys   *u64map
+	keys   *u64table[keyVal]
 	pages  [][]rec
-	pos    []int32
+	pos    []int32 // server -> its bit + 1, 0 for a non-candidate
 	out    []Match
+	outOf  [64]uint8 // bit -> index in out
+	fast   bool
 	now    uint32
 	alive  uint64
 	allGPU int // blocks so far on which every alive candidate was on GPU
 	b      int // blocks stepped so far
 }
 
-func (ix *Index) newMasked(out []Match, pos []int32, now uint32) masked {
-	return masked{keys: &ix.keys, pages: ix.pages, pos: pos, out: out, now: now,
-		alive: ^uint64(0) >> (64 - len(out))}
+// newMasked prepares a match of up to 64 candidates, pos in scratch. The
+// caller holds the read lock and has zeroed out.
+func (ix *Index) newMasked(m *masked, ids []ServerID, out []Match, scratch []int32, now uint32) []int32 {
+	if cap(scratch) < len(ix.servers) {
+		scratch = make([]int32, len(ix.servers))
+	}
+	pos := scratch[:len(ix.servers)]
+	for i := range pos {
+		pos[i] = 0
+	}
+	*m = masked{keys: &ix.keys, pages: ix.pages, pos: pos, out: out, now: now, fast: true}
+	for _, id := range ids {
+		if int(id) < len(pos) && id >= 64 {
+			m.fast = false
+		}
+	}
+	for i, id := range ids {
+		if int(id) >= len(pos) {
+			continue // unknown: its answer stays zero
+		}
+		bit := i
+		if m.fast {
+			bit = int(id)
+		}
+		// A repeated id answers at its last position, as MatchPrefix's
+		// general walk does; the earlier ones stay zero.
+		pos[id] = int32(bit + 1)
+		m.outOf[bit] = uint8(i)
+		m.alive |= 1 << bit
+	}
+	return pos
 }
 
 // drop ends the candidates in mask at blocks matched.
 func (m *masked) drop(mask uint64, blocks int) {
 	for ; mask != 0; mask &= mask - 1 {
-		o := &m.out[bits.TrailingZeros64(mask)]
+		o := &m.out[m.outOf[bits.TrailingZeros64(mask)]]
 		o.Blocks = blocks
 		o.Tier[GPU] += m.allGPU
 	}
@@ -603,29 +711,33 @@ func (m *masked) drop(mask uint64, blocks int) {
 func (m *masked) step(k uint64) bool {
 	b := m.b
 	m.b++
-	r, ok := m.keys.Get(k)
+	kv, ok := m.keys.Get(k)
 	if !ok {
 		m.drop(m.alive, b)
 		m.alive = 0
 		return false
 	}
-	pages, pos, now := m.pages, m.pos, m.now
 	var g, c, sd uint64
-	for r != nilRec {
-		rc := &pages[r>>pageShift][r&(pageSize-1)]
-		r = rc.next
-		p := pos[rc.server]
-		if p == 0 {
-			continue
-		}
-		bit := uint64(1) << (p - 1)
-		switch {
-		case rc.cnt[GPU] > 0 || rc.spec > now:
-			g |= bit
-		case rc.cnt[CPU] > 0:
-			c |= bit
-		case rc.cnt[SSD] > 0:
-			sd |= bit
+	if m.fast && kv.loose == 0 {
+		g = kv.gpu
+	} else {
+		pages, pos, now := m.pages, m.pos, m.now
+		for r := kv.head; r != nilRec; {
+			rc := &pages[r>>pageShift][r&(pageSize-1)]
+			r = rc.next
+			p := pos[rc.server]
+			if p == 0 {
+				continue
+			}
+			bit := uint64(1) << (p - 1)
+			switch {
+			case rc.cnt[GPU] > 0 || rc.spec > now:
+				g |= bit
+			case rc.cnt[CPU] > 0:
+				c |= bit
+			case rc.cnt[SSD] > 0:
+				sd |= bit
+			}
 		}
 	}
 	alive := m.alive
@@ -640,15 +752,15 @@ func (m *masked) step(k uint64) bool {
 		m.allGPU++
 		return true
 	}
-	out := m.out
+	out, outOf := m.out, &m.outOf
 	for x := g; x != 0; x &= x - 1 {
-		out[bits.TrailingZeros64(x)].Tier[GPU]++
+		out[outOf[bits.TrailingZeros64(x)]].Tier[GPU]++
 	}
 	for x := c; x != 0; x &= x - 1 {
-		out[bits.TrailingZeros64(x)].Tier[CPU]++
+		out[outOf[bits.TrailingZeros64(x)]].Tier[CPU]++
 	}
 	for x := sd; x != 0; x &= x - 1 {
-		out[bits.TrailingZeros64(x)].Tier[SSD]++
+		out[outOf[bits.TrailingZeros64(x)]].Tier[SSD]++
 	}
 	return true
 }
@@ -657,17 +769,6 @@ func (m *masked) step(k uint64) bool {
 func (m *masked) finish() {
 	m.drop(m.alive, m.b)
 	m.alive = 0
-}
-
-// matchMasked is MatchPrefix for up to 64 candidates.
-func (ix *Index) matchMasked(keys []uint64, out []Match, pos []int32, now uint32) {
-	m := ix.newMasked(out, pos, now)
-	for _, k := range keys {
-		if !m.step(k) {
-			return
-		}
-	}
-	m.finish()
 }
 
 const (
@@ -683,8 +784,11 @@ func (ix *Index) at(r uint32) *rec { return &ix.pages[r>>pageShift][r&(pageSize-
 func (ix *Index) eng(r uint32) *uint64 { return &ix.engines[r>>pageShift][r&(pageSize-1)] }
 
 func (ix *Index) incr(r uint32, t Tier) {
-	if c := &ix.at(r).cnt[t]; *c < ^uint8(0) {
+	rc := ix.at(r)
+	if c := &rc.cnt[t]; *c < ^uint8(0) {
+		was := rc.class()
 		*c++
+		ix.reclass(rc, was)
 	}
 }
 
@@ -703,15 +807,15 @@ func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
 }
 
 func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
-	head, ok := ix.keys.Get(key)
-	if ok {
+	head := nilRec
+	kv := ix.keys.ref(key)
+	if kv != nil {
+		head = kv.head
 		for r := head; r != nilRec; r = ix.at(r).next {
 			if ix.at(r).server == uint16(id) {
 				return r
 			}
 		}
-	} else {
-		head = nilRec
 	}
 	var r uint32
 	if ix.free != nilRec {
@@ -728,7 +832,12 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 	}
 	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
 	*ix.eng(r) = 0
-	ix.keys.Put(key, r)
+	// The new record holds nothing yet (classNone): the summary stands.
+	if kv != nil {
+		kv.head = r // no Put or Delete since ref
+	} else {
+		ix.keys.Put(key, keyVal{head: r})
+	}
 	if s.head != nilRec {
 		ix.at(s.head).sprev = r
 	}
@@ -761,15 +870,18 @@ func (ix *Index) touch(r uint32, s *server) {
 
 func (ix *Index) freeRec(r uint32, s *server) {
 	rc := ix.at(r)
-	// Unlink from the key chain.
-	if head, _ := ix.keys.Get(rc.key); head == r {
+	// Unlink from the key chain and its summary (a live record is always
+	// linked under its key).
+	kv := ix.keys.ref(rc.key)
+	kv.addClass(rc, rc.class(), -1)
+	if kv.head == r {
 		if rc.next == nilRec {
 			ix.keys.Delete(rc.key)
 		} else {
-			ix.keys.Put(rc.key, rc.next)
+			kv.head = rc.next
 		}
 	} else {
-		for p := head; p != nilRec; p = ix.at(p).next {
+		for p := kv.head; p != nilRec; p = ix.at(p).next {
 			if ix.at(p).next == r {
 				ix.at(p).next = rc.next
 				break

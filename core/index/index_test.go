@@ -3,6 +3,7 @@ package index
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -399,6 +400,17 @@ func TestPropertyAgainstModel(t *testing.T) {
 			p := prompt()
 			keys := blockhash.Keys(p, bs, 0)
 			got := match(ix, keys, ids...)
+			if err := ix.checkSummaries(); err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, step, err)
+			}
+			// Hashing while walking, from any number of known keys,
+			// answers and keys exactly as hashing first.
+			known := rng.IntN(len(keys) + 1)
+			chained := make([]Match, len(ids))
+			ck, _ := ix.MatchPrefixChain(append([]uint64(nil), keys[:known]...), p, bs, 0, len(keys), ids, chained, nil)
+			if !slices.Equal(ck, keys) || !slices.Equal(chained, got) {
+				t.Fatalf("seed %d step %d: MatchPrefixChain from %d known keys: %+v, MatchPrefix %+v", seed, step, known, chained, got)
+			}
 			for i, sid := range ids {
 				var want Match
 				for _, k := range keys {
@@ -464,6 +476,9 @@ func FuzzIndexOps(f *testing.F) {
 			}
 			if sum != st.Entries {
 				t.Fatalf("per-server entries %d != total %d", sum, st.Entries)
+			}
+			if err := ix.checkSummaries(); err != nil {
+				t.Fatal(err)
 			}
 			out := match(ix, keys, ids...)
 			for _, m := range out {
