@@ -246,3 +246,21 @@ func BenchmarkMatchOnlyHot8k(b *testing.B) {
 		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
 	})
 }
+
+func BenchmarkMatchChainHot8k(b *testing.B) {
+	ix, ps, ids := coldMatchIndex(b)
+	keys := make([]uint64, 0, 512)
+	out := make([]Match, len(ids))
+	var scratch []int32
+	cpuLoop(b, func() {
+		keys, scratch = ix.MatchPrefixChain(keys[:0], ps[0], 16, 0, 511, ids, out, scratch)
+	})
+}
+
+func BenchmarkHashOnlyHot8k(b *testing.B) {
+	_, ps, _ := coldMatchIndex(b)
+	keys := make([]uint64, 0, 512)
+	cpuLoop(b, func() {
+		keys = blockhash.AppendKeys(keys[:0], ps[0], 16, 0)
+	})
+}

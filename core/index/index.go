@@ -211,9 +211,9 @@ type Index struct {
 	cfg     Config
 	epoch   time.Time
 	keys    u64table[keyVal] // block key -> its record chain
-	pages   [][]rec    // fixed-size pages: growth never copies or over-allocates
-	engines [][]uint64 // engine hash per record, pages parallel to pages
-	nrecs   uint32     // records allocated (live + free)
+	pages   [][]rec          // fixed-size pages: growth never copies or over-allocates
+	engines [][]uint64       // engine hash per record, pages parallel to pages
+	nrecs   uint32           // records allocated (live + free)
 	free    uint32
 	nfree   int
 	hand    uint32 // CLOCK hand
@@ -582,12 +582,9 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	if len(ids) <= 64 {
 		var m masked
 		pos := ix.newMasked(&m, ids, out, scratch, now)
-		for _, k := range keys {
-			if !m.step(k) {
-				return pos
-			}
+		if m.walk(keys) {
+			m.finish()
 		}
-		m.finish()
 		return pos
 	}
 	pos := ix.candidatePos(ids, scratch)
@@ -706,13 +703,52 @@ func (m *masked) drop(mask uint64, blocks int) {
 	}
 }
 
-// step matches the next block's key and reports whether any candidate
-// still holds every block so far; after false the answer is final.
-func (m *masked) step(k uint64) bool {
+// walk matches the next len(keys) blocks and reports whether any
+// candidate still holds every block so far; after false the answer is
+// final. It is one call per batch of keys, with the table probe and the
+// common block (a summary saying every alive candidate holds it on GPU)
+// inline: Go keeps no register across a call, so a call per block would
+// spill and reload the loop's state each time.
+func (m *masked) walk(keys []uint64) bool {
+	slots, shift := m.keys.slots, m.keys.shift
+	mask := uint64(len(slots) - 1)
+	for _, k := range keys {
+		var kv *keyVal
+		if k != 0 && len(slots) > 0 {
+			for i := (k * fib) >> shift; ; i = (i + 1) & mask {
+				sl := &slots[i]
+				if sl.k == k {
+					kv = &sl.v
+					break
+				}
+				if sl.k == 0 {
+					break
+				}
+			}
+		} else {
+			kv = m.keys.ref(k)
+		}
+		if kv != nil && m.fast && kv.loose == 0 && kv.gpu&m.alive == m.alive {
+			m.b++
+			m.allGPU++
+			continue
+		}
+		if !m.stepKV(kv) {
+			return false
+		}
+	}
+	return true
+}
+
+// step is walk for one key.
+func (m *masked) step(k uint64) bool { return m.stepKV(m.keys.ref(k)) }
+
+// stepKV matches the next block, whose key's table value is kv (nil: no
+// server holds it).
+func (m *masked) stepKV(kv *keyVal) bool {
 	b := m.b
 	m.b++
-	kv, ok := m.keys.Get(k)
-	if !ok {
+	if kv == nil {
 		m.drop(m.alive, b)
 		m.alive = 0
 		return false
