@@ -15,6 +15,7 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -102,11 +103,9 @@ func AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) [
 	}
 	parent := Root(namespace, blockSize)
 	if littleEndian {
-		for i := 0; i < nb; i++ {
-			parent = Chain(parent, tokens[i*blockSize:(i+1)*blockSize])
-			dst = append(dst, parent)
-		}
-		return dst
+		dst = slices.Grow(dst, nb)
+		ChainInto(parent, tokens, blockSize, dst[len(dst):len(dst)+nb])
+		return dst[:len(dst)+nb]
 	}
 	n := 8 + 4*blockSize
 	if n > stackBlockBytes {

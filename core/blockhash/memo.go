@@ -2,6 +2,7 @@ package blockhash
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -71,11 +72,9 @@ func AppendMore(dst []uint64, start int, tokens []int32, blockSize int, namespac
 	if have > 0 {
 		parent = dst[len(dst)-1]
 	}
-	for i := have; i < nb; i++ {
-		parent = Chain(parent, tokens[i*blockSize:(i+1)*blockSize])
-		dst = append(dst, parent)
-	}
-	return dst
+	dst = slices.Grow(dst, nb-have)
+	ChainInto(parent, tokens[have*blockSize:], blockSize, dst[len(dst):len(dst)+nb-have])
+	return dst[:len(dst)+nb-have]
 }
 
 // MemoHit is what Lookup found; Remember takes it back with the prompt's

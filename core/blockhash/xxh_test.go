@@ -59,3 +59,30 @@ func TestAppendKeysMatchesPortable(t *testing.T) {
 		}
 	}
 }
+
+// ChainInto over any run of blocks, from any parent, is Chain block by
+// block (the 16-token loop and the general one).
+func TestChainIntoMatchesChain(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := 0; trial < 200; trial++ {
+		bs := []int{16, 16, 7, 32}[rng.IntN(4)]
+		n := rng.IntN(40)
+		tokens := make([]int32, n*bs+rng.IntN(bs))
+		for i := range tokens {
+			tokens[i] = int32(rng.Uint32())
+		}
+		parent := rng.Uint64()
+		out := make([]uint64, n)
+		last := ChainInto(parent, tokens, bs, out)
+		want := parent
+		for i := 0; i < n; i++ {
+			want = Chain(want, tokens[i*bs:(i+1)*bs])
+			if out[i] != want {
+				t.Fatalf("bs %d block %d of %d: %x, Chain %x", bs, i, n, out[i], want)
+			}
+		}
+		if last != want {
+			t.Fatalf("bs %d: returned %x, want %x", bs, last, want)
+		}
+	}
+}

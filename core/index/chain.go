@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/kvc-router/kvc-router/core/blockhash"
@@ -53,10 +54,8 @@ func (ix *Index) MatchPrefixChain(keys []uint64, tokens []int32, blockSize int, 
 		b := len(keys)
 		for live && b < hittable {
 			from, to := len(keys), min(len(keys)+matchBatch, nb)
-			for n := from; n < to; n++ {
-				parent = blockhash.Chain(parent, tokens[n*blockSize:(n+1)*blockSize])
-				keys = append(keys, parent)
-			}
+			keys = slices.Grow(keys, to-from)[:to]
+			parent = blockhash.ChainInto(parent, tokens[from*blockSize:], blockSize, keys[from:to])
 			ix.prefetchKeys(keys[from:to])
 			if from == b {
 				continue // the first batch: nothing hashed ahead yet

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
@@ -428,11 +429,9 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 var keyPool = sync.Pool{New: func() any { return new([]uint64) }}
 
 func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
-	for i := 0; i < n; i++ {
-		key = blockhash.Chain(key, tokens[i*bs:(i+1)*bs])
-		dst = append(dst, key)
-	}
-	return dst
+	dst = slices.Grow(dst, n)
+	blockhash.ChainInto(key, tokens, bs, dst[len(dst):len(dst)+n])
+	return dst[:len(dst)+n]
 }
 
 // parentKey reads the key an engine hash bridges to, without repairing
