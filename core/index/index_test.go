@@ -486,6 +486,13 @@ func FuzzIndexOps(f *testing.F) {
 					t.Fatalf("inconsistent match %+v for %d keys", m, len(keys))
 				}
 			}
+			// Hashing during the walk, from some known keys, agrees.
+			known := int(ops[i+1]) % (len(keys) + 1)
+			chained := make([]Match, len(ids))
+			ck, _ := ix.MatchPrefixChain(append([]uint64(nil), keys[:known]...), p, 4, 0, len(keys), ids, chained, nil)
+			if !slices.Equal(ck, keys) || !slices.Equal(chained, out) {
+				t.Fatalf("MatchPrefixChain from %d known: keys equal %v, %+v, MatchPrefix %+v", known, slices.Equal(ck, keys), chained, out)
+			}
 		}
 	})
 }
