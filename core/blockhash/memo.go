@@ -3,6 +3,7 @@ package blockhash
 import (
 	"bytes"
 	"slices"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -199,7 +200,7 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 			// grow the entry instead of keeping both.
 			m.tokens += len(tokens) - len(e.tokens)
 			e.last = last
-			e.tokens = append(e.tokens, tokens[len(e.tokens):]...)
+			e.tokens = appendTokens(e.tokens, tokens[len(e.tokens):])
 			e.keys = append(e.keys, keys[len(e.keys):]...)
 			return
 		}
@@ -219,8 +220,26 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 	m.tokens += len(tokens)
 	m.entries = append(m.entries, memoEntry{
 		ns: ns, bs: bs, first: first, last: last, used: m.clock,
-		tokens: append(spare.tokens[:0], tokens...), keys: append(spare.keys[:0], keys...),
+		tokens: appendTokens(spare.tokens[:0], tokens), keys: append(spare.keys[:0], keys...),
 	})
+}
+
+// appendTokens is append(dst, src...) for a remembered prompt. Large copies
+// use non-temporal stores: a memo entry is read again only when a later
+// prompt shares its prefix, and 32 KiB (an 8k prompt) written through the
+// cache per cold prompt evicts the index's table slots and the next
+// prompts' tokens, which cost more than the copy itself.
+func appendTokens(dst, src []int32) []int32 {
+	n := len(dst)
+	dst = slices.Grow(dst, len(src))[:n+len(src)]
+	to := dst[n:]
+	bulk := 0
+	if haveStreamCopy && len(src) >= 1024 && uintptr(unsafe.Pointer(&to[0]))%16 == 0 {
+		bulk = len(src) &^ 15 // whole 64-byte lines
+		streamCopy(unsafe.Pointer(&to[0]), unsafe.Pointer(&src[0]), 4*bulk)
+	}
+	copy(to[bulk:], src[bulk:])
+	return dst
 }
 
 // evict drops the least recently used entry and returns it.

@@ -78,3 +78,22 @@ func BenchmarkMemoAppendKeys8kRepeat(b *testing.B) {
 		dst = m.AppendKeys(dst[:0], p, 16, 1)
 	}
 }
+
+// appendTokens (streamed stores for long runs) is append.
+func TestAppendTokensIsAppend(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for trial := 0; trial < 300; trial++ {
+		src := make([]int32, rng.IntN(5000))
+		for i := range src {
+			src[i] = int32(rng.Uint32())
+		}
+		dst := make([]int32, rng.IntN(40), 40+rng.IntN(6000))
+		for i := range dst {
+			dst[i] = int32(rng.Uint32())
+		}
+		want := append(append([]int32(nil), dst...), src...)
+		if got := appendTokens(dst, src); !slices.Equal(got, want) {
+			t.Fatalf("trial %d: %d onto %d tokens differs from append", trial, len(src), len(dst))
+		}
+	}
+}
