@@ -704,39 +704,56 @@ func (m *masked) drop(mask uint64, blocks int) {
 
 // walk matches the next len(keys) blocks and reports whether any
 // candidate still holds every block so far; after false the answer is
-// final. It is one call per batch of keys, with the table probe and the
-// common block (a summary saying every alive candidate holds it on GPU)
-// inline: Go keeps no register across a call, so a call per block would
-// spill and reload the loop's state each time.
+// final.
 func (m *masked) walk(keys []uint64) bool {
-	slots, shift := m.keys.slots, m.keys.shift
-	mask := uint64(len(slots) - 1)
-	for _, k := range keys {
-		var kv *keyVal
-		if k != 0 && len(slots) > 0 {
-			for i := (k * fib) >> shift; ; i = (i + 1) & mask {
-				sl := &slots[i]
-				if sl.k == k {
-					kv = &sl.v
-					break
-				}
-				if sl.k == 0 {
-					break
-				}
-			}
-		} else {
-			kv = m.keys.ref(k)
+	for len(keys) > 0 {
+		keys = keys[m.walkGPU(keys):]
+		if len(keys) == 0 {
+			break
 		}
-		if kv != nil && m.fast && kv.loose == 0 && kv.gpu&m.alive == m.alive {
-			m.b++
-			m.allGPU++
-			continue
-		}
-		if !m.stepKV(kv) {
+		if !m.stepKV(m.keys.ref(keys[0])) {
 			return false
 		}
+		keys = keys[1:]
 	}
 	return true
+}
+
+// walkGPU consumes the leading keys whose summaries say every alive
+// candidate holds the block on GPU (almost every block of a cached
+// prefix) and returns how many. It makes no calls: Go keeps no register
+// across a call, so a call in this loop would spill and reload its state
+// on every block.
+func (m *masked) walkGPU(keys []uint64) int {
+	slots := m.keys.slots
+	if !m.fast || len(slots) == 0 {
+		return 0
+	}
+	shift, mask, alive := m.keys.shift&63, uint64(len(slots)-1), m.alive
+	n := 0
+	for ; n < len(keys); n++ {
+		k := keys[n]
+		if k == 0 {
+			break // kept outside the slots
+		}
+		var kv *keyVal
+		for i := (k * fib) >> shift; ; i = (i + 1) & mask {
+			sl := &slots[i&mask]
+			if sl.k == k {
+				kv = &sl.v
+				break
+			}
+			if sl.k == 0 {
+				break
+			}
+		}
+		if kv == nil || kv.loose != 0 || kv.gpu&alive != alive {
+			break
+		}
+	}
+	m.b += n
+	m.allGPU += n
+	return n
 }
 
 // step is walk for one key.
