@@ -80,14 +80,21 @@ const matchBatch = 8
 
 // prefetchKeys starts loading the key-table slots of keys.
 func (ix *Index) prefetchKeys(keys []uint64) {
-	slots, shift := ix.keys.slots, ix.keys.shift
-	if len(slots) == 0 {
+	if len(ix.keys.slots) == 0 || len(keys) == 0 {
 		return
 	}
-	for _, k := range keys {
-		prefetch(unsafe.Pointer(&slots[(k*fib)>>shift]))
-	}
+	prefetchSlots(unsafe.Pointer(&ix.keys.slots[0]), uint64(ix.keys.shift&63), keys)
 }
+
+// keySlotBytes is the key table's slot size, which prefetchSlots'
+// assembly multiplies by (the array lengths below fail to compile if it
+// changes).
+const keySlotBytes = 24
+
+var (
+	_ [keySlotBytes - unsafe.Sizeof(u64slot[keyVal]{})]struct{}
+	_ [unsafe.Sizeof(u64slot[keyVal]{}) - keySlotBytes]struct{}
+)
 
 // candidatePos maps server ids to their 1-based position in ids (0 for a
 // server that is not a candidate), in scratch grown to the server table.
