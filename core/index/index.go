@@ -704,26 +704,135 @@ func (m *masked) drop(mask uint64, blocks int) {
 
 // walk matches the next len(keys) blocks and reports whether any
 // candidate still holds every block so far; after false the answer is
-// final.
+// final. It alternates two call-free loops: Go keeps no register across a
+// call, so a call per block would spill and reload the loop's state each
+// time.
 func (m *masked) walk(keys []uint64) bool {
 	for len(keys) > 0 {
 		keys = keys[m.walkGPU(keys):]
 		if len(keys) == 0 {
 			break
 		}
-		if !m.stepKV(m.keys.ref(keys[0])) {
+		n, live := m.walkChains(keys)
+		if !live {
 			return false
 		}
-		keys = keys[1:]
+		keys = keys[n:]
+		if len(keys) > 0 && keys[0] == 0 {
+			// Key 0 lives outside the table's slots.
+			if !m.stepKV(m.keys.ref(0)) {
+				return false
+			}
+			keys = keys[1:]
+		}
 	}
 	return true
 }
 
+// walkChains matches leading keys by their record chains, up to a key
+// walkGPU can take (or key 0), and returns how many it matched and whether
+// a candidate is still alive. It is stepKV's body in a loop.
+func (m *masked) walkChains(keys []uint64) (int, bool) {
+	slots := m.keys.slots
+	if len(slots) == 0 { // no key but 0 can be present
+		if keys[0] == 0 {
+			return 0, true
+		}
+		m.drop(m.alive, m.b)
+		m.alive = 0
+		return 0, false
+	}
+	// Few locals: the loop is register-starved, and what does not fit is
+	// spilled and reloaded on every block. The rarely used state (out,
+	// the GPU run count) stays in m.
+	shift, mask := m.keys.shift&63, uint64(len(slots)-1)
+	alive := m.alive
+	n := 0
+	for ; n < len(keys); n++ {
+		k := keys[n]
+		if k == 0 {
+			break
+		}
+		var kv *keyVal
+		for i := (k * fib) >> shift; ; i = (i + 1) & mask {
+			sl := &slots[i&mask]
+			if sl.k == k {
+				kv = &sl.v
+				break
+			}
+			if sl.k == 0 {
+				break
+			}
+		}
+		if kv == nil {
+			m.drop(alive, m.b)
+			alive = 0
+			break
+		}
+		if m.fast && kv.loose == 0 && kv.gpu&alive == alive {
+			break // walkGPU's
+		}
+		var g, c, sd uint64
+		if m.fast && kv.loose == 0 {
+			g = kv.gpu
+		} else {
+			pages, pos, now := m.pages, m.pos, m.now
+			for r := kv.head; r != nilRec; {
+				rc := &pages[r>>pageShift][r&(pageSize-1)]
+				r = rc.next
+				p := pos[rc.server]
+				if p == 0 {
+					continue
+				}
+				bit := uint64(1) << (p - 1)
+				switch {
+				case rc.cnt[GPU] > 0 || rc.spec > now:
+					g |= bit
+				case rc.cnt[CPU] > 0:
+					c |= bit
+				case rc.cnt[SSD] > 0:
+					sd |= bit
+				}
+			}
+		}
+		g, c, sd = g&alive, c&alive, sd&alive
+		next := g | c | sd
+		if gone := alive &^ next; gone != 0 {
+			m.drop(gone, m.b)
+		}
+		alive = next
+		m.b++
+		if alive == 0 {
+			break
+		}
+		if g == alive {
+			m.allGPU++
+			continue
+		}
+		m.countTiers(g, c, sd)
+	}
+	m.alive = alive
+	return n, alive != 0
+}
+
+// countTiers adds one block to each candidate in g, c and sd (bitmasks of
+// candidates holding it on GPU, CPU and SSD at best).
+func (m *masked) countTiers(g, c, sd uint64) {
+	out, outOf := m.out, &m.outOf
+	for x := g; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[GPU]++
+	}
+	for x := c; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[CPU]++
+	}
+	for x := sd; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[SSD]++
+	}
+}
+
 // walkGPU consumes the leading keys whose summaries say every alive
 // candidate holds the block on GPU (almost every block of a cached
-// prefix) and returns how many. It makes no calls: Go keeps no register
-// across a call, so a call in this loop would spill and reload its state
-// on every block.
+// prefix) and returns how many: such a block costs its table probe alone.
 func (m *masked) walkGPU(keys []uint64) int {
 	slots := m.keys.slots
 	if !m.fast || len(slots) == 0 {
@@ -804,16 +913,7 @@ func (m *masked) stepKV(kv *keyVal) bool {
 		m.allGPU++
 		return true
 	}
-	out, outOf := m.out, &m.outOf
-	for x := g; x != 0; x &= x - 1 {
-		out[outOf[bits.TrailingZeros64(x)]].Tier[GPU]++
-	}
-	for x := c; x != 0; x &= x - 1 {
-		out[outOf[bits.TrailingZeros64(x)]].Tier[CPU]++
-	}
-	for x := sd; x != 0; x &= x - 1 {
-		out[outOf[bits.TrailingZeros64(x)]].Tier[SSD]++
-	}
+	m.countTiers(g, c, sd)
 	return true
 }
 
