@@ -54,16 +54,16 @@ const (
 // remembered prefix, and remembers this prompt.
 func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) []uint64 {
 	start := len(dst)
-	dst, hit := m.Lookup(dst, tokens, blockSize, namespace)
-	dst = AppendMore(dst, start, tokens, blockSize, namespace)
-	m.Remember(hit, tokens, dst[start:])
+	dst, hit := m.lookup(dst, tokens, blockSize, namespace)
+	dst = appendMore(dst, start, tokens, blockSize, namespace)
+	m.keep(hit, tokens, dst[start:])
 	return dst
 }
 
-// AppendMore completes dst[start:], the keys of tokens' leading blocks, to
+// appendMore completes dst[start:], the keys of tokens' leading blocks, to
 // the keys of every full block, hashing from the last key present (or
 // from the root when there is none).
-func AppendMore(dst []uint64, start int, tokens []int32, blockSize int, namespace uint64) []uint64 {
+func appendMore(dst []uint64, start int, tokens []int32, blockSize int, namespace uint64) []uint64 {
 	nb := FullBlocks(len(tokens), blockSize)
 	have := len(dst) - start
 	if have >= nb {
@@ -78,29 +78,22 @@ func AppendMore(dst []uint64, start int, tokens []int32, blockSize int, namespac
 	return dst[:len(dst)+nb-have]
 }
 
-// MemoHit is what Lookup found; Remember takes it back with the prompt's
-// keys. It is valid until the Memo is next used.
-type MemoHit struct {
+// memoHit is what lookup found; keep takes it back with the prompt's keys.
+type memoHit struct {
 	best, common, nb int
 	bs               int
 	ns, first, last  uint64
 	ok               bool // false: nothing to remember
 }
 
-// Known reports how many leading keys Lookup appended.
-func (h MemoHit) Known() int { return h.common }
-
-// Lookup appends the keys of tokens' longest remembered leading blocks to
+// lookup appends the keys of tokens' longest remembered leading blocks to
 // dst (at least block 0's, when tokens holds a full block) and returns what
-// Remember needs. A caller completes the keys (AppendMore, or hashing
-// interleaved with other work) and passes all of them to Remember: split
-// this way, the blocks a memo does not know can be hashed while the index
-// is probed for the ones already hashed.
-func (m *Memo) Lookup(dst []uint64, tokens []int32, blockSize int, namespace uint64) ([]uint64, MemoHit) {
+// keep needs once the caller has completed the keys.
+func (m *Memo) lookup(dst []uint64, tokens []int32, blockSize int, namespace uint64) ([]uint64, memoHit) {
 	nb := FullBlocks(len(tokens), blockSize)
 	if nb == 0 || !littleEndian {
 		dst = AppendKeys(dst, tokens, blockSize, namespace)
-		return dst, MemoHit{common: nb}
+		return dst, memoHit{common: nb}
 	}
 	m.clock++
 	first := Chain(Root(namespace, blockSize), tokens[:blockSize])
@@ -161,12 +154,12 @@ func (m *Memo) Lookup(dst []uint64, tokens []int32, blockSize int, namespace uin
 		dst = append(dst, first)
 		common = 1
 	}
-	return dst, MemoHit{best: best, common: common, nb: nb, bs: blockSize, ns: namespace, first: first, last: last, ok: true}
+	return dst, memoHit{best: best, common: common, nb: nb, bs: blockSize, ns: namespace, first: first, last: last, ok: true}
 }
 
-// Remember records tokens with keys, the keys of all its full blocks, as
-// found by the Lookup that returned h.
-func (m *Memo) Remember(h MemoHit, tokens []int32, keys []uint64) {
+// keep remembers tokens with keys, the keys of all its full blocks, as
+// found by the lookup that returned h.
+func (m *Memo) keep(h memoHit, tokens []int32, keys []uint64) {
 	if !h.ok || len(keys) != h.nb {
 		return
 	}

@@ -150,8 +150,8 @@ func coldMatchIndex(b *testing.B) (*Index, [][]int32, []ServerID) {
 }
 
 // BenchmarkMatchCold8k hashes a cold 8k prompt and then walks its prefix
-// over 64 candidates; BenchmarkMatchChainCold8k does both in one loop
-// (MatchPrefixChain). The ratio is what the overlap saves.
+// over 64 candidates, as the router does; the MatchOnly and HashOnly
+// benchmarks split it.
 func BenchmarkMatchCold8k(b *testing.B) {
 	ix, ps, ids := coldMatchIndex(b)
 	keys := make([]uint64, 0, 512)
@@ -161,18 +161,6 @@ func BenchmarkMatchCold8k(b *testing.B) {
 	cpuLoop(b, func() {
 		keys = blockhash.AppendKeys(keys[:0], ps[i%len(ps)], 16, 0)
 		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
-		i++
-	})
-}
-
-func BenchmarkMatchChainCold8k(b *testing.B) {
-	ix, ps, ids := coldMatchIndex(b)
-	keys := make([]uint64, 0, 512)
-	out := make([]Match, len(ids))
-	var scratch []int32
-	i := 0
-	cpuLoop(b, func() {
-		keys, scratch = ix.MatchPrefixChain(keys[:0], ps[i%len(ps)], 16, 0, 511, ids, out, scratch)
 		i++
 	})
 }
@@ -215,28 +203,6 @@ func BenchmarkHashOnlyCold8k(b *testing.B) {
 	})
 }
 
-func BenchmarkMatchTouchCold8k(b *testing.B) {
-	ix, ps, ids := coldMatchIndex(b)
-	keys := make([]uint64, 0, 512)
-	out := make([]Match, len(ids))
-	var scratch []int32
-	i := 0
-	var sink uint64
-	cpuLoop(b, func() {
-		p := ps[i%len(ps)]
-		parent := blockhash.Root(0, 16)
-		keys = keys[:0]
-		for j := 0; j < 512; j++ {
-			parent = blockhash.Chain(parent, p[j*16:(j+1)*16])
-			keys = append(keys, parent)
-			sink += ix.keys.peek(parent)
-		}
-		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
-		i++
-	})
-	ix.sink = sink
-}
-
 func BenchmarkMatchOnlyHot8k(b *testing.B) {
 	ix, ps, ids := coldMatchIndex(b)
 	keys := blockhash.Keys(ps[0], 16, 0)
@@ -244,23 +210,5 @@ func BenchmarkMatchOnlyHot8k(b *testing.B) {
 	var scratch []int32
 	cpuLoop(b, func() {
 		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
-	})
-}
-
-func BenchmarkMatchChainHot8k(b *testing.B) {
-	ix, ps, ids := coldMatchIndex(b)
-	keys := make([]uint64, 0, 512)
-	out := make([]Match, len(ids))
-	var scratch []int32
-	cpuLoop(b, func() {
-		keys, scratch = ix.MatchPrefixChain(keys[:0], ps[0], 16, 0, 511, ids, out, scratch)
-	})
-}
-
-func BenchmarkHashOnlyHot8k(b *testing.B) {
-	_, ps, _ := coldMatchIndex(b)
-	keys := make([]uint64, 0, 512)
-	cpuLoop(b, func() {
-		keys = blockhash.AppendKeys(keys[:0], ps[0], 16, 0)
 	})
 }

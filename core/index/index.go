@@ -581,6 +581,10 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	if len(ids) <= 64 {
 		var m masked
 		pos := ix.newMasked(&m, ids, out, scratch, now)
+		// Request every key's table slot before the walk needs it: the
+		// misses of a prompt not walked recently overlap one another
+		// instead of being met one probe at a time.
+		ix.prefetchKeys(keys)
 		if m.walk(keys) {
 			m.finish()
 		}
@@ -635,8 +639,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 }
 
 // masked is the state of MatchPrefix for up to 64 candidates, the common
-// case, fed one key at a time (step) so that MatchPrefixChain can derive
-// each key just before it is matched.
+// case.
 // Each block yields bitmasks of the candidates holding it per best tier, so
 // a block costs its chain walk plus a few word operations rather than a
 // read-modify-write of every advancing candidate's Match: candidates drop
@@ -864,9 +867,6 @@ func (m *masked) walkGPU(keys []uint64) int {
 	m.allGPU += n
 	return n
 }
-
-// step is walk for one key.
-func (m *masked) step(k uint64) bool { return m.stepKV(m.keys.ref(k)) }
 
 // stepKV matches the next block, whose key's table value is kv (nil: no
 // server holds it).

@@ -3,7 +3,6 @@ package index
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
@@ -67,8 +66,7 @@ func TestMatchMaskedAgreesWithGeneralWalk(t *testing.T) {
 		if err := ix.checkSummaries(); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		qp := variant()
-		q := blockhash.Keys(qp, bs, 0)
+		q := blockhash.Keys(variant(), bs, 0)
 		ids := append([]ServerID(nil), srv...)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		ids = append(ids[:1+rng.IntN(len(ids))], ServerID(999))
@@ -77,12 +75,7 @@ func TestMatchMaskedAgreesWithGeneralWalk(t *testing.T) {
 		}
 		fast := make([]Match, len(ids))
 		ix.MatchPrefix(q, ids, fast, nil)
-		chained := make([]Match, len(ids))
-		known := rng.IntN(len(q) + 1)
-		ck, _ := ix.MatchPrefixChain(append([]uint64(nil), q[:known]...), qp, bs, 0, len(q), ids, chained, nil)
-		if !slices.Equal(ck, q) || !slices.Equal(chained, fast) {
-			t.Fatalf("round %d: MatchPrefixChain from %d known keys %+v, MatchPrefix %+v", round, known, chained, fast)
-		}
+
 		// Padding with unknown ids past 64 forces the general walk.
 		long := append(append([]ServerID(nil), ids...), make([]ServerID, 70)...)
 		for i := len(ids); i < len(long); i++ {

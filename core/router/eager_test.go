@@ -10,14 +10,14 @@ import (
 	"github.com/kvc-router/kvc-router/core/index"
 )
 
-// The router hashes a prompt's blocks while it walks the index
-// (index.MatchPrefixChain) and reuses remembered keys (blockhash.Memo).
-// Every candidate must see exactly the hits that eager hashing
-// (blockhash.Keys) and index.MatchPrefix give, and the router must end
-// with exactly the eager keys, so decisions and speculation are unchanged:
-// GRPO siblings, next turns, prefixes, unrelated prompts, prompts under a
-// block, mixed block sizes, with and without speculation and events.
-func TestChainedMatchAgreesWithEagerKeys(t *testing.T) {
+// The router's keys come from the key memo (blockhash.Memo) and its index
+// walk uses per-key summaries. Every candidate must see exactly the hits
+// that eager hashing (blockhash.Keys) and a walk of the index for that
+// server alone give, and the router must end with exactly the eager keys,
+// so decisions and speculation are unchanged: GRPO siblings, next turns,
+// prefixes, unrelated prompts, prompts under a block, mixed block sizes,
+// with and without speculation and events.
+func TestCandidatesMatchEagerKeys(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		speculate bool
