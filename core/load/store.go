@@ -259,11 +259,17 @@ func (s *Store) snapshot(sn *Snapshot, e *entry, now time.Time) {
 		sn.AgeMS = now.Sub(e.m.At).Milliseconds()
 		sn.Fresh = now.Sub(e.m.At) <= s.cfg.StaleAfter
 	}
-	sn.Load = Compute(e.m, sn.Fresh, e.inflight, c)
+	sn.Load = compute(&e.m, sn.Fresh, e.inflight, c)
 }
 
 // Compute applies the package's load formula (see the package comment).
 func Compute(m Metrics, fresh bool, inflight, capacity int) float64 {
+	return compute(&m, fresh, inflight, capacity)
+}
+
+// compute is Compute without copying the metrics (a snapshot computes
+// one per server per routing decision).
+func compute(m *Metrics, fresh bool, inflight, capacity int) float64 {
 	if capacity <= 0 {
 		capacity = DefaultMaxNumSeqs
 	}
