@@ -25,6 +25,7 @@ type Memo struct {
 	entries []memoEntry
 	tokens  int
 	clock   uint64
+	reused  int // see Reused
 }
 
 type memoEntry struct {
@@ -55,10 +56,19 @@ const (
 func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) []uint64 {
 	start := len(dst)
 	dst, hit := m.lookup(dst, tokens, blockSize, namespace)
+	m.reused = 0
+	if hit.best >= 0 && hit.ok {
+		m.reused = hit.common
+	}
 	dst = appendMore(dst, start, tokens, blockSize, namespace)
 	m.keep(hit, tokens, dst[start:])
 	return dst
 }
+
+// Reused returns how many leading keys the last AppendKeys took from a
+// remembered prompt rather than hashed: blocks the router has looked up
+// recently, whose index entries are likely still in cache.
+func (m *Memo) Reused() int { return m.reused }
 
 // appendMore completes dst[start:], the keys of tokens' leading blocks, to
 // the keys of every full block, hashing from the last key present (or

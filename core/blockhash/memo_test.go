@@ -97,3 +97,29 @@ func TestAppendTokensIsAppend(t *testing.T) {
 		}
 	}
 }
+
+// Reused counts the leading keys taken from a remembered prompt.
+func TestMemoReused(t *testing.T) {
+	p := make([]int32, 160) // 10 blocks of 16
+	for i := range p {
+		p[i] = int32(i)
+	}
+	sib := append(append([]int32(nil), p[:96]...), make([]int32, 64)...) // shares 6 blocks
+	var m Memo
+	for _, tc := range []struct {
+		name   string
+		tokens []int32
+		want   int
+	}{
+		{"cold", p, 0},
+		{"repeat", p, 10},
+		{"sibling", sib, 6},
+		{"unrelated", make([]int32, 40), 0},
+		{"under a block", p[:10], 0},
+	} {
+		m.AppendKeys(nil, tc.tokens, 16, 3)
+		if got := m.Reused(); got != tc.want {
+			t.Fatalf("%s: Reused %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

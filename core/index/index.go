@@ -568,6 +568,16 @@ type Match struct {
 // keys resident on it, with a per-tier breakdown; out[i] answers ids[i].
 // scratch may be nil; passing a reused slice avoids an allocation.
 func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch []int32) []int32 {
+	return ix.MatchPrefixPrefetch(keys, len(keys), ids, out, scratch)
+}
+
+// MatchPrefixPrefetch is MatchPrefix that first requests the table slots
+// of keys[prefetchFrom:], keys not looked up recently (the blocks of a
+// prompt the key memo did not know): their cache misses then overlap one
+// another instead of stalling the walk one probe at a time. Prefetching
+// keys already in cache costs more than it saves.
+func (ix *Index) MatchPrefixPrefetch(keys []uint64, prefetchFrom int, ids []ServerID, out []Match, scratch []int32) []int32 {
+	prefetchFrom = max(0, prefetchFrom)
 	for i := range out[:len(ids)] {
 		out[i] = Match{}
 	}
@@ -581,10 +591,9 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	if len(ids) <= 64 {
 		var m masked
 		pos := ix.newMasked(&m, ids, out, scratch, now)
-		// Request every key's table slot before the walk needs it: the
-		// misses of a prompt not walked recently overlap one another
-		// instead of being met one probe at a time.
-		ix.prefetchKeys(keys)
+		if prefetchFrom < len(keys) {
+			ix.prefetchKeys(keys[prefetchFrom:])
+		}
 		if m.walk(keys) {
 			m.finish()
 		}

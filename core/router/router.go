@@ -569,7 +569,7 @@ func (r *Router) fillCandidates(req *Request) int {
 		r.keys[bs] = keys
 		hittable := blockhash.HittableBlocks(len(req.Tokens), bs)
 		r.matches = grow(r.matches, len(r.members))
-		r.scratch = r.ix.MatchPrefix(keys[:hittable], r.ids, r.matches, r.scratch)
+		r.scratch = r.ix.MatchPrefixPrefetch(keys[:hittable], r.memo.Reused(), r.ids, r.matches, r.scratch)
 		for j, i := range r.members {
 			r.cands[i].Hit = r.matches[j]
 			r.cands[i].HittableBlocks = hittable
