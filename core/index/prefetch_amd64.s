@@ -1,11 +1,5 @@
 #include "textflag.h"
 
-// func prefetch(p unsafe.Pointer)
-TEXT ·prefetch(SB), NOSPLIT, $0-8
-	MOVQ p+0(FP), AX
-	PREFETCHT0 (AX)
-	RET
-
 // func prefetchSlots(slots unsafe.Pointer, shift uint64, keys []uint64)
 // Prefetches the home slot (24 bytes each, Fibonacci hashing) of each key.
 TEXT ·prefetchSlots(SB), NOSPLIT, $0-40

@@ -107,13 +107,6 @@ func (m *u64table[V]) peek(k uint64) uint64 {
 	return m.slots[m.home(k)].k
 }
 
-// prefetch starts loading k's home slot into the cache (see prefetch).
-func (m *u64table[V]) prefetch(k uint64) {
-	if len(m.slots) > 0 {
-		prefetch(unsafe.Pointer(&m.slots[m.home(k)]))
-	}
-}
-
 // Put stores v under k.
 func (m *u64table[V]) Put(k uint64, v V) {
 	if k == 0 {
