@@ -477,6 +477,19 @@ func FuzzIndexOps(f *testing.F) {
 					t.Fatalf("inconsistent match %+v for %d keys", m, len(keys))
 				}
 			}
+			// The masked walk (key summaries) answers as the general
+			// per-record walk, which unknown ids past 64 force.
+			long := append(append([]ServerID(nil), ids...), make([]ServerID, 70)...)
+			for j := len(ids); j < len(long); j++ {
+				long[j] = ServerID(1000 + j)
+			}
+			general := make([]Match, len(long))
+			ix.MatchPrefix(keys, long, general, nil)
+			for j := range ids {
+				if general[j] != out[j] {
+					t.Fatalf("server %d: masked %+v, general %+v", ids[j], out[j], general[j])
+				}
+			}
 		}
 	})
 }
