@@ -15,6 +15,7 @@ package blockhash
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -48,11 +49,9 @@ func Root(namespace uint64, blockSize int) uint64 {
 	return xxhash.Sum64(b[:])
 }
 
-// Chain returns the key of a block whose parent key is parent.
-func Chain(parent uint64, block []int32) uint64 {
-	if littleEndian {
-		return chainLE(parent, tokenBytes(block))
-	}
+// chainPortable is Chain for big-endian hosts: the tokens are serialised
+// little-endian before hashing.
+func chainPortable(parent uint64, block []int32) uint64 {
 	n := 8 + 4*len(block)
 	if n <= stackBlockBytes {
 		var buf [stackBlockBytes]byte
@@ -104,13 +103,9 @@ func AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) [
 	}
 	parent := Root(namespace, blockSize)
 	if littleEndian {
-		tb := tokenBytes(tokens[:nb*blockSize])
-		w := 4 * blockSize
-		for i := 0; i < nb; i++ {
-			parent = chainLE(parent, tb[i*w:(i+1)*w])
-			dst = append(dst, parent)
-		}
-		return dst
+		dst = slices.Grow(dst, nb)
+		ChainInto(parent, tokens, blockSize, dst[len(dst):len(dst)+nb])
+		return dst[:len(dst)+nb]
 	}
 	n := 8 + 4*blockSize
 	if n > stackBlockBytes {

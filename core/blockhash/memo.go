@@ -2,6 +2,8 @@ package blockhash
 
 import (
 	"bytes"
+	"slices"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -23,6 +25,7 @@ type Memo struct {
 	entries []memoEntry
 	tokens  int
 	clock   uint64
+	reused  int // see Reused
 }
 
 type memoEntry struct {
@@ -51,9 +54,56 @@ const (
 // package-level AppendKeys does, reusing remembered keys for the longest
 // remembered prefix, and remembers this prompt.
 func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace uint64) []uint64 {
+	start := len(dst)
+	dst, hit := m.lookup(dst, tokens, blockSize, namespace)
+	m.reused = 0
+	if hit.best >= 0 && hit.ok {
+		m.reused = hit.common
+	}
+	dst = appendMore(dst, start, tokens, blockSize, namespace)
+	m.keep(hit, tokens, dst[start:])
+	return dst
+}
+
+// Reused returns how many leading keys the last AppendKeys took from a
+// remembered prompt rather than hashed: blocks the router has looked up
+// recently, whose index entries are likely still in cache.
+func (m *Memo) Reused() int { return m.reused }
+
+// appendMore completes dst[start:], the keys of tokens' leading blocks, to
+// the keys of every full block, hashing from the last key present (or
+// from the root when there is none).
+func appendMore(dst []uint64, start int, tokens []int32, blockSize int, namespace uint64) []uint64 {
+	nb := FullBlocks(len(tokens), blockSize)
+	have := len(dst) - start
+	if have >= nb {
+		return dst
+	}
+	parent := Root(namespace, blockSize)
+	if have > 0 {
+		parent = dst[len(dst)-1]
+	}
+	dst = slices.Grow(dst, nb-have)
+	ChainInto(parent, tokens[have*blockSize:], blockSize, dst[len(dst):len(dst)+nb-have])
+	return dst[:len(dst)+nb-have]
+}
+
+// memoHit is what lookup found; keep takes it back with the prompt's keys.
+type memoHit struct {
+	best, common, nb int
+	bs               int
+	ns, first, last  uint64
+	ok               bool // false: nothing to remember
+}
+
+// lookup appends the keys of tokens' longest remembered leading blocks to
+// dst (at least block 0's, when tokens holds a full block) and returns what
+// keep needs once the caller has completed the keys.
+func (m *Memo) lookup(dst []uint64, tokens []int32, blockSize int, namespace uint64) ([]uint64, memoHit) {
 	nb := FullBlocks(len(tokens), blockSize)
 	if nb == 0 || !littleEndian {
-		return AppendKeys(dst, tokens, blockSize, namespace)
+		dst = AppendKeys(dst, tokens, blockSize, namespace)
+		return dst, memoHit{common: nb}
 	}
 	m.clock++
 	first := Chain(Root(namespace, blockSize), tokens[:blockSize])
@@ -106,7 +156,6 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 			}
 		}
 	}
-	start := len(dst)
 	if best >= 0 {
 		e := &m.entries[best]
 		e.used = m.clock
@@ -115,13 +164,16 @@ func (m *Memo) AppendKeys(dst []uint64, tokens []int32, blockSize int, namespace
 		dst = append(dst, first)
 		common = 1
 	}
-	parent := dst[len(dst)-1]
-	for i := common; i < nb; i++ {
-		parent = chainLE(parent, tb[i*w:(i+1)*w])
-		dst = append(dst, parent)
+	return dst, memoHit{best: best, common: common, nb: nb, bs: blockSize, ns: namespace, first: first, last: last, ok: true}
+}
+
+// keep remembers tokens with keys, the keys of all its full blocks, as
+// found by the lookup that returned h.
+func (m *Memo) keep(h memoHit, tokens []int32, keys []uint64) {
+	if !h.ok || len(keys) != h.nb {
+		return
 	}
-	m.remember(best, common, nb, tokens[:nb*blockSize], dst[start:], blockSize, namespace, first, last)
-	return dst
+	m.remember(h.best, h.common, h.nb, tokens[:h.nb*h.bs], keys, h.bs, h.ns, h.first, h.last)
 }
 
 // commonBlocks counts the leading whole blocks a and b share.
@@ -151,7 +203,7 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 			// grow the entry instead of keeping both.
 			m.tokens += len(tokens) - len(e.tokens)
 			e.last = last
-			e.tokens = append(e.tokens, tokens[len(e.tokens):]...)
+			e.tokens = appendTokens(e.tokens, tokens[len(e.tokens):])
 			e.keys = append(e.keys, keys[len(e.keys):]...)
 			return
 		}
@@ -171,8 +223,26 @@ func (m *Memo) remember(best, common, nb int, tokens []int32, keys []uint64, bs 
 	m.tokens += len(tokens)
 	m.entries = append(m.entries, memoEntry{
 		ns: ns, bs: bs, first: first, last: last, used: m.clock,
-		tokens: append(spare.tokens[:0], tokens...), keys: append(spare.keys[:0], keys...),
+		tokens: appendTokens(spare.tokens[:0], tokens), keys: append(spare.keys[:0], keys...),
 	})
+}
+
+// appendTokens is append(dst, src...) for a remembered prompt. Large copies
+// use non-temporal stores: a memo entry is read again only when a later
+// prompt shares its prefix, and 32 KiB (an 8k prompt) written through the
+// cache per cold prompt evicts the index's table slots and the next
+// prompts' tokens, which cost more than the copy itself.
+func appendTokens(dst, src []int32) []int32 {
+	n := len(dst)
+	dst = slices.Grow(dst, len(src))[:n+len(src)]
+	to := dst[n:]
+	bulk := 0
+	if haveStreamCopy && len(src) >= 1024 && uintptr(unsafe.Pointer(&to[0]))%16 == 0 {
+		bulk = len(src) &^ 15 // whole 64-byte lines
+		streamCopy(unsafe.Pointer(&to[0]), unsafe.Pointer(&src[0]), 4*bulk)
+	}
+	copy(to[bulk:], src[bulk:])
+	return dst
 }
 
 // evict drops the least recently used entry and returns it.

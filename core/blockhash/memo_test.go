@@ -78,3 +78,48 @@ func BenchmarkMemoAppendKeys8kRepeat(b *testing.B) {
 		dst = m.AppendKeys(dst[:0], p, 16, 1)
 	}
 }
+
+// appendTokens (streamed stores for long runs) is append.
+func TestAppendTokensIsAppend(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for trial := 0; trial < 300; trial++ {
+		src := make([]int32, rng.IntN(5000))
+		for i := range src {
+			src[i] = int32(rng.Uint32())
+		}
+		dst := make([]int32, rng.IntN(40), 40+rng.IntN(6000))
+		for i := range dst {
+			dst[i] = int32(rng.Uint32())
+		}
+		want := append(append([]int32(nil), dst...), src...)
+		if got := appendTokens(dst, src); !slices.Equal(got, want) {
+			t.Fatalf("trial %d: %d onto %d tokens differs from append", trial, len(src), len(dst))
+		}
+	}
+}
+
+// Reused counts the leading keys taken from a remembered prompt.
+func TestMemoReused(t *testing.T) {
+	p := make([]int32, 160) // 10 blocks of 16
+	for i := range p {
+		p[i] = int32(i)
+	}
+	sib := append(append([]int32(nil), p[:96]...), make([]int32, 64)...) // shares 6 blocks
+	var m Memo
+	for _, tc := range []struct {
+		name   string
+		tokens []int32
+		want   int
+	}{
+		{"cold", p, 0},
+		{"repeat", p, 10},
+		{"sibling", sib, 6},
+		{"unrelated", make([]int32, 40), 0},
+		{"under a block", p[:10], 0},
+	} {
+		m.AppendKeys(nil, tc.tokens, 16, 3)
+		if got := m.Reused(); got != tc.want {
+			t.Fatalf("%s: Reused %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

@@ -26,13 +26,25 @@ func mergeRound(acc, val uint64) uint64 {
 	return acc*prime1 + prime4
 }
 
-// chainLE returns xxhash64 of (parent as 8 little-endian bytes ++ tb)
+// Chain returns the key of a block whose parent key is parent: xxhash64
+// of (parent as 8 little-endian bytes ++ the block's tokens as 4-byte
+// little-endian integers).
+//
+// On little-endian hosts it hashes the parent and the tokens in place,
 // without first copying the two into one buffer: the copy and the call into
 // the generic hasher cost as much as the hashing of a 72-byte block. It is
 // the same function as xxhash.Sum64 over the concatenation (tested), so keys
-// do not change. tb is the block's tokens viewed as little-endian bytes; its
-// length is a multiple of 4.
-func chainLE(parent uint64, tb []byte) uint64 {
+// do not change. The hash is one function, not a wrapper around one, so a
+// caller's per-block loop pays a single call.
+func Chain(parent uint64, block []int32) uint64 {
+	if !littleEndian {
+		return chainPortable(parent, block)
+	}
+	if len(block) == DefaultBlockSize {
+		var out [1]uint64
+		return chain16(parent, tokenBytes(block), out[:])
+	}
+	tb := tokenBytes(block)
 	n := uint64(8 + len(tb))
 	var h uint64
 	if n >= 32 {
@@ -78,6 +90,65 @@ func chainLE(parent uint64, tb []byte) uint64 {
 	h *= prime3
 	h ^= h >> 32
 	return h
+}
+
+// chain16 chains len(out) 16-token blocks from parent: out[i] is the key
+// of the block at tb[64*i:], and the last key is returned. Each block is
+// 72 bytes hashed (two 32-byte stripes, then one 8-byte tail), unrolled
+// over a fixed-size array: no length checks, loop counters or slice
+// arithmetic inside a block (the general code spends about a third of its
+// instructions on those), and no call per block, which in Go would spill
+// and reload the caller's loop state. Same function as Chain (tested).
+func chain16(parent uint64, tb []byte, out []uint64) uint64 {
+	le := binary.LittleEndian
+	p1, p2 := prime1, prime2
+	for i := range out {
+		b := (*[4 * DefaultBlockSize]byte)(tb[i*4*DefaultBlockSize:])
+		v1 := round(p1+p2, parent)
+		v2 := round(p2, le.Uint64(b[0:8]))
+		v3 := round(0, le.Uint64(b[8:16]))
+		v4 := round(-p1, le.Uint64(b[16:24]))
+		v1 = round(v1, le.Uint64(b[24:32]))
+		v2 = round(v2, le.Uint64(b[32:40]))
+		v3 = round(v3, le.Uint64(b[40:48]))
+		v4 = round(v4, le.Uint64(b[48:56]))
+		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = mergeRound(h, v1)
+		h = mergeRound(h, v2)
+		h = mergeRound(h, v3)
+		h = mergeRound(h, v4)
+		h += 8 + 4*DefaultBlockSize
+		h ^= round(0, le.Uint64(b[56:64]))
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+		h ^= h >> 33
+		h *= prime2
+		h ^= h >> 29
+		h *= prime3
+		h ^= h >> 32
+		out[i] = h
+		parent = h
+	}
+	return parent
+}
+
+// ChainInto writes the keys of the first len(out) blocks of tokens,
+// chained from parent, to out, and returns the last key (parent when out
+// is empty). It is AppendKeys' loop for callers that start mid-prompt or
+// interleave hashing with other work; tokens must hold len(out) full
+// blocks.
+func ChainInto(parent uint64, tokens []int32, blockSize int, out []uint64) uint64 {
+	if len(out) == 0 {
+		return parent
+	}
+	tokens = tokens[:len(out)*blockSize]
+	if littleEndian && blockSize == DefaultBlockSize {
+		return chain16(parent, tokenBytes(tokens), out)
+	}
+	for i := range out {
+		parent = Chain(parent, tokens[i*blockSize:(i+1)*blockSize])
+		out[i] = parent
+	}
+	return parent
 }
 
 // tokenBytes views tokens as their in-memory bytes (little-endian hosts

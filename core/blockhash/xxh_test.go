@@ -8,10 +8,10 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// chainLE must be xxhash64 over the concatenated bytes for every block size
+// Chain must be xxhash64 over the concatenated bytes for every block size
 // (both sides of the 32-byte stripe threshold, odd sizes with a 4-byte
 // tail), or every key in a deployed index would change.
-func TestChainLEMatchesXXHash(t *testing.T) {
+func TestChainMatchesXXHash(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for bs := 1; bs <= 300; bs++ {
 		for trial := 0; trial < 8; trial++ {
@@ -26,11 +26,11 @@ func TestChainLEMatchesXXHash(t *testing.T) {
 				binary.LittleEndian.PutUint32(buf[8+4*i:], uint32(v))
 			}
 			want := xxhash.Sum64(buf)
-			if got := chainLE(parent, tokenBytes(blk)); got != want {
-				t.Fatalf("block size %d: chainLE %x, xxhash %x", bs, got, want)
-			}
 			if got := Chain(parent, blk); got != want {
 				t.Fatalf("block size %d: Chain %x, xxhash %x", bs, got, want)
+			}
+			if got := chainPortable(parent, blk); got != want {
+				t.Fatalf("block size %d: chainPortable %x, xxhash %x", bs, got, want)
 			}
 		}
 	}
@@ -56,6 +56,33 @@ func TestAppendKeysMatchesPortable(t *testing.T) {
 			if got[i] != parent {
 				t.Fatalf("bs %d block %d: %x want %x", bs, i, got[i], parent)
 			}
+		}
+	}
+}
+
+// ChainInto over any run of blocks, from any parent, is Chain block by
+// block (the 16-token loop and the general one).
+func TestChainIntoMatchesChain(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := 0; trial < 200; trial++ {
+		bs := []int{16, 16, 7, 32}[rng.IntN(4)]
+		n := rng.IntN(40)
+		tokens := make([]int32, n*bs+rng.IntN(bs))
+		for i := range tokens {
+			tokens[i] = int32(rng.Uint32())
+		}
+		parent := rng.Uint64()
+		out := make([]uint64, n)
+		last := ChainInto(parent, tokens, bs, out)
+		want := parent
+		for i := 0; i < n; i++ {
+			want = Chain(want, tokens[i*bs:(i+1)*bs])
+			if out[i] != want {
+				t.Fatalf("bs %d block %d of %d: %x, Chain %x", bs, i, n, out[i], want)
+			}
+		}
+		if last != want {
+			t.Fatalf("bs %d: returned %x, want %x", bs, last, want)
 		}
 	}
 }

@@ -116,3 +116,99 @@ func BenchmarkMatchPrefix(b *testing.B) {
 		b.Fatalf("match %d", out[0].Blocks)
 	}
 }
+
+// coldMatchIndex is the router's cold benchmark at the index: 64 servers,
+// 72 distinct 8k prompts (more than the key memo keeps) each stored on one
+// of four servers; every query matches 511 blocks on one candidate, with
+// the index (2 MiB) and the prompts (2.3 MiB) beyond a core's L2.
+func coldMatchIndex(b *testing.B) (*Index, [][]int32, []ServerID) {
+	ix := New(Config{})
+	var ids []ServerID
+	for i := 0; i < 64; i++ {
+		id, _ := ix.AddServer(fmt.Sprint("s", i), ServerOptions{})
+		ids = append(ids, id)
+	}
+	const n, bs = 72, 16
+	ps := make([][]int32, n)
+	eng := uint64(1)
+	for k := range ps {
+		p := make([]int32, 8192)
+		for i := range p {
+			p[i] = int32(k*1_000_003 + i*7919)
+		}
+		ps[k] = p
+		hs := make([]uint64, len(p)/bs)
+		for i := range hs {
+			hs[i] = eng
+			eng++
+		}
+		if err := ix.Stored(ids[(k%4)*16], GPU, false, 0, hs, p, bs, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ix, ps, ids
+}
+
+// BenchmarkMatchCold8k hashes a cold 8k prompt and then walks its prefix
+// over 64 candidates, as the router does; the MatchOnly and HashOnly
+// benchmarks split it.
+func BenchmarkMatchCold8k(b *testing.B) {
+	ix, ps, ids := coldMatchIndex(b)
+	keys := make([]uint64, 0, 512)
+	out := make([]Match, len(ids))
+	var scratch []int32
+	i := 0
+	cpuLoop(b, func() {
+		keys = blockhash.AppendKeys(keys[:0], ps[i%len(ps)], 16, 0)
+		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
+		i++
+	})
+}
+
+// cpuLoop runs f per iteration and reports the thread's CPU ns per op.
+func cpuLoop(b *testing.B, f func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
+	n := 0
+	for b.Loop() {
+		f()
+		n++
+	}
+	b.ReportMetric(float64(threadCPU()-cpu0)/float64(n), "cpu-ns/op")
+}
+
+func BenchmarkMatchOnlyCold8k(b *testing.B) {
+	ix, ps, ids := coldMatchIndex(b)
+	keys := make([][]uint64, len(ps))
+	for k, p := range ps {
+		keys[k] = blockhash.Keys(p, 16, 0)
+	}
+	out := make([]Match, len(ids))
+	var scratch []int32
+	i := 0
+	cpuLoop(b, func() {
+		scratch = ix.MatchPrefix(keys[i%len(ps)][:511], ids, out, scratch)
+		i++
+	})
+}
+
+func BenchmarkHashOnlyCold8k(b *testing.B) {
+	_, ps, _ := coldMatchIndex(b)
+	keys := make([]uint64, 0, 512)
+	i := 0
+	cpuLoop(b, func() {
+		keys = blockhash.AppendKeys(keys[:0], ps[i%len(ps)], 16, 0)
+		i++
+	})
+}
+
+func BenchmarkMatchOnlyHot8k(b *testing.B) {
+	ix, ps, ids := coldMatchIndex(b)
+	keys := blockhash.Keys(ps[0], 16, 0)
+	out := make([]Match, len(ids))
+	var scratch []int32
+	cpuLoop(b, func() {
+		scratch = ix.MatchPrefix(keys[:511], ids, out, scratch)
+	})
+}

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
@@ -134,6 +135,66 @@ type rec struct {
 // empty reports whether no tier holds a copy.
 func (rc *rec) empty() bool { return rc.cnt == [NumTiers]uint8{} }
 
+// keyVal is the block-key table's value: the head of the key's record
+// chain and a summary of the chain. The summary lets the routing walk skip
+// the chain in the common case (every copy of the block confirmed on GPU
+// by events, on servers numbered below 64): the walk then needs the key's
+// table slot alone, and a cold prompt's blocks cost one cache miss each
+// instead of one per record.
+type keyVal struct {
+	head uint32
+	// loose counts the chain's records that hold the block in a way gpu
+	// does not capture (a lower tier only, speculation, server >= 64);
+	// the walk reads the chain when it is not zero.
+	loose uint32
+	// gpu has bit s set when server s (< 64) holds the block on GPU.
+	gpu uint64
+}
+
+// Record classes for the key summary (keyVal).
+const (
+	classNone  = iota // holds nothing: invisible to a match
+	classGPU          // in keyVal.gpu
+	classLoose        // counted in keyVal.loose
+)
+
+// class is how the key summary counts rc.
+func (rc *rec) class() uint8 {
+	switch {
+	case rc.cnt[GPU] > 0 && rc.server < 64:
+		return classGPU
+	case rc.cnt[GPU] > 0 || rc.cnt[CPU] > 0 || rc.cnt[SSD] > 0 || rc.spec != 0:
+		return classLoose
+	}
+	return classNone
+}
+
+// addClass adds (delta 1) or removes (delta -1) rc's class c to kv.
+func (kv *keyVal) addClass(rc *rec, c uint8, delta int) {
+	switch c {
+	case classGPU:
+		if delta > 0 {
+			kv.gpu |= 1 << rc.server
+		} else {
+			kv.gpu &^= 1 << rc.server
+		}
+	case classLoose:
+		kv.loose += uint32(delta)
+	}
+}
+
+// reclass updates rc's key summary after rc changed from class was.
+func (ix *Index) reclass(rc *rec, was uint8) {
+	now := rc.class()
+	if now == was {
+		return
+	}
+	if kv := ix.keys.ref(rc.key); kv != nil {
+		kv.addClass(rc, was, -1)
+		kv.addClass(rc, now, 1)
+	}
+}
+
 type server struct {
 	name   string
 	opts   ServerOptions
@@ -150,10 +211,10 @@ type Index struct {
 	mu      sync.RWMutex
 	cfg     Config
 	epoch   time.Time
-	keys    u64map     // block key -> head of its record chain
-	pages   [][]rec    // fixed-size pages: growth never copies or over-allocates
-	engines [][]uint64 // engine hash per record, pages parallel to pages
-	nrecs   uint32     // records allocated (live + free)
+	keys    u64table[keyVal] // block key -> its record chain
+	pages   [][]rec          // fixed-size pages: growth never copies or over-allocates
+	engines [][]uint64       // engine hash per record, pages parallel to pages
+	nrecs   uint32           // records allocated (live + free)
 	free    uint32
 	nfree   int
 	hand    uint32 // CLOCK hand
@@ -368,11 +429,9 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 var keyPool = sync.Pool{New: func() any { return new([]uint64) }}
 
 func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
-	for i := 0; i < n; i++ {
-		key = blockhash.Chain(key, tokens[i*bs:(i+1)*bs])
-		dst = append(dst, key)
-	}
-	return dst
+	dst = slices.Grow(dst, n)
+	blockhash.ChainInto(key, tokens, bs, dst[len(dst):len(dst)+n])
+	return dst[:len(dst)+n]
 }
 
 // parentKey reads the key an engine hash bridges to, without repairing
@@ -437,7 +496,9 @@ func (ix *Index) Removed(id ServerID, tier Tier, engineHashes []uint64) error {
 		}
 		rc := ix.at(r)
 		if rc.cnt[tier] > 0 {
+			was := rc.class()
 			rc.cnt[tier]--
+			ix.reclass(rc, was)
 		}
 		s.removed++
 		if rc.empty() {
@@ -470,8 +531,10 @@ func (ix *Index) Speculate(id ServerID, keys []uint64) {
 	exp := ix.tick(now.Add(ttl))
 	for _, k := range keys {
 		r := ix.findOrCreate(id, s, k)
-		if ix.at(r).spec < exp {
-			ix.at(r).spec = exp
+		if rc := ix.at(r); rc.spec < exp {
+			was := rc.class()
+			rc.spec = exp
+			ix.reclass(rc, was)
 		}
 		ix.touch(r, s)
 	}
@@ -505,6 +568,16 @@ type Match struct {
 // keys resident on it, with a per-tier breakdown; out[i] answers ids[i].
 // scratch may be nil; passing a reused slice avoids an allocation.
 func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch []int32) []int32 {
+	return ix.MatchPrefixPrefetch(keys, len(keys), ids, out, scratch)
+}
+
+// MatchPrefixPrefetch is MatchPrefix that first requests the table slots
+// of keys[prefetchFrom:], keys not looked up recently (the blocks of a
+// prompt the key memo did not know): their cache misses then overlap one
+// another instead of stalling the walk one probe at a time. Prefetching
+// keys already in cache costs more than it saves.
+func (ix *Index) MatchPrefixPrefetch(keys []uint64, prefetchFrom int, ids []ServerID, out []Match, scratch []int32) []int32 {
+	prefetchFrom = max(0, prefetchFrom)
 	for i := range out[:len(ids)] {
 		out[i] = Match{}
 	}
@@ -513,33 +586,31 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if cap(scratch) < len(ix.servers) {
-		scratch = make([]int32, len(ix.servers))
-	}
-	pos := scratch[:len(ix.servers)]
-	for i := range pos {
-		pos[i] = 0
-	}
-	for i, id := range ids {
-		if int(id) < len(pos) {
-			pos[id] = int32(i + 1)
-		}
-	}
 	now := ix.tick(ix.cfg.Now())
-	// The walk below is the routing hot path: pages and pos are hoisted
-	// into locals and the record is addressed inline, so each chain step
-	// is one dependent load with no calls or repeated bounds checks.
-	pages := ix.pages
 	out = out[:len(ids)]
 	if len(ids) <= 64 {
-		ix.matchMasked(keys, ids, out, pos, now)
+		var m masked
+		pos := ix.newMasked(&m, ids, out, scratch, now)
+		if prefetchFrom < len(keys) {
+			ix.prefetchKeys(keys[prefetchFrom:])
+		}
+		if m.walk(keys) {
+			m.finish()
+		}
 		return pos
 	}
+	pos := ix.candidatePos(ids, scratch)
+	// The walk below is the general case (over 64 candidates): pages and
+	// pos are hoisted into locals and the record is addressed inline, so
+	// each chain step is one dependent load with no calls or repeated
+	// bounds checks.
+	pages := ix.pages
 	for b, k := range keys {
-		r, ok := ix.keys.Get(k)
+		kv, ok := ix.keys.Get(k)
 		if !ok {
 			break
 		}
+		r := kv.head
 		advanced := false
 		for r != nilRec {
 			rc := &pages[r>>pageShift][r&(pageSize-1)]
@@ -553,7 +624,7 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 				continue
 			}
 			// A block counts on the best tier holding it; unexpired
-			// speculation counts as GPU (matchMasked applies the same rule).
+			// speculation counts as GPU (masked.step applies the same rule).
 			var t Tier
 			switch {
 			case rc.cnt[GPU] > 0 || rc.spec > now:
@@ -576,32 +647,271 @@ func (ix *Index) MatchPrefix(keys []uint64, ids []ServerID, out []Match, scratch
 	return pos
 }
 
-// matchMasked is MatchPrefix for up to 64 candidates, the common case.
+// candidatePos maps server ids to their 1-based position in ids (0 for a
+// server that is not a candidate), in scratch grown to the server table.
+// The caller holds the lock.
+func (ix *Index) candidatePos(ids []ServerID, scratch []int32) []int32 {
+	if cap(scratch) < len(ix.servers) {
+		scratch = make([]int32, len(ix.servers))
+	}
+	pos := scratch[:len(ix.servers)]
+	for i := range pos {
+		pos[i] = 0
+	}
+	for i, id := range ids {
+		if int(id) < len(pos) {
+			pos[id] = int32(i + 1)
+		}
+	}
+	return pos
+}
+
+// masked is the state of MatchPrefix for up to 64 candidates, the common
+// case.
 // Each block yields bitmasks of the candidates holding it per best tier, so
 // a block costs its chain walk plus a few word operations rather than a
 // read-modify-write of every advancing candidate's Match: candidates drop
 // out of the alive mask, and blocks on which every alive candidate is on
 // GPU (almost all of them) are counted once for all.
-func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []int32, now uint32) {
-	pages := ix.pages
-	alive := ^uint64(0) >> (64 - len(ids))
-	allGPU := 0 // blocks so far on which every alive candidate was on GPU
-	drop := func(mask uint64, blocks int) {
-		for ; mask != 0; mask &= mask - 1 {
-			m := &out[bits.TrailingZeros64(mask)]
-			m.Blocks = blocks
-			m.Tier[GPU] += allGPU
+//
+// When every candidate's server id is below 64 (fast), a candidate's bit is
+// its server id, so a key whose summary has no loose records answers from
+// keyVal.gpu without reading its chain. Otherwise a candidate's bit is its
+// position in ids.
+type masked struct {
+	keys   *u64table[keyVal]
+	pages  [][]rec
+	pos    []int32 // server -> its bit + 1, 0 for a non-candidate
+	out    []Match
+	outOf  [64]uint8 // bit -> index in out
+	fast   bool
+	now    uint32
+	alive  uint64
+	allGPU int // blocks so far on which every alive candidate was on GPU
+	b      int // blocks stepped so far
+}
+
+// newMasked prepares a match of up to 64 candidates, pos in scratch. The
+// caller holds the read lock and has zeroed out.
+func (ix *Index) newMasked(m *masked, ids []ServerID, out []Match, scratch []int32, now uint32) []int32 {
+	if cap(scratch) < len(ix.servers) {
+		scratch = make([]int32, len(ix.servers))
+	}
+	pos := scratch[:len(ix.servers)]
+	for i := range pos {
+		pos[i] = 0
+	}
+	*m = masked{keys: &ix.keys, pages: ix.pages, pos: pos, out: out, now: now, fast: true}
+	for _, id := range ids {
+		if int(id) < len(pos) && id >= 64 {
+			m.fast = false
 		}
 	}
-	end := len(keys)
-	for b, k := range keys {
-		r, ok := ix.keys.Get(k)
-		if !ok {
-			end = b
+	for i, id := range ids {
+		if int(id) >= len(pos) {
+			continue // unknown: its answer stays zero
+		}
+		bit := i
+		if m.fast {
+			bit = int(id)
+		}
+		// A repeated id answers at its last position, as MatchPrefix's
+		// general walk does; the earlier ones stay zero.
+		pos[id] = int32(bit + 1)
+		m.outOf[bit] = uint8(i)
+		m.alive |= 1 << bit
+	}
+	return pos
+}
+
+// drop ends the candidates in mask at blocks matched.
+func (m *masked) drop(mask uint64, blocks int) {
+	for ; mask != 0; mask &= mask - 1 {
+		o := &m.out[m.outOf[bits.TrailingZeros64(mask)]]
+		o.Blocks = blocks
+		o.Tier[GPU] += m.allGPU
+	}
+}
+
+// walk matches the next len(keys) blocks and reports whether any
+// candidate still holds every block so far; after false the answer is
+// final. It alternates two call-free loops: Go keeps no register across a
+// call, so a call per block would spill and reload the loop's state each
+// time.
+func (m *masked) walk(keys []uint64) bool {
+	for len(keys) > 0 {
+		keys = keys[m.walkGPU(keys):]
+		if len(keys) == 0 {
 			break
 		}
+		n, live := m.walkChains(keys)
+		if !live {
+			return false
+		}
+		keys = keys[n:]
+		if len(keys) > 0 && keys[0] == 0 {
+			// Key 0 lives outside the table's slots.
+			if !m.stepKV(m.keys.ref(0)) {
+				return false
+			}
+			keys = keys[1:]
+		}
+	}
+	return true
+}
+
+// walkChains matches leading keys by their record chains, up to a key
+// walkGPU can take (or key 0), and returns how many it matched and whether
+// a candidate is still alive. It is stepKV's body in a loop.
+func (m *masked) walkChains(keys []uint64) (int, bool) {
+	slots := m.keys.slots
+	if len(slots) == 0 { // no key but 0 can be present
+		if keys[0] == 0 {
+			return 0, true
+		}
+		m.drop(m.alive, m.b)
+		m.alive = 0
+		return 0, false
+	}
+	// Few locals: the loop is register-starved, and what does not fit is
+	// spilled and reloaded on every block. The rarely used state (out,
+	// the GPU run count) stays in m.
+	shift, mask := m.keys.shift&63, uint64(len(slots)-1)
+	alive := m.alive
+	n := 0
+	for ; n < len(keys); n++ {
+		k := keys[n]
+		if k == 0 {
+			break
+		}
+		var kv *keyVal
+		for i := (k * fib) >> shift; ; i = (i + 1) & mask {
+			sl := &slots[i&mask]
+			if sl.k == k {
+				kv = &sl.v
+				break
+			}
+			if sl.k == 0 {
+				break
+			}
+		}
+		if kv == nil {
+			m.drop(alive, m.b)
+			alive = 0
+			break
+		}
+		if m.fast && kv.loose == 0 && kv.gpu&alive == alive {
+			break // walkGPU's
+		}
 		var g, c, sd uint64
-		for r != nilRec {
+		if m.fast && kv.loose == 0 {
+			g = kv.gpu
+		} else {
+			pages, pos, now := m.pages, m.pos, m.now
+			for r := kv.head; r != nilRec; {
+				rc := &pages[r>>pageShift][r&(pageSize-1)]
+				r = rc.next
+				p := pos[rc.server]
+				if p == 0 {
+					continue
+				}
+				bit := uint64(1) << (p - 1)
+				switch {
+				case rc.cnt[GPU] > 0 || rc.spec > now:
+					g |= bit
+				case rc.cnt[CPU] > 0:
+					c |= bit
+				case rc.cnt[SSD] > 0:
+					sd |= bit
+				}
+			}
+		}
+		g, c, sd = g&alive, c&alive, sd&alive
+		next := g | c | sd
+		if gone := alive &^ next; gone != 0 {
+			m.drop(gone, m.b)
+		}
+		alive = next
+		m.b++
+		if alive == 0 {
+			break
+		}
+		if g == alive {
+			m.allGPU++
+			continue
+		}
+		m.countTiers(g, c, sd)
+	}
+	m.alive = alive
+	return n, alive != 0
+}
+
+// countTiers adds one block to each candidate in g, c and sd (bitmasks of
+// candidates holding it on GPU, CPU and SSD at best).
+func (m *masked) countTiers(g, c, sd uint64) {
+	out, outOf := m.out, &m.outOf
+	for x := g; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[GPU]++
+	}
+	for x := c; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[CPU]++
+	}
+	for x := sd; x != 0; x &= x - 1 {
+		out[outOf[bits.TrailingZeros64(x)]].Tier[SSD]++
+	}
+}
+
+// walkGPU consumes the leading keys whose summaries say every alive
+// candidate holds the block on GPU (almost every block of a cached
+// prefix) and returns how many: such a block costs its table probe alone.
+func (m *masked) walkGPU(keys []uint64) int {
+	slots := m.keys.slots
+	if !m.fast || len(slots) == 0 {
+		return 0
+	}
+	shift, mask, alive := m.keys.shift&63, uint64(len(slots)-1), m.alive
+	n := 0
+	for ; n < len(keys); n++ {
+		k := keys[n]
+		if k == 0 {
+			break // kept outside the slots
+		}
+		var kv *keyVal
+		for i := (k * fib) >> shift; ; i = (i + 1) & mask {
+			sl := &slots[i&mask]
+			if sl.k == k {
+				kv = &sl.v
+				break
+			}
+			if sl.k == 0 {
+				break
+			}
+		}
+		if kv == nil || kv.loose != 0 || kv.gpu&alive != alive {
+			break
+		}
+	}
+	m.b += n
+	m.allGPU += n
+	return n
+}
+
+// stepKV matches the next block, whose key's table value is kv (nil: no
+// server holds it).
+func (m *masked) stepKV(kv *keyVal) bool {
+	b := m.b
+	m.b++
+	if kv == nil {
+		m.drop(m.alive, b)
+		m.alive = 0
+		return false
+	}
+	var g, c, sd uint64
+	if m.fast && kv.loose == 0 {
+		g = kv.gpu
+	} else {
+		pages, pos, now := m.pages, m.pos, m.now
+		for r := kv.head; r != nilRec; {
 			rc := &pages[r>>pageShift][r&(pageSize-1)]
 			r = rc.next
 			p := pos[rc.server]
@@ -618,28 +928,27 @@ func (ix *Index) matchMasked(keys []uint64, ids []ServerID, out []Match, pos []i
 				sd |= bit
 			}
 		}
-		g, c, sd = g&alive, c&alive, sd&alive
-		next := g | c | sd
-		drop(alive&^next, b)
-		alive = next
-		if alive == 0 {
-			return
-		}
-		if g == alive {
-			allGPU++
-			continue
-		}
-		for m := g; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[GPU]++
-		}
-		for m := c; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[CPU]++
-		}
-		for m := sd; m != 0; m &= m - 1 {
-			out[bits.TrailingZeros64(m)].Tier[SSD]++
-		}
 	}
-	drop(alive, end)
+	alive := m.alive
+	g, c, sd = g&alive, c&alive, sd&alive
+	next := g | c | sd
+	m.drop(alive&^next, b)
+	m.alive = next
+	if next == 0 {
+		return false
+	}
+	if g == next {
+		m.allGPU++
+		return true
+	}
+	m.countTiers(g, c, sd)
+	return true
+}
+
+// finish settles the candidates still alive after the last key.
+func (m *masked) finish() {
+	m.drop(m.alive, m.b)
+	m.alive = 0
 }
 
 const (
@@ -655,8 +964,11 @@ func (ix *Index) at(r uint32) *rec { return &ix.pages[r>>pageShift][r&(pageSize-
 func (ix *Index) eng(r uint32) *uint64 { return &ix.engines[r>>pageShift][r&(pageSize-1)] }
 
 func (ix *Index) incr(r uint32, t Tier) {
-	if c := &ix.at(r).cnt[t]; *c < ^uint8(0) {
+	rc := ix.at(r)
+	if c := &rc.cnt[t]; *c < ^uint8(0) {
+		was := rc.class()
 		*c++
+		ix.reclass(rc, was)
 	}
 }
 
@@ -675,15 +987,15 @@ func (ix *Index) bridged(s *server, id ServerID, e uint64) (uint32, bool) {
 }
 
 func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
-	head, ok := ix.keys.Get(key)
-	if ok {
+	head := nilRec
+	kv := ix.keys.ref(key)
+	if kv != nil {
+		head = kv.head
 		for r := head; r != nilRec; r = ix.at(r).next {
 			if ix.at(r).server == uint16(id) {
 				return r
 			}
 		}
-	} else {
-		head = nilRec
 	}
 	var r uint32
 	if ix.free != nilRec {
@@ -700,7 +1012,12 @@ func (ix *Index) findOrCreate(id ServerID, s *server, key uint64) uint32 {
 	}
 	*ix.at(r) = rec{key: key, next: head, server: uint16(id), sprev: nilRec, snext: s.head, ref: 1}
 	*ix.eng(r) = 0
-	ix.keys.Put(key, r)
+	// The new record holds nothing yet (classNone): the summary stands.
+	if kv != nil {
+		kv.head = r // no Put or Delete since ref
+	} else {
+		ix.keys.Put(key, keyVal{head: r})
+	}
 	if s.head != nilRec {
 		ix.at(s.head).sprev = r
 	}
@@ -733,15 +1050,18 @@ func (ix *Index) touch(r uint32, s *server) {
 
 func (ix *Index) freeRec(r uint32, s *server) {
 	rc := ix.at(r)
-	// Unlink from the key chain.
-	if head, _ := ix.keys.Get(rc.key); head == r {
+	// Unlink from the key chain and its summary (a live record is always
+	// linked under its key).
+	kv := ix.keys.ref(rc.key)
+	kv.addClass(rc, rc.class(), -1)
+	if kv.head == r {
 		if rc.next == nilRec {
 			ix.keys.Delete(rc.key)
 		} else {
-			ix.keys.Put(rc.key, rc.next)
+			kv.head = rc.next
 		}
 	} else {
-		for p := head; p != nilRec; p = ix.at(p).next {
+		for p := kv.head; p != nilRec; p = ix.at(p).next {
 			if ix.at(p).next == r {
 				ix.at(p).next = rc.next
 				break

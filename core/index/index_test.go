@@ -399,6 +399,9 @@ func TestPropertyAgainstModel(t *testing.T) {
 			p := prompt()
 			keys := blockhash.Keys(p, bs, 0)
 			got := match(ix, keys, ids...)
+			if err := ix.checkSummaries(); err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, step, err)
+			}
 			for i, sid := range ids {
 				var want Match
 				for _, k := range keys {
@@ -465,10 +468,26 @@ func FuzzIndexOps(f *testing.F) {
 			if sum != st.Entries {
 				t.Fatalf("per-server entries %d != total %d", sum, st.Entries)
 			}
+			if err := ix.checkSummaries(); err != nil {
+				t.Fatal(err)
+			}
 			out := match(ix, keys, ids...)
 			for _, m := range out {
 				if m.Blocks > len(keys) || m.Tier[0]+m.Tier[1]+m.Tier[2] != m.Blocks {
 					t.Fatalf("inconsistent match %+v for %d keys", m, len(keys))
+				}
+			}
+			// The masked walk (key summaries) answers as the general
+			// per-record walk, which unknown ids past 64 force.
+			long := append(append([]ServerID(nil), ids...), make([]ServerID, 70)...)
+			for j := len(ids); j < len(long); j++ {
+				long[j] = ServerID(1000 + j)
+			}
+			general := make([]Match, len(long))
+			ix.MatchPrefix(keys, long, general, nil)
+			for j := range ids {
+				if general[j] != out[j] {
+					t.Fatalf("server %d: masked %+v, general %+v", ids[j], out[j], general[j])
 				}
 			}
 		}

@@ -17,11 +17,15 @@ func TestMatchMaskedAgreesWithGeneralWalk(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	clock := time.Unix(1000, 0)
 	ix := New(Config{MaxEntries: 1 << 16, SpecTTL: time.Second, Now: func() time.Time { return clock }})
+	// Servers 0-5 and 64-69 hold blocks: candidate sets without the
+	// latter use the key summaries (fast), sets with them do not.
 	const nsrv, bs = 12, 4
 	var srv []ServerID
-	for i := 0; i < nsrv; i++ {
+	for i := 0; i < 70; i++ {
 		id, _ := ix.AddServer(fmt.Sprint("s", i), ServerOptions{})
-		srv = append(srv, id)
+		if i < nsrv/2 || i >= 70-nsrv/2 {
+			srv = append(srv, id)
+		}
 	}
 	base := make([]int32, 64*bs)
 	for i := range base {
@@ -59,12 +63,19 @@ func TestMatchMaskedAgreesWithGeneralWalk(t *testing.T) {
 		case 3:
 			clock = clock.Add(time.Duration(rng.IntN(800)) * time.Millisecond)
 		}
+		if err := ix.checkSummaries(); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
 		q := blockhash.Keys(variant(), bs, 0)
 		ids := append([]ServerID(nil), srv...)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		ids = append(ids[:1+rng.IntN(len(ids))], ServerID(999))
+		if rng.IntN(4) == 0 {
+			ids = append(ids, ids[rng.IntN(len(ids))]) // a repeated candidate
+		}
 		fast := make([]Match, len(ids))
 		ix.MatchPrefix(q, ids, fast, nil)
+
 		// Padding with unknown ids past 64 forces the general walk.
 		long := append(append([]ServerID(nil), ids...), make([]ServerID, 70)...)
 		for i := len(ids); i < len(long); i++ {

@@ -11,7 +11,7 @@ func TestRecBytesIsRecSize(t *testing.T) {
 	if got := unsafe.Sizeof(rec{}) + unsafe.Sizeof(uint64(0)); got != recBytes {
 		t.Fatalf("unsafe.Sizeof(rec) = %d, recBytes = %d", got, recBytes)
 	}
-	if got := unsafe.Sizeof(u64slot{}); got != u64slotBytes {
+	if got := unsafe.Sizeof(u64slot[uint32]{}); got != u64slotBytes {
 		t.Fatalf("unsafe.Sizeof(u64slot) = %d, u64slotBytes = %d", got, u64slotBytes)
 	}
 }

@@ -561,11 +561,15 @@ func (r *Router) fillCandidates(req *Request) int {
 				next = i
 			}
 		}
+		// Every key is hashed before the index is read (outside its
+		// lock): speculation needs the keys beyond the matched prefix
+		// and the memo keeps them all, so stopping at the end of the
+		// match would save nothing.
 		keys := r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, ns)
 		r.keys[bs] = keys
 		hittable := blockhash.HittableBlocks(len(req.Tokens), bs)
 		r.matches = grow(r.matches, len(r.members))
-		r.scratch = r.ix.MatchPrefix(keys[:hittable], r.ids, r.matches, r.scratch)
+		r.scratch = r.ix.MatchPrefixPrefetch(keys[:hittable], r.memo.Reused(), r.ids, r.matches, r.scratch)
 		for j, i := range r.members {
 			r.cands[i].Hit = r.matches[j]
 			r.cands[i].HittableBlocks = hittable

@@ -1,8 +1,6 @@
 package strategy
 
 import (
-	"math"
-
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/index"
@@ -197,7 +195,7 @@ const sessionPrior = 32
 // of prior evidence for "multi-turn". Bound sessions that never return
 // (single-turn ids left in the LRU) are then not counted as future work.
 func multiTurn(req *Request) float64 {
-	return math.Min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
+	return min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
 }
 
 // sessionTerm is the per-decision part of the session load.
@@ -218,10 +216,12 @@ func (k *KVCAware) score(req *Request, c *Candidate, base *[index.NumTiers]int, 
 			cache += k.tier[t] * float64(b) / n
 			saved += b
 		}
-		covered = math.Min(1, float64(saved)/n)
+		// min and max are the builtins: math.Min and math.Max's results
+		// (NaN, signed zeros), compiled inline.
+		covered = min(1, float64(saved)/n)
 		if k.SavedScaleTokens > 0 && len(req.Tokens) > 0 {
 			tokens := float64(saved) * float64(len(req.Tokens)) / float64(c.HittableBlocks+1)
-			cache *= math.Min(1, tokens/float64(k.SavedScaleTokens))
+			cache *= min(1, tokens/float64(k.SavedScaleTokens))
 		}
 	}
 	load := k.EffectiveLoad(c)
@@ -253,7 +253,7 @@ func tokenLoad(c *Candidate, fallback int) float64 {
 	if capacity <= 0 {
 		capacity = fallback
 	}
-	return math.Max(c.Load, float64(c.InflightTokens)/float64(capacity))
+	return max(c.Load, float64(c.InflightTokens)/float64(capacity))
 }
 
 // EffectiveLoad implements LoadMeasure: the load kvc_aware scores with, so
