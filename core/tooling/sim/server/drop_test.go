@@ -108,3 +108,4 @@ func TestDropNextHook(t *testing.T) {
 		t.Fatalf("replay from %d gave %d batches", first, len(rep))
 	}
 }
+
