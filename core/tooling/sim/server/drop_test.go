@@ -108,4 +108,3 @@ func TestDropNextHook(t *testing.T) {
 		t.Fatalf("replay from %d gave %d batches", first, len(rep))
 	}
 }
-
