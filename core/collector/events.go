@@ -360,16 +360,20 @@ func (s *Subscriber) probe(ctx context.Context) {
 			case verdict == "":
 				verdict = "lost"
 			case verdict == "same":
-				missed++
+				if missed++; missed == 1 {
+					// Counted before the batch shows in the index (as in
+					// recoverStart and the live gap path): whoever sees
+					// the recovered blocks also sees the gap and replay.
+					s.mu.Lock()
+					s.gaps++
+					s.replays++
+					s.mu.Unlock()
+				}
 				s.applyReplayed(seq, payload)
 			}
 		})
 	s.mu.Lock()
 	s.badFrames += uint64(bad)
-	if missed > 0 {
-		s.gaps++
-		s.replays++
-	}
 	s.mu.Unlock()
 	if err != nil {
 		return // replay unreachable: the next live batch decides
@@ -387,9 +391,11 @@ func (s *Subscriber) probe(ctx context.Context) {
 		s.cfg.Logger.Warn("kv events: engine restart detected, clearing its index", "server", s.server, "last_seq", last)
 		s.clear()
 		s.resetSeq()
+		s.mu.Lock()
+		s.replays++ // before the new run's batches show in the index
+		s.mu.Unlock()
 		_, bad, _ := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.applyReplayed)
 		s.mu.Lock()
-		s.replays++
 		s.badFrames += uint64(bad)
 		s.mu.Unlock()
 	}

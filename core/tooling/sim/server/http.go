@@ -400,22 +400,27 @@ func (s *Server) handleDrop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pub := s.cores[rank].pub
+	// Validate everything first: a rejected request changes nothing.
+	next := 0
 	if n := q.Get("next"); n != "" {
 		k, err := strconv.Atoi(n)
 		if err != nil || k < 0 {
 			writeError(w, http.StatusBadRequest, "bad next")
 			return
 		}
-		pub.DropNext(k)
+		next = k
 	}
+	var seqs []uint64
 	for _, v := range q["seq"] {
 		seq, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "bad seq")
 			return
 		}
-		pub.DropSeqs(seq)
+		seqs = append(seqs, seq)
 	}
+	pub.DropNext(next)
+	pub.DropSeqs(seqs...)
 	writeJSON(w, http.StatusOK, map[string]any{"next_seq": pub.NextSeq(), "dropped": pub.Dropped()})
 }
 

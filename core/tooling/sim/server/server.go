@@ -335,7 +335,9 @@ func (c *core) stop() { c.stopOnce.Do(func() { close(c.quit) }) }
 
 var errStopped = errors.New("engine stopped")
 
-// do runs f on the loop goroutine and waits.
+// do runs f on the loop goroutine and waits. It returns only once f has
+// run or can no longer run: callers read what f wrote as soon as do
+// returns, even with an error.
 func (c *core) do(f func(*sim.Engine)) error {
 	done := make(chan struct{})
 	select {
@@ -347,7 +349,16 @@ func (c *core) do(f func(*sim.Engine)) error {
 	case <-done:
 		return nil
 	case <-c.quit:
-		return errStopped
+		// Stopping: the loop may be running f right now, or pick it up
+		// before it notices quit (select chooses at random). Once it has
+		// exited, f has finished or never will.
+		<-c.exited
+		select {
+		case <-done:
+			return nil
+		default:
+			return errStopped
+		}
 	}
 }
 
