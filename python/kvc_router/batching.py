@@ -34,7 +34,7 @@ import os
 import struct
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 logger = logging.getLogger("kvc_router")
 
@@ -110,6 +110,8 @@ class Batcher:
         self._scheduled = False
         self._fields: Optional[List[str]] = None
         self._fields_query: Optional[asyncio.Future] = None
+        #: the loop keeps only weak references to tasks: these keep collectors alive.
+        self._collectors: Set[asyncio.Task] = set()
         #: batches sent, requests carried (acquires + releases): for tests and status.
         self.batches = 0
         self.carried = 0
@@ -165,7 +167,9 @@ class Batcher:
             self._inflight += 1
             self.batches += 1
             self.carried += len(batch) + len(releases)
-            self._loop.create_task(self._collect(ref, [fut for _, _, fut, _ in batch]))
+            task = self._loop.create_task(self._collect(ref, [fut for _, _, fut, _ in batch]))
+            self._collectors.add(task)
+            task.add_done_callback(self._collectors.discard)
 
     async def _collect(self, ref: Any, futures: Sequence[asyncio.Future]) -> None:
         try:
