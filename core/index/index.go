@@ -807,24 +807,7 @@ func (m *masked) walkChains(keys []uint64) (int, bool) {
 		if m.fast && kv.loose == 0 {
 			g = kv.gpu
 		} else {
-			pages, pos, now := m.pages, m.pos, m.now
-			for r := kv.head; r != nilRec; {
-				rc := &pages[r>>pageShift][r&(pageSize-1)]
-				r = rc.next
-				p := pos[rc.server]
-				if p == 0 {
-					continue
-				}
-				bit := uint64(1) << (p - 1)
-				switch {
-				case rc.cnt[GPU] > 0 || rc.spec > now:
-					g |= bit
-				case rc.cnt[CPU] > 0:
-					c |= bit
-				case rc.cnt[SSD] > 0:
-					sd |= bit
-				}
-			}
+			g, c, sd = m.recordMasks(kv)
 		}
 		g, c, sd = g&alive, c&alive, sd&alive
 		next := g | c | sd
@@ -896,6 +879,30 @@ func (m *masked) walkGPU(keys []uint64) int {
 	return n
 }
 
+// recordMasks reads kv's records (the path its summary cannot answer): the
+// candidates holding the block on GPU (or speculatively), else CPU, else SSD.
+func (m *masked) recordMasks(kv *keyVal) (g, c, sd uint64) {
+	pages, pos, now := m.pages, m.pos, m.now
+	for r := kv.head; r != nilRec; {
+		rc := &pages[r>>pageShift][r&(pageSize-1)]
+		r = rc.next
+		p := pos[rc.server]
+		if p == 0 {
+			continue
+		}
+		bit := uint64(1) << (p - 1)
+		switch {
+		case rc.cnt[GPU] > 0 || rc.spec > now:
+			g |= bit
+		case rc.cnt[CPU] > 0:
+			c |= bit
+		case rc.cnt[SSD] > 0:
+			sd |= bit
+		}
+	}
+	return g, c, sd
+}
+
 // stepKV matches the next block, whose key's table value is kv (nil: no
 // server holds it).
 func (m *masked) stepKV(kv *keyVal) bool {
@@ -910,24 +917,7 @@ func (m *masked) stepKV(kv *keyVal) bool {
 	if m.fast && kv.loose == 0 {
 		g = kv.gpu
 	} else {
-		pages, pos, now := m.pages, m.pos, m.now
-		for r := kv.head; r != nilRec; {
-			rc := &pages[r>>pageShift][r&(pageSize-1)]
-			r = rc.next
-			p := pos[rc.server]
-			if p == 0 {
-				continue
-			}
-			bit := uint64(1) << (p - 1)
-			switch {
-			case rc.cnt[GPU] > 0 || rc.spec > now:
-				g |= bit
-			case rc.cnt[CPU] > 0:
-				c |= bit
-			case rc.cnt[SSD] > 0:
-				sd |= bit
-			}
-		}
+		g, c, sd = m.recordMasks(kv)
 	}
 	alive := m.alive
 	g, c, sd = g&alive, c&alive, sd&alive
