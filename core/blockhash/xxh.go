@@ -21,6 +21,15 @@ func round(acc, input uint64) uint64 {
 	return acc * prime1
 }
 
+// avalanche is xxhash64's final mix (small enough to inline).
+func avalanche(h uint64) uint64 {
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	return h ^ h>>32
+}
+
 func mergeRound(acc, val uint64) uint64 {
 	acc ^= round(0, val)
 	return acc*prime1 + prime4
@@ -84,12 +93,7 @@ func Chain(parent uint64, block []int32) uint64 {
 		h ^= uint64(binary.LittleEndian.Uint32(tb[:4])) * prime1
 		h = bits.RotateLeft64(h, 23)*prime2 + prime3
 	}
-	h ^= h >> 33
-	h *= prime2
-	h ^= h >> 29
-	h *= prime3
-	h ^= h >> 32
-	return h
+	return avalanche(h)
 }
 
 // chain16 chains len(out) 16-token blocks from parent: out[i] is the key
@@ -120,11 +124,7 @@ func chain16(parent uint64, tb []byte, out []uint64) uint64 {
 		h += 8 + 4*DefaultBlockSize
 		h ^= round(0, le.Uint64(b[56:64]))
 		h = bits.RotateLeft64(h, 27)*prime1 + prime4
-		h ^= h >> 33
-		h *= prime2
-		h ^= h >> 29
-		h *= prime3
-		h ^= h >> 32
+		h = avalanche(h)
 		out[i] = h
 		parent = h
 	}
