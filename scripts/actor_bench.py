@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument(
         "--kvc-variant", default="kvc", help="variant reported as kvc_pairs_per_s (kvc: as the verl hook runs it)"
     )
+    ap.add_argument("--extra", action="store_true", help="also the unshipped async and threaded actors")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "overhead", "actor.json"))
     a = ap.parse_args()
     import ray
@@ -41,7 +42,8 @@ def main() -> None:
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pypath}})
     try:
-        res = actor_bench.run(ray, cfg)
+        variants = actor_bench.default_variants() + (actor_bench.extra_variants() if a.extra else [])
+        res = actor_bench.run(ray, cfg, variants)
     finally:
         ray.shutdown()
     rows = actor_bench.rows(res, a.kvc_variant, cfg.callers)
