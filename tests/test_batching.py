@@ -171,6 +171,16 @@ def test_dead_actor_fails_every_pending_caller(make_actor, ray_cluster):
         b = batching.batcher_for(lb)
         await b.acquire("ok", prompt(0))
         ray.kill(lb)
+        # ray.kill is asynchronous: wait until the actor is known dead, so a
+        # batch sent next cannot still be served by it.
+        for _ in range(600):
+            try:
+                await lb.get_total_inflight.remote()
+            except ray.exceptions.RayActorError:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("actor still answering 30 s after ray.kill")
         return await asyncio.wait_for(
             asyncio.gather(*(b.acquire(f"r{i}", prompt(i)) for i in range(8)), return_exceptions=True), 60
         )
