@@ -73,7 +73,8 @@ def stream_events(
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/completions", body=data_out, headers={"Content-Type": "application/json", **(headers or {})})
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        conn.request("POST", "/v1/completions", body=data_out, headers=hdrs)
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
