@@ -14,8 +14,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // endSeq marks the end of a replay (-1 as a signed 8-byte big-endian value).
@@ -101,7 +102,7 @@ type PublisherStatus struct {
 // Subscriber follows one publisher: SUB socket, sequence tracking, replay
 // on gaps, index clearing on engine restart, re-dial on silence.
 type Subscriber struct {
-	r      *router.Router
+	r      sink.Events
 	server string
 	ep     Endpoint
 	cfg    SubscriberConfig
@@ -137,7 +138,7 @@ type Subscriber struct {
 }
 
 // NewSubscriber prepares a subscription; Start begins it.
-func NewSubscriber(r *router.Router, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
+func NewSubscriber(r sink.Events, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
 	return &Subscriber{r: r, server: server, ep: ep, cfg: cfg.withDefaults(), lastSeq: -1}
 }
 
@@ -208,11 +209,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 	defer cancel()
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithDialerRetry(s.cfg.RetryInterval))
-	defer closeDrained(sub)
+	defer zmtp.CloseDrained(sub)
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
 		return err
 	}
-	if err := sub.Dial(dialEndpoint(s.ep.Endpoint)); err != nil {
+	if err := sub.Dial(zmtp.DialEndpoint(s.ep.Endpoint)); err != nil {
 		s.setConnected(false)
 		return err
 	}
@@ -449,8 +450,8 @@ func (s *Subscriber) resetSeq() {
 }
 
 func (s *Subscriber) clear() {
-	if id, ok := s.r.ServerIndexID(s.server); ok {
-		_ = s.r.Index().Cleared(id)
+	if w, ok := s.r.EventWriter(s.server); ok {
+		_ = w.Cleared()
 		s.stats.Cleared.Add(1)
 	}
 }
@@ -525,8 +526,8 @@ func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialT
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
-	defer closeDrained(d)
-	if err := d.Dial(dialEndpoint(endpoint)); err != nil {
+	defer zmtp.CloseDrained(d)
+	if err := d.Dial(zmtp.DialEndpoint(endpoint)); err != nil {
 		return false, 0, err
 	}
 	var start [8]byte
