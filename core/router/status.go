@@ -28,6 +28,9 @@ type Status struct {
 	Approximate   bool           `json:"approximate"`
 	StickySize    int            `json:"sticky_size"`
 	StickyMax     int            `json:"sticky_max_size"`
+	// MaxPrompt is max_prompt_tokens: callers check a prompt's length
+	// against it before they pack the tokens.
+	MaxPrompt     int            `json:"max_prompt_tokens"`
 	TotalInflight int            `json:"total_inflight"`
 	Servers       []ServerStatus `json:"servers"`
 	Counters      Counters       `json:"counters"`
@@ -41,7 +44,7 @@ func (r *Router) Status() Status {
 	st := Status{
 		Mode: r.cfg.Mode, Strategy: r.strat.Name(), LoadThreshold: r.threshold,
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
-		StickyMax: r.cfg.StickyMaxSize, Counters: r.counters,
+		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters,
 	}
 	for _, s := range r.pool {
 		sn, _ := r.ld.Get(s.id)
