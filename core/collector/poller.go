@@ -328,6 +328,11 @@ func (p *Poller) Status() []TargetStatus {
 // configured above metrics.DefaultLimit is honoured.
 func PushMetrics(r *router.Router, server string, text []byte, flavor metrics.Flavor) error {
 	m, err := metrics.ParseBytes(text, flavor, int64(len(text)))
+	if errors.Is(err, metrics.ErrImpossible) {
+		// As for a scrape: the reason shows in the server's status and its
+		// last good metrics age out (the caller gets the error too).
+		r.Load().Fail(server, err)
+	}
 	if err != nil {
 		return err
 	}

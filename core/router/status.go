@@ -20,14 +20,14 @@ type ServerStatus struct {
 
 // Status is the router's full state summary.
 type Status struct {
-	Mode          string         `json:"mode"`
-	Strategy      string         `json:"strategy"`
-	LoadThreshold float64        `json:"load_threshold"`
-	StickyOverld  bool           `json:"sticky_overload"`
-	Speculate     bool           `json:"speculate"`
-	Approximate   bool           `json:"approximate"`
-	StickySize    int            `json:"sticky_size"`
-	StickyMax     int            `json:"sticky_max_size"`
+	Mode          string  `json:"mode"`
+	Strategy      string  `json:"strategy"`
+	LoadThreshold float64 `json:"load_threshold"`
+	StickyOverld  bool    `json:"sticky_overload"`
+	Speculate     bool    `json:"speculate"`
+	Approximate   bool    `json:"approximate"`
+	StickySize    int     `json:"sticky_size"`
+	StickyMax     int     `json:"sticky_max_size"`
 	// MaxPrompt is max_prompt_tokens: callers check a prompt's length
 	// against it before they pack the tokens.
 	MaxPrompt     int            `json:"max_prompt_tokens"`
