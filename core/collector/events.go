@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 	"github.com/kvc-router/kvc-router/core/kvevents"
 	"github.com/kvc-router/kvc-router/core/router"
 )
@@ -208,11 +209,11 @@ func (s *Subscriber) session(ctx context.Context) error {
 	defer cancel()
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithDialerRetry(s.cfg.RetryInterval))
-	defer closeDrained(sub)
+	defer zmtp.CloseDrained(sub)
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
 		return err
 	}
-	if err := sub.Dial(dialEndpoint(s.ep.Endpoint)); err != nil {
+	if err := sub.Dial(zmtp.DialEndpoint(s.ep.Endpoint)); err != nil {
 		s.setConnected(false)
 		return err
 	}
@@ -525,8 +526,8 @@ func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialT
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
-	defer closeDrained(d)
-	if err := d.Dial(dialEndpoint(endpoint)); err != nil {
+	defer zmtp.CloseDrained(d)
+	if err := d.Dial(zmtp.DialEndpoint(endpoint)); err != nil {
 		return false, 0, err
 	}
 	var start [8]byte

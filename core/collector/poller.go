@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvc-router/kvc-router/core/collector/internal/scrape"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/router"
@@ -34,7 +35,7 @@ type PollerConfig struct {
 	URLs map[string]string
 	// Client, when set, fetches every URL through net/http. Left nil,
 	// plain http:// URLs use the poller's own HTTP/1.1 client
-	// (httpscrape.go) and the rest (https, credentials in the URL) a
+	// (internal/scrape) and the rest (https, credentials in the URL) a
 	// default net/http client.
 	Client *http.Client
 	// Logger receives health changes; nil means slog.Default().
@@ -94,7 +95,7 @@ type target struct {
 	// leaves the pool. sc, used only by the worker, is the target's own
 	// client; nil means net/http.
 	url       string
-	sc        *scrapeConn
+	sc        *scrape.Conn
 	kick      chan struct{}
 	failures  int
 	nextAt    time.Time
@@ -124,7 +125,7 @@ type Poller struct {
 	r   *router.Router
 	cfg PollerConfig
 	// ownClient: no Client was configured, so plain http URLs use
-	// scrapeConn.
+	// scrape.Conn.
 	ownClient bool
 	mu        sync.Mutex
 	tgts      map[string]*target
@@ -191,7 +192,7 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 		if !ok {
 			tg = &target{url: p.url(s), kick: make(chan struct{}, 1)}
 			if p.ownClient {
-				tg.sc, _ = newScrapeConn(tg.url, p.cfg.Timeout, p.cfg.MaxBytes)
+				tg.sc, _ = scrape.New(tg.url, p.cfg.Timeout, p.cfg.MaxBytes)
 			}
 			p.tgts[s] = tg
 			p.wg.Add(1)
@@ -216,7 +217,7 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 	defer p.wg.Done()
 	if tg.sc != nil {
-		defer tg.sc.close()
+		defer tg.sc.Close()
 	}
 	for {
 		select {
@@ -247,7 +248,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 	if err != nil {
 		tg.errors++
 		if errors.Is(err, metrics.ErrMalformed) || errors.Is(err, metrics.ErrNoMetrics) || errors.Is(err, metrics.ErrTooLarge) ||
-			errors.Is(err, ErrBadResponse) {
+			errors.Is(err, scrape.ErrBadResponse) {
 			tg.malformed++
 		}
 		tg.failures++
@@ -277,7 +278,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 
 func (p *Poller) fetch(ctx context.Context, tg *target) (load.Metrics, error) {
 	if tg.sc != nil {
-		body, err := tg.sc.get(ctx)
+		body, err := tg.sc.Get(ctx)
 		if err != nil {
 			return load.Metrics{}, err
 		}
