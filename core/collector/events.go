@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // endSeq marks the end of a replay (-1 as a signed 8-byte big-endian value).
@@ -104,7 +104,7 @@ type PublisherStatus struct {
 // Subscriber follows one publisher: SUB socket, sequence tracking, replay
 // on gaps, index clearing on engine restart, re-dial on silence.
 type Subscriber struct {
-	r      *router.Router
+	r      sink.Events
 	server string
 	ep     Endpoint
 	cfg    SubscriberConfig
@@ -141,7 +141,7 @@ type Subscriber struct {
 }
 
 // NewSubscriber prepares a subscription; Start begins it.
-func NewSubscriber(r *router.Router, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
+func NewSubscriber(r sink.Events, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
 	return &Subscriber{r: r, server: server, ep: ep, cfg: cfg.withDefaults()}
 }
 
@@ -456,8 +456,8 @@ func (s *Subscriber) resetSeq() {
 }
 
 func (s *Subscriber) clear() {
-	if id, ok := s.r.ServerIndexID(s.server); ok {
-		_ = s.r.Index().Cleared(id)
+	if w, ok := s.r.EventWriter(s.server); ok {
+		_ = w.Cleared()
 		s.stats.Cleared.Add(1)
 	}
 }

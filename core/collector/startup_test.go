@@ -33,8 +33,7 @@ func startupBatch(i int) (*kvevents.Batch, []int32) {
 // each once: a batch applied twice would show 2 copies.
 func assertSingleCopies(t *testing.T, r *router.Router, server string, want int) {
 	t.Helper()
-	id, _ := r.ServerIndexID(server)
-	snap := r.Index().Snapshot(id)
+	snap := r.Residency(server)
 	if len(snap) != want {
 		t.Fatalf("index holds %d blocks, want %d", len(snap), want)
 	}
