@@ -15,7 +15,7 @@ import (
 	"github.com/kvc-router/kvc-router/core/collector/internal/scrape"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // PollerConfig tunes a metrics poller.
@@ -122,7 +122,7 @@ type TargetStatus struct {
 // Poller scrapes every pool member's /metrics on an interval. It follows the
 // router's pool as servers come and go.
 type Poller struct {
-	r   *router.Router
+	r   sink.Load
 	cfg PollerConfig
 	// ownClient: no Client was configured, so plain http URLs use
 	// scrape.Conn.
@@ -134,7 +134,7 @@ type Poller struct {
 }
 
 // NewPoller prepares a poller; Start begins it.
-func NewPoller(r *router.Router, cfg PollerConfig) *Poller {
+func NewPoller(r sink.Load, cfg PollerConfig) *Poller {
 	return &Poller{r: r, cfg: cfg.withDefaults(), ownClient: cfg.Client == nil, tgts: make(map[string]*target)}
 }
 
@@ -258,11 +258,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 		// A refused connection means nothing listens there any more (a
 		// killed engine): avoid it now, not after UnhealthyAfter scrapes
 		// spaced by the backoff (7 intervals with the defaults).
-		fail := p.r.Load().Fail
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			fail = p.r.Load().Down
-		}
-		if fail(server, err) && !tg.unhealthy {
+		if p.r.MetricsFailed(server, err, errors.Is(err, syscall.ECONNREFUSED)) && !tg.unhealthy {
 			tg.unhealthy = true
 			p.cfg.Logger.Warn("metrics: server unhealthy", "server", server, "failures", tg.failures, "err", err)
 		}
@@ -327,8 +323,13 @@ func (p *Poller) Status() []TargetStatus {
 // previous snapshot is kept. The text is already in memory: bounding its
 // size is the caller's (the C ABI's push.max_metrics_bytes), so a limit
 // configured above metrics.DefaultLimit is honoured.
-func PushMetrics(r *router.Router, server string, text []byte, flavor metrics.Flavor) error {
+func PushMetrics(r sink.Load, server string, text []byte, flavor metrics.Flavor) error {
 	m, err := metrics.ParseBytes(text, flavor, int64(len(text)))
+	if errors.Is(err, metrics.ErrImpossible) {
+		// As for a scrape: the reason shows in the server's status and its
+		// last good metrics age out (the caller gets the error too).
+		r.MetricsFailed(server, err, false)
+	}
 	if err != nil {
 		return err
 	}

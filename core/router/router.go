@@ -80,6 +80,7 @@ type server struct {
 	// sessions counts sticky bindings to this id (shared with
 	// Router.sessions, so a removed and re-added id keeps its count).
 	sessions *int
+	writer   *eventWriter // made on first EventWriter call
 }
 
 // Router is safe for concurrent use.
@@ -198,12 +199,6 @@ func (r *Router) unbound(_ string, server string) {
 	}
 }
 
-// Index exposes the block index to collectors.
-func (r *Router) Index() *index.Index { return r.ix }
-
-// Load exposes the load store to collectors.
-func (r *Router) Load() *load.Store { return r.ld }
-
 // Config returns the normalised configuration.
 func (r *Router) Config() Config { return r.cfg }
 
@@ -280,17 +275,6 @@ func (r *Router) Servers() []string {
 		out[i] = s.id
 	}
 	return out
-}
-
-// ServerIndexID returns a pool member's index id (for collectors).
-func (r *Router) ServerIndexID(id string) (index.ServerID, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.byID[id]
-	if !ok {
-		return 0, false
-	}
-	return s.ix, true
 }
 
 // SetEventFeed declares whether a server's residency comes from KV events

@@ -148,12 +148,11 @@ type engine struct {
 	res     sim.StepResult
 	metrics load.Metrics
 	scraped bool
-	// Dynamo-style router-local accounting: prompt blocks still to
-	// prefill, and active full prompt blocks with their reference counts
-	// (shared prefixes count once) plus one partial block per sequence.
+	// Dynamo-style router-local accounting: prompt tokens still to
+	// prefill (in blocks), and active full prompt blocks with their
+	// reference counts (shared prefixes count once).
 	prefill float64
 	blocks  map[uint64]int32
-	nseq    int
 }
 
 type flight struct {
@@ -223,13 +222,15 @@ func (s signals) Active(server, reqID string) (peers.Active, bool) {
 		return peers.Active{}, false
 	}
 	e := d.engines[i]
-	fresh := 1.0 // the request's partial last block
+	// Full blocks only, as Dynamo 1.6.1 counts them (its
+	// get_potential_loads; core/tooling/peers/dynamo_diff_test.go).
+	fresh := 0.0
 	for _, k := range d.curKeys {
 		if e.blocks[k] == 0 {
 			fresh++
 		}
 	}
-	return peers.Active{PrefillBlocks: e.prefill, DecodeBlocks: float64(len(e.blocks) + e.nseq), NewBlocks: fresh}, true
+	return peers.Active{PrefillBlocks: e.prefill, DecodeBlocks: float64(len(e.blocks)), NewBlocks: fresh}, true
 }
 
 func (s signals) Session(reqID string) (string, bool) {
@@ -426,12 +427,12 @@ func (d *driver) place(it *Item, prompt []int32, dec router.Decision) error {
 		return fmt.Errorf("router chose unknown server %q", dec.Server)
 	}
 	e := d.engines[i]
-	blocks := float64(len(prompt)/d.bs + 1)
 	hit := 0
 	if dec.BlockSize > 0 {
 		hit = (dec.HitBlocks[0] + dec.HitBlocks[1] + dec.HitBlocks[2]) * dec.BlockSize / d.bs
 	}
-	f := &flight{item: it, eng: i, at: it.At, prefill: math.Max(0, blocks-float64(hit))}
+	// Uncached prompt tokens in blocks, as Dynamo tracks prefill load.
+	f := &flight{item: it, eng: i, at: it.At, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
 	e.prefill += f.prefill
 	if d.pol.Sessions {
 		d.sessions[it.Key] = e.id
@@ -441,7 +442,6 @@ func (d *driver) place(it *Item, prompt []int32, dec router.Decision) error {
 		for _, k := range f.akeys {
 			e.blocks[k]++
 		}
-		e.nseq++
 	}
 	if d.opt.Record {
 		f.keys = blockhash.AppendKeys(nil, prompt, d.bs, d.ns)
@@ -506,7 +506,6 @@ func (d *driver) stepEnd(i int) error {
 					delete(e.blocks, k)
 				}
 			}
-			e.nseq--
 		}
 		d.admitted, _ = d.r.ReleaseAdmit(e.id, d.admitted[:0])
 		for _, a := range d.admitted {
