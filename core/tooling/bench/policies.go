@@ -20,7 +20,7 @@ var PolicyNames = []string{
 	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
 	"llmd_precise+nohit", "llmd_precise+active",
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session",
-	"kvc_aware", "kvc_aware_approx",
+	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 }
 
 // DefaultPolicies is what kvbench runs when no policy is named: every
@@ -118,6 +118,8 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     session → worker binding with no load breakout
 //     (--router-session-affinity-ttl-secs).
 //   - kvc_aware: ours, KV events, sticky request ids.
+//   - kvc_aware+admit: ours with router-side admission (router.AdmissionSpec:
+//     hold requests while every engine runs max_num_seqs, late binding).
 //   - kvc_aware_approx: ours without events (speculative index only).
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
@@ -240,7 +242,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				}
 				return c
 			}}, nil
-	case "kvc_aware", "kvc_aware_approx":
+	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx":
 		if len(raw) > 0 {
 			// Validate now, so a bad parameter fails before any run.
 			k := strategy.DefaultKVCAware()
@@ -251,11 +253,12 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				return Policy{}, err
 			}
 		}
-		events := name == "kvc_aware"
+		events := base == "kvc_aware"
 		// verl's weight-update hook resets kvc-router's index
 		// (reset_prefix_index); no peer has such an API.
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true, Config: func(peers.Signals) router.Config {
 			c := router.Config{Mode: router.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize}
+			c.Admission.Enabled = name == "kvc_aware+admit"
 			if events {
 				c.Servers = uncapped()
 			}
