@@ -23,7 +23,7 @@ PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
+.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short arena-full render freeze-kvc-aware peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -36,7 +36,10 @@ help:
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each policy's main knob on seeds 101,102, report seeds 1-5 (mean, SD)"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
-	@echo "arena  - real sglang-router/vllm-router vs kvc-router on vllm-sim fleets, 5 workloads x 3 seeds (~15 min)"
+	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent, mooncake x 5 fresh seeds (~13 min)"
+	@echo "arena-full   - every arena workload and policy (~25 min)"
+	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
+	@echo "freeze-kvc-aware - write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit"
 	@echo "arena-short  - the same at a small size, one seed (ARENA_ARGS=... passes options to scripts/arena.py)"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
@@ -107,7 +110,9 @@ bench:
 # KVBENCH_TRACE: the Mooncake trace (default: the full public trace beside
 # the repository; cmd/kvbench/testdata/conversation_trace_1000.jsonl ships in it).
 KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
-KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 1,2,3,4,5
+# Reported seeds 301-310: never run before kvc_aware's configuration was frozen
+# (docs/frozen-kvc-aware.json, `make freeze-kvc-aware`); tuning only on 101-102.
+KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 301,302,303,304,305,306,307,308,309,310 --kvc-frozen docs/frozen-kvc-aware.json
 
 kvbench:
 	@mkdir -p build
@@ -136,8 +141,26 @@ peers-venv: $(VENV_PEERS)/.stamp
 $(VENV_PEERS)/.stamp: scripts/peers_venv.sh
 	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
 
+# `make arena`: the RL-scale workloads + Mooncake, 7 policies, fresh seeds 301-305
+# (scripts/arena.py's defaults; ~13 min here). arena-full adds the earlier
+# workloads and round_robin (~25 min).
 arena: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py $(ARENA_ARGS)
+
+arena-full: venv build $(PYLIB) peers-venv
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --workloads all --policies all $(ARENA_ARGS)
+
+# Copies the last arena / held-out JSON into docs/results/ and renders the
+# tables of docs/arena.md, docs/kvbench.md and README.md from it.
+render: venv
+	@mkdir -p docs/results
+	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
+	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
+	$(PYH) scripts/render_results.py
+
+# Freezes kvc_aware's whole configuration at the current commit (clean tree).
+freeze-kvc-aware: venv $(PYLIB)
+	$(PYH) scripts/freeze_kvc_aware.py
 
 arena-short: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)

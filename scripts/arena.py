@@ -11,6 +11,9 @@ import time
 
 try:
     from kvc_harness.arena import (
+        DEFAULT_POLICIES,
+        DEFAULT_SEEDS,
+        DEFAULT_WORKLOADS,
         FROZEN_DEFAULT,
         POLICIES,
         ArenaConfig,
@@ -30,9 +33,10 @@ except ModuleNotFoundError as e:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--short", action="store_true", help="small traces (the pytest/make arena-short size)")
-    ap.add_argument("--workloads", default="grpo,agent,agent_open,long_agent,mooncake")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help="comma-separated, or 'all'")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated, or 'all'")
+    ap.add_argument("--seeds", default=DEFAULT_SEEDS,
+                    help="reported seeds (fresh: never run before the freeze); tune only on 101,102")
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--speed", type=float, default=20.0, help="simulated seconds per wall second")
     ap.add_argument("--out", default=None, help="output directory (default build/arena)")
@@ -47,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="streamed requests (client TTFT measured) or not (less client work per request)")
     a = ap.parse_args(argv)
     specs = workload_specs(short=a.short)
+    if a.workloads == "all":
+        a.workloads = ",".join(specs)
+    if a.policies == "all":
+        a.policies = ",".join(POLICIES)
     names = [w for w in a.workloads.split(",") if w]
     unknown = [w for w in names if w not in specs]
     if unknown:

@@ -70,8 +70,14 @@ PEERS = {
     "vllm_router_kv_aware_session": ("vllm", "kv_aware",
                                      ("--kv-aware-session-affinity-ttl-secs", str(SESSION_TTL_S))),
 }
-# The default table: launcher-default peers plus the session variant.
-DEFAULT_POLICIES = POLICIES
+# `make arena`: every real peer (launcher defaults, plus vllm-router's session
+# variant) against verl's balancer and kvc_aware; round_robin only in arena-full.
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p != "round_robin")
+# The RL-scale workloads (issue 18) and the Mooncake trace; `--workloads all` adds
+# grpo, agent and agent_open.
+DEFAULT_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent", "mooncake")
+# Reported seeds: never run before kvc_aware's configuration was frozen.
+DEFAULT_SEEDS = "301,302,303,304,305"
 BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
 RESULT_KEYS = (
     "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
@@ -566,6 +572,27 @@ class PeerRouter(Route):
     def acquire(self, rid, prompt_ids):
         return self.url, "", None
 
+    def decision_metrics(self) -> Dict[str, float]:
+        """The router's own Prometheus counters about its routing decisions
+        (why it chose what it chose), e.g. vllm-router's cache_aware
+        decision kinds and per-worker picks."""
+        try:
+            status, body = http_request(f"http://{HOST}:{self.prom_port}/metrics", timeout=10.0)
+        except OSError:
+            return {}
+        out: Dict[str, float] = {}
+        if status != 200:
+            return out
+        for line in body.decode("utf-8", "replace").splitlines():
+            if line.startswith("#") or not any(k in line for k in ("decision", "processed", "load_balancing")):
+                continue
+            name, _, val = line.rpartition(" ")
+            try:
+                out[name] = float(val)
+            except ValueError:
+                pass
+        return out
+
     def close(self) -> None:
         self.cleanup.stop_process(self.proc)
 
@@ -770,6 +797,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         router_status = route.status() if isinstance(route, Balancer) else None
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
+        peer_decisions = route.decision_metrics() if isinstance(route, PeerRouter) else None
     finally:
         if route is not None:
             route.close()
@@ -785,6 +813,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         res["details"]["router_config"] = router_config_used
     if dynamo_overlap is not None:
         res["details"]["dynamo_overlap_blocks"] = dynamo_overlap
+    if peer_decisions:
+        res["details"]["router_decisions"] = peer_decisions
     return res
 
 
