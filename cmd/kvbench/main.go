@@ -82,7 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{params: paramFlag{}}
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | agent | agent_long")
+	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | grpo_sat | agent | agent_scale | agent_long")
 	fs.StringVar(&c.trace, "trace", defaultTraceFlag, "Mooncake jsonl trace; a relative path is resolved against the repository root (the default is the full public trace beside the repository; "+sliceTrace+" is a 1,000-row slice shipped with the repository)")
 	fs.StringVar(&c.policies, "policies", strings.Join(bench.DefaultPolicies, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", "))
 	fs.IntVar(&c.engines, "engines", 8, "number of simulated engines")
@@ -128,9 +128,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	switch c.workload {
-	case "mooncake", "grpo", "agent", "agent_long":
+	case "mooncake", "grpo", "grpo_sat", "agent", "agent_scale", "agent_long":
 	default:
-		return nil, fmt.Errorf("--workload must be mooncake, grpo, agent or agent_long, got %q", c.workload)
+		return nil, fmt.Errorf("--workload must be mooncake, grpo, grpo_sat, agent, agent_scale or agent_long, got %q", c.workload)
 	}
 	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
 		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
@@ -203,8 +203,11 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 			return nil, 0, err
 		}
 		return func() bench.Workload { return m }, len(m.Rows), nil
-	case "grpo":
+	case "grpo", "grpo_sat":
 		g := bench.DefaultGRPO()
+		if c.workload == "grpo_sat" {
+			g = bench.DefaultGRPOSat()
+		}
 		g.Seed = seed
 		if c.steps > 0 {
 			g.Steps = c.steps
@@ -224,8 +227,11 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
 	default:
 		a := bench.DefaultAgent()
-		if c.workload == "agent_long" {
+		switch c.workload {
+		case "agent_long":
 			a = bench.DefaultAgentLong()
+		case "agent_scale":
+			a = bench.DefaultAgentScale()
 		}
 		a.Seed = seed
 		if c.steps > 0 {

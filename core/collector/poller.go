@@ -325,6 +325,11 @@ func (p *Poller) Status() []TargetStatus {
 // configured above metrics.DefaultLimit is honoured.
 func PushMetrics(r sink.Load, server string, text []byte, flavor metrics.Flavor) error {
 	m, err := metrics.ParseBytes(text, flavor, int64(len(text)))
+	if errors.Is(err, metrics.ErrImpossible) {
+		// As for a scrape: the reason shows in the server's status and its
+		// last good metrics age out (the caller gets the error too).
+		r.MetricsFailed(server, err, false)
+	}
 	if err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func TestStalledPublisherDoesNotHang(t *testing.T) {
 	ep := silentPeer(t)
 
 	start := time.Now()
-	_, _, err := Replay(context.Background(), ep, 0, 10, time.Second, 100*time.Millisecond, true, func(int64, []byte) {})
+	_, _, err := Replay(context.Background(), ep, 0, 10, time.Second, 100*time.Millisecond, true, func(uint64, []byte) {})
 	if err == nil {
 		t.Fatal("replay from a silent peer succeeded")
 	}

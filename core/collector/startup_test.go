@@ -200,8 +200,8 @@ func TestSubscriberStartupReplayDedupsLiveCopies(t *testing.T) {
 		}
 		live = append(live, [][]byte{[]byte(pub.topic), be(sq), payload})
 	}
-	s.replayed, s.replayedMax = nil, -1 // as session does at connect
-	s.probe(ctx)                        // start-up recovery: applies 0..k
+	s.replayed, s.replayedMax = nil, 0 // as session does at connect
+	s.probe(ctx)                       // start-up recovery: applies 0..k
 	if st := s.Status(); st.LastSeq != k || st.Replays != 1 {
 		t.Fatalf("start-up replay: %+v", st)
 	}

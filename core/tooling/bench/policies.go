@@ -19,7 +19,7 @@ var PolicyNames = []string{
 	"sglang_cache_aware",
 	"llmd_weighted", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session",
-	"kvc_aware", "kvc_aware_approx",
+	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 }
 
 // DefaultPolicies is what kvbench runs when no policy is named: one entry
@@ -102,6 +102,8 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     session → worker binding with no load breakout
 //     (--router-session-affinity-ttl-secs).
 //   - kvc_aware: ours, KV events, sticky request ids.
+//   - kvc_aware+admit: ours with router-side admission (router.AdmissionSpec:
+//     hold requests while every engine runs max_num_seqs, late binding).
 //   - kvc_aware_approx: ours without events (speculative index only).
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
@@ -212,7 +214,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				}
 				return c
 			}}, nil
-	case "kvc_aware", "kvc_aware_approx":
+	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx":
 		if len(raw) > 0 {
 			// Validate now, so a bad parameter fails before any run.
 			k := strategy.DefaultKVCAware()
@@ -223,9 +225,10 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				return Policy{}, err
 			}
 		}
-		events := name == "kvc_aware"
+		events := base == "kvc_aware"
 		return Policy{Name: name, StickyIDs: true, Events: events, Config: func(peers.Signals) router.Config {
 			c := router.Config{Mode: router.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize}
+			c.Admission.Enabled = name == "kvc_aware+admit"
 			if events {
 				c.Servers = uncapped()
 			}
