@@ -441,7 +441,6 @@ func kvr_update_events(h C.uint64_t, server *C.char, serverLen C.int64_t, payloa
 	}))
 }
 
-
 //export kvr_set_kv_endpoints
 func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, epsJSON *C.char, n C.int64_t,
 	errOut **C.char,
