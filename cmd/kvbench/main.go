@@ -47,6 +47,9 @@ type config struct {
 	sweepSpread, tuneSeeds, reportSeeds                            string
 	heldout                                                        bool
 	quiet                                                          bool
+	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
+	// frozenCommit the commit it records.
+	kvcFrozen, frozenCommit string
 }
 
 // paramFlag collects repeated --params NAME=JSON.
@@ -108,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
 	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
 	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
+	fs.StringVar(&c.kvcFrozen, "kvc-frozen", "", "kvc_aware runs the frozen configuration in FILE (docs/frozen-kvc-aware.json; its \"strategy\" object) and is not tuned")
 	fs.Var(c.params, "params", `NAME=JSON: override a policy's main parameters (repeatable), e.g. sglang_cache_aware={"balance_abs_threshold":8}, llmd_precise={"prefix_weight":3}, dynamo_cost={"overlap_score_credit":2}`)
 	fs.Float64Var(&c.spread, "arrival-spread", 0, "spread each phase's initial arrivals uniformly over this many virtual seconds (0 = a burst)")
 	fs.BoolVar(&c.makespanBound, "makespan-bound", true, "also run verl_default with free prefill and report each policy's share of the makespan gain")
@@ -137,6 +141,16 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.spread < 0 || c.eventDelay < 0 {
 		return nil, errors.New("--arrival-spread and --event-delay must not be negative")
+	}
+	if c.kvcFrozen != "" {
+		if c.kvcParams != "" {
+			return nil, fmt.Errorf("--kvc-frozen and --kvc-params are exclusive")
+		}
+		raw, commit, err := readFrozen(c.kvcFrozen)
+		if err != nil {
+			return nil, err
+		}
+		c.params["kvc_aware"], c.frozenCommit = raw, commit
 	}
 	if c.kvcParams != "" {
 		if !json.Valid([]byte(c.kvcParams)) {

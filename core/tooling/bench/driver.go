@@ -77,6 +77,11 @@ type Policy struct {
 	// ActiveBlocks tracks every engine's active prompt blocks for
 	// peers.Signals.Active (Dynamo's deduplicated decode load).
 	ActiveBlocks bool
+	// ResetIndexOnUpdate drops the router's prefix index at a weight
+	// update (kvc-router's reset_prefix_index hook). Peers have no such
+	// API: an event-fed peer learns of the update from the engines'
+	// AllBlocksCleared events, an approximate one keeps its stale tree.
+	ResetIndexOnUpdate bool
 }
 
 // Result is what one policy achieved.
@@ -579,7 +584,9 @@ func (d *driver) weightUpdate() error {
 			}
 		}
 	}
-	d.r.ResetCache()
+	if d.pol.ResetIndexOnUpdate {
+		d.r.ResetCache()
+	}
 	return nil
 }
 
