@@ -13,6 +13,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -119,6 +120,12 @@ type Router struct {
 	memo    blockhash.Memo // keys of recent prompts: siblings and next turns hash only new blocks
 
 	counters Counters
+
+	// Admission (admission.go): held requests, oldest first.
+	admit    bool
+	queue    []held
+	adm      AdmissionStatus
+	pickMemo map[uint64]uint8
 }
 
 // Counters are cumulative decision statistics.
@@ -163,6 +170,8 @@ func New(cfg Config) (*Router, error) {
 		byID:      make(map[string]*server),
 		keys:      make(map[int][]uint64),
 		now:       now,
+		admit:     kvc && cfg.Admission.Enabled,
+		pickMemo:  map[uint64]uint8{},
 	}
 	sticky, err := simplelru.NewLRU[string, string](cfg.StickyMaxSize, r.unbound)
 	if err != nil {
@@ -381,8 +390,13 @@ func (r *Router) Acquire(req Request) (Decision, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.acquireLocked(&req)
+}
+
+// acquireLocked is Acquire under r.mu.
+func (r *Router) acquireLocked(req *Request) (Decision, error) {
 	r.counters.Acquires++
-	d, err := r.decide(&req)
+	d, err := r.decide(req)
 	if err != nil {
 		return d, err
 	}
@@ -442,6 +456,21 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	}
 	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
 		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}, r.cands[:n], r.scores[:n])
+	if r.admit {
+		// Never send a new binding to a full server while one has room.
+		room := false
+		for i := 0; i < n; i++ {
+			if r.hasRoom(r.cpool[i]) {
+				room = true
+				break
+			}
+		}
+		for i := 0; room && i < n; i++ {
+			if !r.hasRoom(r.cpool[i]) {
+				r.scores[i] = math.Inf(-1)
+			}
+		}
+	}
 	best := strategy.Pick(r.cands[:n], r.scores[:n])
 	reason := ReasonScored
 	if bound != nil {
@@ -516,11 +545,7 @@ func (r *Router) fillCandidates(req *Request) int {
 		if healthy > 0 && !sn.Healthy {
 			continue
 		}
-		r.cands[n] = strategy.Candidate{
-			ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
-			Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
-			Sessions: *s.sessions,
-		}
+		r.cands[n] = candidateOf(s, sn)
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s
 		n++
@@ -564,6 +589,15 @@ func (r *Router) fillCandidates(req *Request) int {
 		r.bsizes[i] = -r.bsizes[i]
 	}
 	return n
+}
+
+// candidateOf is what a strategy sees of s before prefix matching.
+func candidateOf(s *server, sn *load.Snapshot) strategy.Candidate {
+	return strategy.Candidate{
+		ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
+		Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
+		Sessions: *s.sessions,
+	}
 }
 
 // kvCapacity is a server's GPU KV capacity in tokens, from its metrics.

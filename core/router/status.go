@@ -30,11 +30,12 @@ type Status struct {
 	StickyMax     int     `json:"sticky_max_size"`
 	// MaxPrompt is max_prompt_tokens: callers check a prompt's length
 	// against it before they pack the tokens.
-	MaxPrompt     int            `json:"max_prompt_tokens"`
-	TotalInflight int            `json:"total_inflight"`
-	Servers       []ServerStatus `json:"servers"`
-	Counters      Counters       `json:"counters"`
-	Index         index.Status   `json:"index"`
+	MaxPrompt     int             `json:"max_prompt_tokens"`
+	TotalInflight int             `json:"total_inflight"`
+	Servers       []ServerStatus  `json:"servers"`
+	Counters      Counters        `json:"counters"`
+	Index         index.Status    `json:"index"`
+	Admission     AdmissionStatus `json:"admission"`
 }
 
 // Status summarises the router; Approximate is true when any pool member
@@ -44,8 +45,9 @@ func (r *Router) Status() Status {
 	st := Status{
 		Mode: r.cfg.Mode, Strategy: r.strat.Name(), LoadThreshold: r.threshold,
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
-		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters,
+		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters, Admission: r.adm,
 	}
+	st.Admission.Enabled, st.Admission.Held = r.admit, len(r.queue)
 	for _, s := range r.pool {
 		sn, _ := r.ld.Get(s.id)
 		ss := ServerStatus{ID: s.id, Events: s.events, BlockSize: blockSizeOf(s, &sn, r.cfg.BlockSize), Load: sn}

@@ -77,6 +77,11 @@ type Policy struct {
 	// ActiveBlocks tracks every engine's active prompt blocks for
 	// peers.Signals.Active (Dynamo's deduplicated decode load).
 	ActiveBlocks bool
+	// ResetIndexOnUpdate drops the router's prefix index at a weight
+	// update (kvc-router's reset_prefix_index hook). Peers have no such
+	// API: an event-fed peer learns of the update from the engines'
+	// AllBlocksCleared events, an approximate one keeps its stale tree.
+	ResetIndexOnUpdate bool
 }
 
 // Result is what one policy achieved.
@@ -196,6 +201,12 @@ type driver struct {
 	cur      *Item
 	curKeys  []uint64
 	sessions map[string]string
+
+	// Requests the router's admission holds, by ticket, and the slots
+	// a release gave to held requests.
+	held     map[uint64]*Item
+	ticket   uint64
+	admitted []router.Admitted
 }
 
 // signals adapts the driver to peers.Signals.
@@ -246,7 +257,7 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 	}
 	d := &driver{opt: opt, pol: pol, wl: wl, byName: map[string]int{}, flights: map[string]*flight{},
 		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1), scrapeEvery: opt.ScrapeInterval,
-		sessions: map[string]string{}}
+		sessions: map[string]string{}, held: map[uint64]*Item{}}
 	if pol.Scrape > 0 {
 		d.scrapeEvery = pol.Scrape
 	}
@@ -385,6 +396,9 @@ func (d *driver) arrive(it *Item) error {
 	if d.now < d.firstArr {
 		d.firstArr = d.now
 	}
+	if it.turn == 0 {
+		it.first = d.now
+	}
 	// Policies without sticky sessions get the per-submission id, unique
 	// within a run, so no binding is ever reused (the router binds every
 	// request id, even an empty one, as verl does).
@@ -397,12 +411,22 @@ func (d *driver) arrive(it *Item) error {
 		d.curKeys = blockhash.AppendKeys(d.curKeys[:0], prompt, d.bs, d.ns)
 	}
 	t0 := time.Now()
-	dec, err := d.r.Acquire(router.Request{ID: key, Tokens: prompt, Pin: -1})
+	d.ticket++
+	dec, queued, err := d.r.Submit(router.Request{ID: key, Tokens: prompt, Pin: -1}, d.ticket)
 	d.res.DecisionUS = append(d.res.DecisionUS, float64(time.Since(t0).Nanoseconds())/1e3)
 	d.cur = nil
 	if err != nil {
 		return err
 	}
+	if queued {
+		d.held[d.ticket] = it
+		return nil
+	}
+	return d.place(it, prompt, dec)
+}
+
+// place submits a routed request to the engine the router chose.
+func (d *driver) place(it *Item, prompt []int32, dec router.Decision) error {
 	i, ok := d.byName[dec.Server]
 	if !ok {
 		return fmt.Errorf("router chose unknown server %q", dec.Server)
@@ -413,7 +437,7 @@ func (d *driver) arrive(it *Item) error {
 		hit = (dec.HitBlocks[0] + dec.HitBlocks[1] + dec.HitBlocks[2]) * dec.BlockSize / d.bs
 	}
 	// Uncached prompt tokens in blocks, as Dynamo tracks prefill load.
-	f := &flight{item: it, eng: i, at: d.now, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
+	f := &flight{item: it, eng: i, at: it.At, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
 	e.prefill += f.prefill
 	if d.pol.Sessions {
 		d.sessions[it.Key] = e.id
@@ -488,7 +512,14 @@ func (d *driver) stepEnd(i int) error {
 				}
 			}
 		}
-		d.r.Release(e.id)
+		d.admitted, _ = d.r.ReleaseAdmit(e.id, d.admitted[:0])
+		for _, a := range d.admitted {
+			it := d.held[a.Ticket]
+			delete(d.held, a.Ticket)
+			if err := d.place(it, d.wl.Prompt(it, d.buf), a.Decision); err != nil {
+				return err
+			}
+		}
 		d.res.Requests++
 		d.res.PromptTokens += int64(c.PromptTokens)
 		d.res.CachedTokens += int64(c.CachedTokens)
@@ -510,8 +541,12 @@ func (d *driver) stepEnd(i int) error {
 					keys = append(keys, parent)
 				}
 			}
-			d.res.Records = append(d.res.Records, Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq,
-				PromptLen: c.PromptTokens, PromptBlocks: nb, Keys: keys})
+			rec := Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq, PromptLen: c.PromptTokens, PromptBlocks: nb,
+				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first}
+			if f.item.chained {
+				rec.Chain = f.item.Key
+			}
+			d.res.Records = append(d.res.Records, rec)
 		}
 		if d.opt.Progress != nil {
 			d.opt.Progress.Add(1)
@@ -549,7 +584,9 @@ func (d *driver) weightUpdate() error {
 			}
 		}
 	}
-	d.r.ResetCache()
+	if d.pol.ResetIndexOnUpdate {
+		d.r.ResetCache()
+	}
 	return nil
 }
 
