@@ -35,7 +35,7 @@ func TestMemoryReturnsAfterGiantBatches(t *testing.T) {
 	debug.FreeOSMemory()
 	base := retainedHeap()
 	var next uint64
-	giantEvent := floodBatch(&next, 1, 1<<18)  // 4,194,304 tokens
+	giantEvent := floodBatch(&next, 1, 1<<18) // 4,194,304 tokens
 	giantBatch := floodBatch(&next, 1<<17, 1) // 131,072 events
 	trims0 := memtrim.Snapshot().Trims
 
