@@ -23,7 +23,7 @@ PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
+.PHONY: docs help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -45,6 +45,7 @@ help:
 	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
 	@echo "actor-bench  - acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json"
 	@echo "lint   - gofmt, go vet, ruff"
+	@echo "docs   - regenerate docs/configuration.md from the Go configuration model (a test fails when it is stale)"
 
 build:
 	@mkdir -p $(BIN)
@@ -72,6 +73,12 @@ wheel:
 	$(PYTHON) -m pip wheel --no-deps -w dist .
 
 test: test-go test-py
+
+# docs/configuration.md is generated from core/kvcrouter.Config and the
+# strategy and collector registries; core/kvcrouter/refdoc's test fails
+# when the checked-in file is stale.
+docs:
+	$(GO) run ./cmd/kvctl config-doc > docs/configuration.md
 
 test-go:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -17,7 +17,7 @@
  *   functions, new fields at the end of kvr_acquire_opts (whose zero value
  *   means "not used"), new keys in JSON outputs. Anything else is a new
  *   major. kvr_version reports the build.
- *   Minor 1 added kvr_abi_minor, kvr_version, kvr_acquire_with and the
+ *   Minor 1 added kvr_abi_minor, kvr_version, kvr_config_schema, kvr_acquire_with and the
  *   {"key", "reason"} error document of kvr_validate_config.
  *
  * Conventions
@@ -76,6 +76,12 @@ int32_t kvr_abi_minor(void);
 /* The build as JSON: {"version": "<package version>+<commit>",
  * "abi_version": major, "abi_minor": minor, "go_version": "go1.x"}. */
 int32_t kvr_version(char **out_json, char **err);
+
+/* What a configuration may name, as JSON: {"router_modes": [...],
+ * "strategies": {name: {param: default}}, "targets": {"_target_ string":
+ * strategy name} (the allow-list of configuration class names),
+ * "collectors": [names], "log_levels": [...]}. */
+int32_t kvr_config_schema(char **out_json, char **err);
 
 /* Frees any string returned by the library. NULL is a no-op. */
 void kvr_free(void *p);

@@ -26,6 +26,8 @@ import "C"
 import (
 	"runtime"
 	"unsafe"
+
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 )
 
 // The ABI is versioned major.minor (kvcrouter.h): a caller built for major M
@@ -63,6 +65,21 @@ func kvr_version(outJSON **C.char, errOut **C.char) (code C.int32_t) {
 	return result(errOut, cJSON(outJSON, versionDoc{
 		Version: buildVersion, ABIVersion: abiVersion, ABIMinor: abiMinor, GoVersion: runtime.Version(),
 	}))
+}
+
+//export kvr_config_schema
+func kvr_config_schema(outJSON **C.char, errOut **C.char) (code C.int32_t) {
+	defer recoverExport("kvr_config_schema", 0, &code, errOut)
+	clearOut(errOut)
+	clearOut(outJSON)
+	if outJSON == nil {
+		return fail(errOut, errf(codeInvalidArgument, "out_json is NULL"))
+	}
+	s, err := kvcrouter.ConfigSchema()
+	if err != nil {
+		return fail(errOut, err)
+	}
+	return result(errOut, cJSON(outJSON, s))
 }
 
 // acquireOptsMin is the smallest size a caller may declare: every field up
@@ -139,10 +156,15 @@ func abiAcquireWith(h uint64, id string, toks []int32, pin, known int64, size ui
 	return int32(idx), takeC(srv), abiResult{Code: int32(code), Err: takeC(e), Out: takeC(d)}
 }
 
-// abiVersionJSON calls kvr_version.
-func abiVersionJSON() abiResult {
+// abiVersionJSON calls kvr_version, or kvr_config_schema with schema.
+func abiVersionJSON(schema bool) abiResult {
 	var out, e *C.char
-	code := kvr_version(&out, &e)
+	var code C.int32_t
+	if schema {
+		code = kvr_config_schema(&out, &e)
+	} else {
+		code = kvr_version(&out, &e)
+	}
 	return abiResult{Code: int32(code), Err: takeC(e), Out: takeC(out)}
 }
 

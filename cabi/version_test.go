@@ -13,7 +13,7 @@ func TestVersion(t *testing.T) {
 	if kvr_abi_minor() != abiMinor {
 		t.Fatal("kvr_abi_minor")
 	}
-	res := abiVersionJSON()
+	res := abiVersionJSON(false)
 	if res.Code != codeOK {
 		t.Fatalf("%+v", res)
 	}
@@ -22,6 +22,20 @@ func TestVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	if doc.Version == "" || doc.ABIVersion != abiVersion || doc.ABIMinor != abiMinor || !strings.HasPrefix(doc.GoVersion, "go") {
+		t.Fatalf("%s", res.Out)
+	}
+}
+
+func TestConfigSchema(t *testing.T) {
+	res := abiVersionJSON(true)
+	var s struct {
+		Targets    map[string]string
+		Collectors []string
+	}
+	if res.Code != codeOK || json.Unmarshal([]byte(res.Out), &s) != nil {
+		t.Fatalf("%+v", res)
+	}
+	if s.Targets["kvc_router.config.KVCAwareStrategyConfig"] != "kvc_aware" || len(s.Collectors) != 4 {
 		t.Fatalf("%s", res.Out)
 	}
 }

@@ -104,6 +104,7 @@ SIGNATURES: dict = {
     "kvr_abi_version": ([], c_int32),
     "kvr_abi_minor": ([], c_int32),
     "kvr_version": ([_ERR, _ERR], c_int32),
+    "kvr_config_schema": ([_ERR, _ERR], c_int32),
     "kvr_acquire_with": (
         [c_uint64, POINTER(AcquireOpts), POINTER(c_int32), POINTER(c_int64), _ERR, _ERR, _ERR],
         c_int32,
@@ -383,13 +384,25 @@ def validate_config(config: dict) -> dict:
     return doc
 
 
+def _json_call(name: str) -> dict:
+    lib = load()
+    out, err = c_void_p(), c_void_p()
+    _check(lib, getattr(lib, name)(byref(out), byref(err)), err)
+    return json.loads(take_string(lib, out) or "{}")
+
+
 def library_version() -> dict:
     """The loaded library's build: ``{"version", "abi_version", "abi_minor",
     "go_version"}``."""
-    lib = load()
-    out, err = c_void_p(), c_void_p()
-    _check(lib, lib.kvr_version(byref(out), byref(err)), err)
-    return json.loads(take_string(lib, out) or "{}")
+    return _json_call("kvr_version")
+
+
+@functools.lru_cache(maxsize=1)
+def config_schema() -> dict:
+    """What a configuration may name (kvr_config_schema): router modes,
+    strategies with their default parameters, the ``_target_`` allow-list,
+    collector names, log levels."""
+    return _json_call("kvr_config_schema")
 
 
 class Router:
