@@ -118,6 +118,7 @@ type Router struct {
 	memo    blockhash.Memo // keys of recent prompts: siblings and next turns hash only new blocks
 
 	counters Counters
+	latency  latencyHist
 }
 
 // Counters are cumulative decision statistics.
@@ -133,6 +134,10 @@ type Counters struct {
 	Rejected      uint64 `json:"rejected"`
 	PromptTokens  uint64 `json:"prompt_tokens"`
 	PredictedHits uint64 `json:"predicted_hit_tokens"`
+	// The predicted hit per tier (their sum is PredictedHits).
+	PredictedHitsGPU uint64 `json:"predicted_hit_tokens_gpu"`
+	PredictedHitsCPU uint64 `json:"predicted_hit_tokens_cpu"`
+	PredictedHitsSSD uint64 `json:"predicted_hit_tokens_ssd"`
 }
 
 // New builds a router from a normalised or raw config.
@@ -395,16 +400,25 @@ func (r *Router) Acquire(req Request) (Decision, error) {
 		r.mu.Unlock()
 		return Decision{}, fmt.Errorf("%w: %d tokens > %d", ErrPromptTooLong, len(req.Tokens), r.cfg.MaxPromptTokens)
 	}
+	start := time.Now() // the decision's latency includes the wait for the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.counters.Acquires++
 	d, err := r.decide(&req)
 	if err != nil {
+		r.latency.observe(time.Since(start))
 		return d, err
 	}
 	r.ld.Acquire(d.Server, len(req.Tokens))
-	r.counters.PromptTokens += uint64(len(req.Tokens))
-	r.counters.PredictedHits += uint64((d.HitBlocks[0] + d.HitBlocks[1] + d.HitBlocks[2]) * d.BlockSize)
+	c := &r.counters
+	c.PromptTokens += uint64(len(req.Tokens))
+	gpu, cpu, ssd := uint64(d.HitBlocks[index.GPU]*d.BlockSize), uint64(d.HitBlocks[index.CPU]*d.BlockSize),
+		uint64(d.HitBlocks[index.SSD]*d.BlockSize)
+	c.PredictedHits += gpu + cpu + ssd
+	c.PredictedHitsGPU += gpu
+	c.PredictedHitsCPU += cpu
+	c.PredictedHitsSSD += ssd
+	r.latency.observe(time.Since(start))
 	return d, nil
 }
 

@@ -32,6 +32,8 @@ type Status struct {
 	Servers       []ServerStatus `json:"servers"`
 	Counters      Counters       `json:"counters"`
 	Index         index.Status   `json:"index"`
+	// DecisionSeconds is the histogram of Acquire's duration.
+	DecisionSeconds LatencyStatus `json:"decision_seconds"`
 }
 
 // Status summarises the router; Approximate is true when any pool member
@@ -41,7 +43,7 @@ func (r *Router) Status() Status {
 	st := Status{
 		Mode: r.cfg.Mode, Strategy: r.strat.Name(), LoadThreshold: r.threshold,
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
-		StickyMax: r.cfg.StickyMaxSize, Counters: r.counters,
+		StickyMax: r.cfg.StickyMaxSize, Counters: r.counters, DecisionSeconds: r.latency.status(),
 	}
 	for _, s := range r.pool {
 		sn, _ := r.ld.Get(s.id)
