@@ -4,6 +4,8 @@
 # prebuilt PyPI wheels (Rust binaries inside; no GPU, no model download).
 #   sglang-router  -> python -m sglang_router.launch_router
 #   vllm-router    -> the `vllm-router` console script
+#   ai-dynamo-runtime -> NVIDIA Dynamo's KV router (dynamo._core), used
+#                     in-process by tests/kvc_harness/dynamo_route.py
 # Only packages are downloaded; nothing else is fetched at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +13,11 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV_PEERS:-.venv-peers}"
 SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
+DYNAMO_VERSION="${DYNAMO_VERSION:-1.6.1}"
+STAMP="$SGLANG_ROUTER_VERSION $VLLM_ROUTER_VERSION $DYNAMO_VERSION"
 start=$(date +%s)
 
-if [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$SGLANG_ROUTER_VERSION $VLLM_ROUTER_VERSION" ]; then
+if [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$STAMP" ]; then
   touch "$VENV/.stamp"
   echo "peers venv up to date ($VENV)"
   exit 0
@@ -23,12 +27,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
 "$VENV/bin/python" -m pip install -q \
-  "sglang-router==${SGLANG_ROUTER_VERSION}" "vllm-router==${VLLM_ROUTER_VERSION}"
+  "sglang-router==${SGLANG_ROUTER_VERSION}" "vllm-router==${VLLM_ROUTER_VERSION}" \
+  "ai-dynamo-runtime==${DYNAMO_VERSION}" pyzmq msgpack
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import sglang_router.launch_router  # noqa: F401  (the entry point the arena runs)
-print("sglang-router", md.version("sglang-router"), "vllm-router", md.version("vllm-router"))
+from dynamo._core import KvRouter  # noqa: F401  (the real Dynamo router, in-process)
+print("sglang-router", md.version("sglang-router"), "vllm-router", md.version("vllm-router"),
+      "ai-dynamo-runtime", md.version("ai-dynamo-runtime"))
 PY
 test -x "$VENV/bin/vllm-router" || { echo "vllm-router console script missing in $VENV/bin" >&2; exit 1; }
-echo "$SGLANG_ROUTER_VERSION $VLLM_ROUTER_VERSION" > "$VENV/.stamp"
+echo "$STAMP" > "$VENV/.stamp"
 echo "peers venv ready in $(( $(date +%s) - start ))s; size $(du -sh "$VENV" | cut -f1)"

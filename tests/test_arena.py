@@ -14,7 +14,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(REPO, ".venv-peers")
-POLICIES = ["round_robin", "verl_default", "kvc_aware", "sglang_router_cache_aware"]
+POLICIES = ["round_robin", "verl_default", "kvc_aware", "dynamo_kv_router", "sglang_router_cache_aware"]
 WORKLOADS = ["agent", "mooncake"]
 KEYS = {"workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors"}
 
@@ -73,7 +73,7 @@ def test_cache_aware_beats_round_robin(arena):
     rows = arena["data"]["results"]
     for w in WORKLOADS:
         by = {r["policy"]: r["hit_rate"] for r in rows if r["workload"] == w}
-        for p in ("kvc_aware", "sglang_router_cache_aware"):
+        for p in ("kvc_aware", "dynamo_kv_router", "sglang_router_cache_aware"):
             assert by[p] > by["round_robin"], (w, by)
 
 
@@ -170,3 +170,32 @@ print(json.dumps(gain_shares(rs)))
     assert by[("wall", 1)] == 0.75 and by[("engine", 1)] == 0.25
     assert by[("wall", 2)] != by[("wall", 2)]  # NaN: no achievable gain when the bound is not below the base
     assert {g["policy"] for g in out} == {"kvc_aware"}
+
+
+def test_rl_scale_workloads_oversubscribe_the_fleet():
+    """Issue 18: grpo_sat submits a whole GRPO step at once (open loop, as
+    verl's agent loop does) with at least 4x the fleet's sequence slots;
+    agent_scale starts more trajectories than slots, with tool latency."""
+    out = _py("""
+import json
+from kvc_harness.arena import ArenaConfig, build_steps, workload_specs
+specs = workload_specs(short=False)
+cfg = ArenaConfig()
+res = {}
+for name in ("grpo_sat", "agent_scale"):
+    sp = specs[name]
+    steps = build_steps(sp, 3)
+    jobs = [j for st in steps for j in st.jobs]
+    res[name] = {"mode": sp.mode, "rate": sp.rate, "slots": cfg.servers * sp.max_num_seqs,
+                 "jobs_per_step": [len(st.jobs) for st in steps], "arrivals": sorted({j.arrival_s for j in jobs}),
+                 "tool_latency": [t.tool_latency_s for j in jobs for t in j.turns[:-1]],
+                 "resp_max": max(t.max_tokens for j in jobs for t in j.turns),
+                 "kv_tokens": sp.num_gpu_blocks * cfg.block_size}
+print(json.dumps(res))
+""")
+    g, a = out["grpo_sat"], out["agent_scale"]
+    assert g["mode"] == "open" and g["rate"] == 0 and g["arrivals"] == [0.0]
+    assert min(g["jobs_per_step"]) >= 4 * g["slots"], g
+    assert g["resp_max"] > 1024  # a long response tail
+    assert a["mode"] == "open" and a["arrivals"] == [0.0] and a["jobs_per_step"][0] > a["slots"]
+    assert a["tool_latency"] and min(a["tool_latency"]) >= 0.5 and max(a["tool_latency"]) <= 3.0

@@ -5,6 +5,7 @@ ctypes releases the GIL)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -80,5 +81,88 @@ def test_threads_in_process(mode):
     for t in threads:
         t.join()
     assert not errors, errors[:3]
+    assert lb.get_total_inflight() == 0
+    lb.close()
+
+
+class Handle:
+    """A server handle that knows which id it was registered under."""
+
+    __slots__ = ("sid",)
+
+    def __init__(self, sid: str) -> None:
+        self.sid = sid
+
+
+# Acquires of the churn test (make chaos: KVR_CHURN_ACQUIRES=10000000).
+CHURN_ACQUIRES = int(os.environ.get("KVR_CHURN_ACQUIRES", "120000"))
+
+
+@pytest.mark.parametrize("mode", [None, KVC_NO_COLLECTORS])
+def test_pool_churn_never_returns_a_missing_handle(mode):
+    """Issue 20 D1: acquires racing add_servers/remove_servers must return the
+    handle registered for the id they return, never None (verl then calls a
+    method on None). 4 routing threads, 1 thread churning 4 of 6 servers."""
+    from kvc_router import KVCAwareBalancer
+
+    stable = {f"s{i}": Handle(f"s{i}") for i in range(2)}
+    churned = [f"c{i}" for i in range(4)]
+    lb = KVCAwareBalancer(dict(stable), router_config=mode)
+    stop = threading.Event()
+    per_thread = CHURN_ACQUIRES // 4
+    results = []
+    lock = threading.Lock()
+    prompt = list(range(64))
+
+    def router(k):
+        done = bad = 0
+        first_bad = None
+        deadline = time.monotonic() + 600
+        try:
+            while done < per_thread and time.monotonic() < deadline:
+                sid, handle = lb.acquire_server(f"t{k}-{done % 64}", prompt)
+                done += 1
+                if handle is None or handle.sid != sid:
+                    bad += 1
+                    first_bad = first_bad or (sid, handle)
+                lb.release_server(sid)
+        except Exception as e:  # noqa: BLE001
+            first_bad = e
+        with lock:
+            results.append((done, bad, first_bad))
+
+    def churn():
+        i = 0
+        while not stop.is_set():
+            sid = churned[i % len(churned)]
+            lb.add_servers({sid: Handle(sid)})
+            if i % 3 == 0:
+                lb.remove_servers(churned[(i + 1) % len(churned)])
+            i += 1
+        with lock:
+            results.append(("churn", i))
+
+    threads = [threading.Thread(target=router, args=(k,)) for k in range(4)]
+    churner = threading.Thread(target=churn)
+    t0 = time.monotonic()
+    churner.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    churner.join()
+    elapsed = time.monotonic() - t0
+    routed = [r for r in results if r[0] != "churn"]
+    changes = next(r[1] for r in results if r[0] == "churn")
+    total = sum(r[0] for r in routed)
+    bad = sum(r[1] for r in routed)
+    retries = lb.get_status()["router"]["pool_change_retries"]
+    print(
+        f"pool churn: {total:,} acquires in {elapsed:.1f}s, {changes:,} pool changes, "
+        f"{bad} missing/wrong handles, {retries} re-routed"
+    )
+    assert bad == 0 and total == 4 * per_thread, [r[2] for r in routed if r[2]][:3]
+    assert changes > 10
     assert lb.get_total_inflight() == 0
     lb.close()

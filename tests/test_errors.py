@@ -71,6 +71,20 @@ def test_oversized_prompt(lb):
         (np.zeros((2, 3), dtype=np.int32), ValueError, "one-dimensional"),
         (array.array("d", [1.0]), TypeError, "not an integer array"),
         (object(), TypeError, "sequence of int token ids"),
+        # Issue 20: byte buffers, unordered collections and bools are not token lists.
+        (b"abc", TypeError, "got bytes"),
+        (memoryview(b"abc"), TypeError, "got memoryview"),
+        (memoryview(array.array("i", [1, 2])), TypeError, "got memoryview"),
+        ({1, 2, 3}, TypeError, "ordered sequence of int token ids, got set"),
+        (frozenset([1]), TypeError, "ordered sequence of int token ids, got frozenset"),
+        ({1: 2}.keys(), TypeError, "ordered sequence of int token ids, got dict_keys"),
+        ([True, False], TypeError, "only int token ids, found bool"),
+        ((1, 2, False), TypeError, "only int token ids, found bool"),
+        (iter([1, True]), TypeError, "only int token ids, found bool True"),
+        # The length is refused before anything is packed or type-checked.
+        (list(range(1000)) + [object()] * 5, InvalidArgumentError, "1005 tokens, more than max_prompt_tokens"),
+        (np.zeros(1001, dtype=np.float64), InvalidArgumentError, "1001 tokens, more than max_prompt_tokens"),
+        (array.array("d", [0.5] * 1001), InvalidArgumentError, "1001 tokens, more than max_prompt_tokens"),
     ],
 )
 def test_bad_prompt_ids(lb, ids, exc, match):

@@ -24,13 +24,13 @@ import re
 import time
 
 import pytest
-from kvc_harness.balancer import index_server, kvc_config, poller_target, publisher_status, server_status
+from kvc_harness.balancer import KVC_NO_COLLECTORS, index_server, kvc_config, poller_target, publisher_status, server_status
 from kvc_harness.fleet import Sim
 from kvc_harness.procs import Reaper, wait_for
 from kvc_harness.report import percentiles
 from kvc_harness.wire import MetricsStub, metrics_text
 from kvc_harness.workloads import seeded_prompt as prompt
-from kvc_router import KVCAwareBalancer, NoServerError
+from kvc_router import InvalidArgumentError, KVCAwareBalancer, NoServerError
 
 INTERVAL_MS = 50
 TIMEOUT_MS = 200
@@ -311,6 +311,65 @@ def test_bad_metrics_endpoint(reaper, capfd):
     print(f"\n{slow}; unhealthy after " + ", ".join(f"{m} {v:.0f} ms" for m, v in took.items()))
     print(f"srv-a: {episodes} failure episodes, {down} unhealthy log lines, {up} recovery log lines")
     assert down == episodes and up == episodes, err[-3000:]
+
+
+# Bodies no engine can produce (issue 20 D2), each with the sample it names.
+IMPOSSIBLE_METRICS = {
+    "all NaN": (
+        "vllm:num_requests_running NaN\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n",
+        "vllm:num_requests_running = NaN",
+    ),
+    "negative waiting": (metrics_text(running=40, waiting=-40), 'vllm:num_requests_waiting{engine="0"'),
+    "usage above 1": (metrics_text(running=1, kv_usage=3.5), "= 3.5: a usage fraction must be in [0, 1]"),
+    "+Inf running": ("vllm:num_requests_running +Inf\n", "vllm:num_requests_running = +Inf"),
+}
+
+
+def test_impossible_metrics_are_rejected(reaper):
+    """A server whose /metrics holds NaN, negative counts or usage outside [0, 1]
+    is scraped as malformed (reason in status), turns unhealthy like any broken
+    endpoint, and takes no traffic from a healthy peer: before the fix an
+    all-NaN server looked idle (load 0) and took most requests."""
+    a = MetricsStub(reaper, lambda: metrics_text(running=1))
+    b = MetricsStub(reaper, lambda: metrics_text(running=1))
+    cfg = kvc_config(
+        urls={"srv-a": a.url, "srv-b": b.url}, collectors=("vllm_metrics",), timeout_ms=300, load={"stale_after_ms": 400}
+    )
+    lb = KVCAwareBalancer({"srv-a": None, "srv-b": None}, router_config=cfg)
+    reaper.add(lb.close)
+
+    def sa():
+        return server_status(lb.get_status(), "srv-a")
+
+    wait_for(lambda: sa()["load"]["has_metrics"] and sa()["load"]["healthy"], 10, "scraped")
+    calls = iter(range(10**9))
+    for name, (body, reason) in IMPOSSIBLE_METRICS.items():
+        a.body_fn = lambda body=body: body
+        m0 = poller_target(lb.get_status(), "srv-a")["malformed"]
+        wait_for(lambda: not sa()["load"]["healthy"], 10, f"{name}: unhealthy")
+        t = poller_target(lb.get_status(), "srv-a")
+        assert t["malformed"] > m0 and "impossible value" in t["last_error"] and reason in t["last_error"], (name, t)
+        assert "impossible value" in sa()["load"]["last_error"], sa()
+        assert not sa()["load"]["fresh"]  # the last good metrics aged out
+        picks = [lb.acquire_server(f"r{next(calls)}", prompt(i, 32))[0] for i in range(40)]
+        assert set(picks) == {"srv-b"}, (name, picks)
+        for sid in picks:
+            lb.release_server(sid)
+        a.body_fn = lambda: metrics_text(running=1)
+        wait_for(lambda: sa()["load"]["healthy"] and sa()["load"]["fresh"], 10, f"{name}: healthy again")
+    assert lb.get_total_inflight() == 0
+
+    # Push mode: the same rules, a precise error, and the reason in status.
+    push = KVCAwareBalancer({"p": None}, router_config=KVC_NO_COLLECTORS)
+    reaper.add(push.close)
+    assert push.update_metrics("p", metrics_text(running=2))
+    for name, (body, reason) in IMPOSSIBLE_METRICS.items():
+        with pytest.raises(InvalidArgumentError, match="impossible value") as info:
+            push.update_metrics("p", body)
+        assert reason in str(info.value), (name, str(info.value))
+        st = server_status(push.get_status(), "p")
+        assert reason in st["load"]["last_error"], st
+        assert st["running"] == 2  # the previous snapshot is kept
 
 
 def test_remove_all_then_readd(reaper):

@@ -113,10 +113,20 @@ def test_server_labels_are_bounded():
 
 
 def test_admission_queue_is_exported_when_status_has_one():
-    st = {"router": {"admission": {"queued": 3, "admitted_total": 10, "mode": "fifo"}}}
+    with KVCAwareBalancer({"s0": None}, router_config="kvc_aware") as lb:
+        lb.acquire_server("r", PROMPT)
+        st = lb.get_status()
+    adm = st["router"]["admission"]
     got = _by_key(km.samples(st, lambda s: s))
-    assert got[("admission_queued", ())] == 3 and got[("admission_admitted_total", ())] == 10
-    assert not [n for n, _ in got if n == "admission_mode"]
+    for k, v in adm.items():
+        assert got[(f"admission_{k}", ())] == float(v), k
+        assert km.spec_of(f"admission_{k}").kind == ("counter" if k.endswith("_total") else "gauge")
+    # A field the exporter does not know yet still goes out, typed by its name.
+    st["router"]["admission"] = {"held": 3, "timeouts_total": 2, "policy": "fifo"}
+    got = _by_key(km.samples(st, lambda s: s))
+    assert got[("admission_held", ())] == 3 and got[("admission_timeouts_total", ())] == 2
+    assert km.spec_of("admission_timeouts_total").kind == "counter"
+    assert not [n for n, _ in got if n == "admission_policy"]
 
 
 # --------------------------------------------------------------------------
@@ -163,7 +173,7 @@ def expected(status: Dict[str, Any]) -> Dict[Tuple[str, Tuple[Tuple[str, str], .
     counter on its first increment)."""
     exp = {}
     for (name, labels), v in km.merge(km.samples(status, lambda s: s)).items():
-        if name in VOLATILE or (km.SPECS[name].kind == "counter" and v == 0):
+        if name in VOLATILE or (km.spec_of(name).kind == "counter" and v == 0):
             continue
         exp[(name, labels)] = v
     return exp

@@ -124,8 +124,32 @@ func objective(s, base bench.Summary) float64 {
 	return r / 2
 }
 
-// stat is a mean and a sample standard deviation.
-type stat struct{ Mean, SD float64 }
+// stat is a mean, a sample standard deviation, the number of seeds and
+// the half-width of the 95% confidence interval of the mean
+// (t-distribution, N-1 degrees of freedom; 0 for one seed).
+type stat struct {
+	Mean float64 `json:"Mean"`
+	SD   float64 `json:"SD"`
+	N    int     `json:"N"`
+	CI95 float64 `json:"CI95"`
+}
+
+// t975 is the 0.975 quantile of Student's t for 1..30 degrees of freedom.
+var t975 = [...]float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+	2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+	2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+
+// tQuantile975 is t_{0.975, df}; beyond 30 degrees of freedom the normal 1.96
+// is within 2% of it.
+func tQuantile975(df int) float64 {
+	switch {
+	case df <= 0:
+		return math.NaN()
+	case df <= len(t975):
+		return t975[df-1]
+	}
+	return 1.96
+}
 
 func statOf(xs []float64) stat {
 	if len(xs) == 0 {
@@ -143,14 +167,22 @@ func statOf(xs []float64) stat {
 	if len(xs) > 1 {
 		v /= float64(len(xs) - 1)
 	}
-	return stat{m, math.Sqrt(v)}
+	st := stat{Mean: m, SD: math.Sqrt(v), N: len(xs)}
+	if len(xs) > 1 {
+		st.CI95 = tQuantile975(len(xs)-1) * st.SD / math.Sqrt(float64(len(xs)))
+	}
+	return st
 }
 
-// heldoutRow is one policy's held-out result.
+// heldoutRow is one policy's held-out result. Every tunable peer has two
+// rows: its launcher defaults (Tuned false) and the grid point chosen on
+// the tuning seeds (Tuned true). kvc_aware runs its frozen configuration
+// (Frozen: the commit it was frozen at) when --kvc-frozen is given.
 type heldoutRow struct {
 	Policy    string          `json:"policy"`
 	Params    json.RawMessage `json:"params,omitempty"`
 	Tuned     bool            `json:"tuned"`
+	Frozen    string          `json:"frozen_commit,omitempty"`
 	HitRate   stat            `json:"hit_rate"`
 	TTFTP50   stat            `json:"ttft_p50_s"`
 	TTFTP99   stat            `json:"ttft_p99_s"`
@@ -196,9 +228,10 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	var points []point
 	tuned := map[string]bool{}
 	for _, full := range names {
-		// Variants are tuned through their base policy.
+		// Variants are tuned through their base policy; a frozen kvc_aware
+		// is not tuned at all.
 		n := bench.BaseName(full)
-		if tuned[n] {
+		if tuned[n] || (n == "kvc_aware" && c.kvcFrozen != "") {
 			continue
 		}
 		tuned[n] = true
@@ -234,17 +267,35 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			bestObj[p.policy], chosen[p.policy] = o, p.raw
 		}
 	}
-	// Reporting.
+	// Reporting: every policy at its defaults (kvc_aware: frozen), and
+	// every tuned one again with its chosen point.
+	type variant struct {
+		policy string
+		raw    string // "" = launcher defaults
+	}
+	var variants []variant
+	for _, n := range names {
+		variants = append(variants, variant{n, ""})
+		if raw, ok := chosen[bench.BaseName(n)]; ok {
+			variants = append(variants, variant{n, raw})
+		}
+	}
 	jobs = jobs[:0]
+	var jv []int // jobs[i] runs variants[jv[i]] (-1: the bound)
 	for _, s := range report {
 		jobs = append(jobs, runJob{seed: s, policy: "verl_default", spread: c.spread, free: true})
-		for _, n := range names {
-			j := runJob{seed: s, policy: n, spread: c.spread}
+		jv = append(jv, -1)
+		for vi, v := range variants {
+			j := runJob{seed: s, policy: v.policy, spread: c.spread}
+			if bench.BaseName(v.policy) == "kvc_aware" && c.kvcFrozen != "" {
+				j.params = map[string]json.RawMessage{"kvc_aware": c.params["kvc_aware"]}
+			}
 			// A variant ("+spec", "+session") runs with its base's choice.
-			if raw, ok := chosen[bench.BaseName(n)]; ok {
-				j.params = map[string]json.RawMessage{bench.BaseName(n): json.RawMessage(raw)}
+			if v.raw != "" {
+				j.params = map[string]json.RawMessage{bench.BaseName(v.policy): json.RawMessage(v.raw)}
 			}
 			jobs = append(jobs, j)
+			jv = append(jv, vi)
 		}
 	}
 	sums, _, err = runJobs(c, jobs, stderr)
@@ -261,11 +312,12 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		}
 	}
 	var rows []heldoutRow
-	for _, n := range names {
+	for vi, v := range variants {
+		n := v.policy
 		var hit, p50, p99, mk, mr, imb []float64
 		var gained, gap float64
 		for i, j := range jobs {
-			if j.free || j.policy != n {
+			if jv[i] != vi {
 				continue
 			}
 			s := sums[i]
@@ -279,8 +331,11 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		if gap > 0 {
 			r.GainShare = gained / gap
 		}
-		if raw, ok := chosen[bench.BaseName(n)]; ok {
-			r.Params, r.Tuned = json.RawMessage(raw), true
+		if v.raw != "" {
+			r.Params, r.Tuned = json.RawMessage(v.raw), true
+		}
+		if bench.BaseName(n) == "kvc_aware" && c.kvcFrozen != "" {
+			r.Params, r.Frozen = c.params["kvc_aware"], c.frozenCommit
 		}
 		rows = append(rows, r)
 	}
@@ -289,12 +344,13 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		bs = append(bs, bound[s])
 		gaps = append(gaps, (verl[s]-bound[s])/verl[s])
 	}
-	fmt.Fprintf(stdout, "held-out: workload %s, %d engines, arrival spread %.3gs; tuned on seeds %s, reported seeds %s (mean ± sample SD)\n\n",
+	fmt.Fprintf(stdout, "held-out: workload %s, %d engines, arrival spread %.3gs; tuned on seeds %s, reported seeds %s (mean ± 95%% CI, t-distribution)\n\n",
 		c.workload, c.engines, c.spread, c.tuneSeeds, c.reportSeeds)
 	writeHeldoutTable(stdout, rows, statOf(bs), statOf(gaps))
 	if c.jsonOut != "" {
 		doc := map[string]any{"workload": c.workload, "tune_seeds": tune, "report_seeds": report, "arrival_spread_s": c.spread,
-			"engines": c.engines, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps), "rows": rows}
+			"engines": c.engines, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps), "rows": rows,
+			"kvc_frozen": map[string]string{"path": c.kvcFrozen, "commit": c.frozenCommit}}
 		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			return err
@@ -304,8 +360,9 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// pm formats mean ± 95% CI half-width.
 func pm(s stat, scale float64, f string) string {
-	return fmt.Sprintf(f+" ± "+f, s.Mean*scale, s.SD*scale)
+	return fmt.Sprintf(f+" ± "+f, s.Mean*scale, s.CI95*scale)
 }
 
 // writeHeldoutTable prints a Markdown table (it pastes into docs/kvbench.md).
@@ -313,9 +370,12 @@ func writeHeldoutTable(w io.Writer, rows []heldoutRow, bound, gap stat) {
 	fmt.Fprintln(w, "| policy | knob (chosen on tuning seeds) | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl | gain share % | imbalance |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		knob := "defaults (no knob)"
-		if r.Tuned {
-			knob = "`" + string(r.Params) + "`"
+		knob := "launcher defaults"
+		switch {
+		case r.Frozen != "":
+			knob = "frozen at " + r.Frozen
+		case r.Tuned:
+			knob = "tuned: `" + string(r.Params) + "`"
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n", r.Policy, knob, pm(r.HitRate, 100, "%.1f"),
 			pm(r.TTFTP50, 1, "%.3f"), pm(r.TTFTP99, 1, "%.3f"), pm(r.Makespan, 1, "%.1f"), pm(r.MakespanR, 1, "%.3f"),
@@ -354,7 +414,7 @@ func sweepSpread(c *config, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "arrival-spread sweep: workload %s, %d engines, seeds %s (mean ± sample SD)\n\n", c.workload, c.engines, c.sweepSeeds)
+	fmt.Fprintf(stdout, "arrival-spread sweep: workload %s, %d engines, seeds %s (mean ± 95%% CI, t-distribution)\n\n", c.workload, c.engines, c.sweepSeeds)
 	fmt.Fprintln(stdout, "| spread s | policy | hit rate % | TTFT p50 s | TTFT p99 s | makespan s |")
 	fmt.Fprintln(stdout, "|---|---|---|---|---|---|")
 	for _, sp := range spreads {
@@ -370,4 +430,36 @@ func sweepSpread(c *config, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// frozenFile is docs/frozen-kvc-aware.json (scripts/freeze_kvc_aware.py):
+// kvc_aware's whole configuration as the library reported it at a commit.
+type frozenFile struct {
+	Commit   string          `json:"commit"`
+	Status   string          `json:"status"`
+	Strategy json.RawMessage `json:"strategy"`
+}
+
+// readFrozen returns the frozen strategy parameters and the commit they
+// were frozen at; the parameters must decode strictly as kvc_aware's.
+func readFrozen(path string) (json.RawMessage, string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("--kvc-frozen: %w", err)
+	}
+	var f frozenFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, "", fmt.Errorf("--kvc-frozen %s: %w", path, err)
+	}
+	if f.Commit == "" || len(f.Strategy) == 0 {
+		return nil, "", fmt.Errorf("--kvc-frozen %s: needs \"commit\" and \"strategy\"", path)
+	}
+	if _, err := bench.NewPolicy("kvc_aware", bench.PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": f.Strategy}}); err != nil {
+		return nil, "", fmt.Errorf("--kvc-frozen %s: %w", path, err)
+	}
+	commit := f.Commit
+	if f.Status != "" && f.Status != "frozen" {
+		commit += " (" + f.Status + ")"
+	}
+	return f.Strategy, commit, nil
 }

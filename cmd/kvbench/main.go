@@ -47,6 +47,9 @@ type config struct {
 	sweepSpread, tuneSeeds, reportSeeds                            string
 	heldout                                                        bool
 	quiet                                                          bool
+	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
+	// frozenCommit the commit it records.
+	kvcFrozen, frozenCommit string
 }
 
 // paramFlag collects repeated --params NAME=JSON.
@@ -82,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{params: paramFlag{}}
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | agent | agent_long")
+	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | grpo_sat | agent | agent_scale | agent_long")
 	fs.StringVar(&c.trace, "trace", defaultTraceFlag, "Mooncake jsonl trace; a relative path is resolved against the repository root (the default is the full public trace beside the repository; "+sliceTrace+" is a 1,000-row slice shipped with the repository)")
 	fs.StringVar(&c.policies, "policies", strings.Join(bench.DefaultPolicies, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", "))
 	fs.IntVar(&c.engines, "engines", 8, "number of simulated engines")
@@ -108,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
 	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
 	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
+	fs.StringVar(&c.kvcFrozen, "kvc-frozen", "", "kvc_aware runs the frozen configuration in FILE (docs/frozen-kvc-aware.json; its \"strategy\" object) and is not tuned")
 	fs.Var(c.params, "params", `NAME=JSON: override a policy's main parameters (repeatable), e.g. sglang_cache_aware={"balance_abs_threshold":8}, llmd_precise={"prefix_weight":3}, dynamo_cost={"overlap_score_credit":2}`)
 	fs.Float64Var(&c.spread, "arrival-spread", 0, "spread each phase's initial arrivals uniformly over this many virtual seconds (0 = a burst)")
 	fs.BoolVar(&c.makespanBound, "makespan-bound", true, "also run verl_default with free prefill and report each policy's share of the makespan gain")
@@ -128,15 +132,25 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	switch c.workload {
-	case "mooncake", "grpo", "agent", "agent_long":
+	case "mooncake", "grpo", "grpo_sat", "agent", "agent_scale", "agent_long":
 	default:
-		return nil, fmt.Errorf("--workload must be mooncake, grpo, agent or agent_long, got %q", c.workload)
+		return nil, fmt.Errorf("--workload must be mooncake, grpo, grpo_sat, agent, agent_scale or agent_long, got %q", c.workload)
 	}
 	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
 		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
 	}
 	if c.spread < 0 || c.eventDelay < 0 {
 		return nil, errors.New("--arrival-spread and --event-delay must not be negative")
+	}
+	if c.kvcFrozen != "" {
+		if c.kvcParams != "" {
+			return nil, fmt.Errorf("--kvc-frozen and --kvc-params are exclusive")
+		}
+		raw, commit, err := readFrozen(c.kvcFrozen)
+		if err != nil {
+			return nil, err
+		}
+		c.params["kvc_aware"], c.frozenCommit = raw, commit
 	}
 	if c.kvcParams != "" {
 		if !json.Valid([]byte(c.kvcParams)) {
@@ -203,8 +217,11 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 			return nil, 0, err
 		}
 		return func() bench.Workload { return m }, len(m.Rows), nil
-	case "grpo":
+	case "grpo", "grpo_sat":
 		g := bench.DefaultGRPO()
+		if c.workload == "grpo_sat" {
+			g = bench.DefaultGRPOSat()
+		}
 		g.Seed = seed
 		if c.steps > 0 {
 			g.Steps = c.steps
@@ -224,8 +241,11 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
 	default:
 		a := bench.DefaultAgent()
-		if c.workload == "agent_long" {
+		switch c.workload {
+		case "agent_long":
 			a = bench.DefaultAgentLong()
+		case "agent_scale":
+			a = bench.DefaultAgentScale()
 		}
 		a.Seed = seed
 		if c.steps > 0 {

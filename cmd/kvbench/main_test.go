@@ -4,6 +4,7 @@ import (
 	"bytes"
 	stdjson "encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -173,9 +174,13 @@ func TestHeldoutSmall(t *testing.T) {
 	var doc struct {
 		ReportSeeds []uint64 `json:"report_seeds"`
 		Rows        []struct {
-			Policy string          `json:"policy"`
-			Params json.RawMessage `json:"params"`
-			Tuned  bool            `json:"tuned"`
+			Policy   string          `json:"policy"`
+			Params   json.RawMessage `json:"params"`
+			Tuned    bool            `json:"tuned"`
+			Makespan struct {
+				Mean, SD, CI95 float64
+				N              int
+			} `json:"makespan_s"`
 		} `json:"rows"`
 	}
 	b, err := os.ReadFile(jsonPath)
@@ -185,10 +190,23 @@ func TestHeldoutSmall(t *testing.T) {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	if len(doc.Rows) != 3 || len(doc.ReportSeeds) != 2 {
+	// verl_default once; each tuned policy twice: launcher defaults, then tuned.
+	if len(doc.Rows) != 5 || len(doc.ReportSeeds) != 2 {
 		t.Fatalf("rows %d seeds %v", len(doc.Rows), doc.ReportSeeds)
 	}
-	for _, r := range doc.Rows {
+	for i, r := range doc.Rows {
+		if r.Makespan.N != 2 || math.Abs(r.Makespan.CI95-12.706*r.Makespan.SD/math.Sqrt2) > 1e-9 {
+			t.Fatalf("%s: makespan stat %+v, want N 2 and CI95 = t(0.975, 1) SD / sqrt 2", r.Policy, r.Makespan)
+		}
+		if i > 0 && doc.Rows[i-1].Policy == r.Policy && (doc.Rows[i-1].Tuned || !r.Tuned) {
+			t.Fatalf("%s: the launcher-default row must come first, then the tuned one", r.Policy)
+		}
+		if r.Policy != "verl_default" && !r.Tuned && (i+1 >= len(doc.Rows) || doc.Rows[i+1].Policy != r.Policy) {
+			t.Fatalf("%s: launcher-default row without its tuned row", r.Policy)
+		}
+		if !r.Tuned {
+			continue
+		}
 		inGrid := false
 		var got bytes.Buffer
 		if r.Tuned {
@@ -199,7 +217,7 @@ func TestHeldoutSmall(t *testing.T) {
 		for _, g := range tuneGrid[strings.Split(r.Policy, "+")[0]] {
 			inGrid = inGrid || got.String() == g
 		}
-		if r.Tuned != (r.Policy != "verl_default") || (r.Tuned && !inGrid) {
+		if r.Policy == "verl_default" || !inGrid {
 			t.Fatalf("%s: tuned %v params %s (not from its grid)", r.Policy, r.Tuned, r.Params)
 		}
 	}
@@ -216,5 +234,53 @@ func TestSweepSpreadSmall(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "\n| 0"); n != 4 { // 2 spreads x 2 policies
 		t.Fatalf("%d rows:\n%s", n, out.String())
+	}
+}
+
+// --kvc-frozen: kvc_aware runs the frozen strategy, is not tuned, and its
+// row records the commit; a bad frozen file is refused.
+func TestHeldoutFrozenKVCAware(t *testing.T) {
+	dir := t.TempDir()
+	frozen := filepath.Join(dir, "frozen.json")
+	if err := os.WriteFile(frozen, []byte(`{"commit":"abc123","status":"frozen","strategy":{"alpha":0.5}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	jsonPath := filepath.Join(dir, "h.json")
+	args := append(append([]string{}, tinyGRPO...), "--heldout", "--tune-seeds", "9", "--report-seeds", "1,2",
+		"--policies", "verl_default,kvc_aware", "--kvc-frozen", frozen, "--json", jsonPath)
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		Rows []struct {
+			Policy string          `json:"policy"`
+			Params json.RawMessage `json:"params"`
+			Tuned  bool            `json:"tuned"`
+			Frozen string          `json:"frozen_commit"`
+		} `json:"rows"`
+		KVCFrozen map[string]string `json:"kvc_frozen"`
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Rows) != 2 || doc.Rows[1].Policy != "kvc_aware" || doc.Rows[1].Tuned || doc.Rows[1].Frozen != "abc123" ||
+		!strings.Contains(strings.Join(strings.Fields(string(doc.Rows[1].Params)), ""), `"alpha":0.5`) || doc.KVCFrozen["commit"] != "abc123" {
+		t.Fatalf("rows %+v frozen %v", doc.Rows, doc.KVCFrozen)
+	}
+	if !strings.Contains(out.String(), "frozen at abc123") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	if err := os.WriteFile(frozen, []byte(`{"commit":"abc","strategy":{"alpha":7}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := run(append(append([]string{}, tinyGRPO...), "--kvc-frozen", frozen), &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), "alpha") {
+		t.Fatalf("bad frozen file accepted (exit %d): %s", code, errb.String())
 	}
 }

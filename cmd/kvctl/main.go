@@ -93,7 +93,7 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 
 // eventJSON is one event as kvctl prints it.
 type eventJSON struct {
-	Seq             *int64   `json:"seq,omitempty"`
+	Seq             *uint64  `json:"seq,omitempty"`
 	Type            string   `json:"type"`
 	BlockHashes     []uint64 `json:"block_hashes"`
 	ParentBlockHash *uint64  `json:"parent_block_hash"`
@@ -106,7 +106,7 @@ type eventJSON struct {
 	DPRank          *int     `json:"dp_rank"`
 }
 
-func printBatch(w io.Writer, b *kvevents.Batch, seq *int64) error {
+func printBatch(w io.Writer, b *kvevents.Batch, seq *uint64) error {
 	enc := json.NewEncoder(w)
 	for i := range b.Events {
 		ev := &b.Events[i]
@@ -274,8 +274,9 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
 	var b kvevents.Batch
-	last, seen := int64(-1), 0
-	emit := func(seq int64, payload []byte) {
+	var last uint64
+	started, seen := false, 0
+	emit := func(seq uint64, payload []byte) {
 		if err := kvevents.DecodeInto(payload, &b); err != nil {
 			fmt.Fprintf(stderr, "kvctl watch: seq %d: %v\n", seq, err)
 			return
@@ -296,23 +297,24 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "kvctl watch: ignoring a %d-frame message\n", len(m.Frames))
 			continue
 		}
-		seq := int64(binary.BigEndian.Uint64(m.Frames[1]))
-		if *replay != "" && (seq > last+1 || (last >= 0 && seq < last)) {
+		// Unsigned 64-bit, as vLLM sends them; a lower seq is a new run.
+		seq := binary.BigEndian.Uint64(m.Frames[1])
+		if *replay != "" && (!started || seq < last || seq-last > 1) {
 			from := last + 1
-			if last < 0 || seq < last {
+			if !started || seq < last {
 				from = 0
 			}
 			if from < seq {
-				ok, _, err := collector.Replay(ctx, *replay, from, seq, 5*time.Second, time.Second, last < 0, emit)
+				ok, _, err := collector.Replay(ctx, *replay, from, seq, 5*time.Second, time.Second, !started, emit)
 				if !ok || err != nil {
 					fmt.Fprintf(stderr, "kvctl watch: replay [%d, %d) incomplete: %v\n", from, seq, err)
 				}
 			}
-		} else if last >= 0 && seq != last+1 {
+		} else if started && seq != last+1 {
 			fmt.Fprintf(stderr, "kvctl watch: sequence jumped from %d to %d\n", last, seq)
 		}
 		emit(seq, m.Frames[2])
-		last = seq
+		last, started = seq, true
 		seen++
 	}
 	return nil

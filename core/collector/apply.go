@@ -10,10 +10,9 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/kvc-router/kvc-router/core/blockhash"
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // ErrUnknownServer is returned when a payload names a server not in the pool.
@@ -57,26 +56,26 @@ func (s *EventStats) Snapshot() EventCounts {
 	}
 }
 
-// Apply feeds one decoded batch from server into the router's index. Events
+// Apply feeds one decoded batch from server into the sink (the router's
+// index). Events
 // the index cannot place (unknown medium or type, a parent it never saw) are
 // counted and skipped; the rest of the batch still applies.
-func Apply(r *router.Router, server string, b *kvevents.Batch, st *EventStats) error {
-	id, ok := r.ServerIndexID(server)
+func Apply(r sink.Events, server string, b *kvevents.Batch, st *EventStats) error {
+	w, ok := r.EventWriter(server)
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrUnknownServer, server)
 	}
-	return applyTo(r.Index(), id, r.Config().Model, b, st)
+	return applyTo(w, b, st)
 }
 
-func applyTo(ix *index.Index, id index.ServerID, model string, b *kvevents.Batch, st *EventStats) error {
+func applyTo(w sink.EventWriter, b *kvevents.Batch, st *EventStats) error {
 	st.Batches.Add(1)
 	st.Events.Add(uint64(len(b.Events)))
-	ns := blockhash.Namespace(model, "")
 	for i := range b.Events {
 		ev := &b.Events[i]
 		switch ev.Kind {
 		case kvevents.KindCleared:
-			if err := ix.Cleared(id); err != nil {
+			if err := w.Cleared(); err != nil {
 				return err
 			}
 			st.Cleared.Add(1)
@@ -87,17 +86,13 @@ func applyTo(ix *index.Index, id index.ServerID, model string, b *kvevents.Batch
 				continue
 			}
 			if ev.Kind == kvevents.KindRemoved {
-				if err := ix.Removed(id, index.Tier(tier), ev.BlockHashes); err != nil {
+				if err := w.Removed(index.Tier(tier), ev.BlockHashes); err != nil {
 					return err
 				}
 				st.RemovedBlocks.Add(uint64(len(ev.BlockHashes)))
 				continue
 			}
-			evNS := ns
-			if ev.LoraName != "" {
-				evNS = blockhash.Namespace(model, ev.LoraName)
-			}
-			err := ix.Stored(id, index.Tier(tier), ev.HasParent, ev.ParentBlockHash, ev.BlockHashes, ev.TokenIDs, ev.BlockSize, evNS)
+			err := w.Stored(index.Tier(tier), ev.HasParent, ev.ParentBlockHash, ev.BlockHashes, ev.TokenIDs, ev.BlockSize, ev.LoraName)
 			switch {
 			case errors.Is(err, index.ErrUnanchored):
 				st.Unanchored.Add(1)
@@ -119,7 +114,7 @@ func applyTo(ix *index.Index, id index.ServerID, model string, b *kvevents.Batch
 // payload is already in memory: bounding its size is the caller's (the C
 // ABI's push.max_event_bytes), so a limit configured above the decoder's
 // default is honoured; the per-event limits still apply.
-func ApplyPayload(r *router.Router, server string, payload []byte, st *EventStats) error {
+func ApplyPayload(r sink.Events, server string, payload []byte, st *EventStats) error {
 	var b kvevents.Batch
 	if err := (kvevents.Limits{MaxPayloadBytes: len(payload)}).DecodeInto(payload, &b); err != nil {
 		st.DecodeErrors.Add(1)

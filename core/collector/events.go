@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync"
 	"time"
@@ -14,8 +13,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // endSeq marks the end of a replay (-1 as a signed 8-byte big-endian value).
@@ -73,11 +73,14 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 
 // PublisherStatus describes one subscription.
 type PublisherStatus struct {
-	Server       string `json:"server"`
-	Endpoint     string `json:"endpoint"`
-	Replay       string `json:"replay,omitempty"`
-	Connected    bool   `json:"connected"`
-	LastSeq      int64  `json:"last_seq"`
+	Server    string `json:"server"`
+	Endpoint  string `json:"endpoint"`
+	Replay    string `json:"replay,omitempty"`
+	Connected bool   `json:"connected"`
+	// LastSeq is the last batch's sequence number, meaningful when
+	// SeqSeen (sequence numbers are unsigned 64-bit, as vLLM sends them).
+	LastSeq      uint64 `json:"last_seq"`
+	SeqSeen      bool   `json:"seq_seen"`
 	Gaps         uint64 `json:"gaps"`
 	Replays      uint64 `json:"replays"`
 	ReplayFailed uint64 `json:"replay_failures"`
@@ -101,7 +104,7 @@ type PublisherStatus struct {
 // Subscriber follows one publisher: SUB socket, sequence tracking, replay
 // on gaps, index clearing on engine restart, re-dial on silence.
 type Subscriber struct {
-	r      *router.Router
+	r      sink.Events
 	server string
 	ep     Endpoint
 	cfg    SubscriberConfig
@@ -109,7 +112,8 @@ type Subscriber struct {
 
 	mu          sync.Mutex
 	connected   bool
-	lastSeq     int64 // -1 before the first message
+	lastSeq     uint64
+	seqSeen     bool // false before the first message (and after resetSeq)
 	lastHash    uint64
 	lastEvent   time.Time
 	rateEvents  uint64
@@ -128,8 +132,8 @@ type Subscriber struct {
 	// applied through an open-ended replay (at connect, or a probe) that
 	// live messages may still deliver: the SUB socket queues them while
 	// the replay runs. Only the run goroutine touches it.
-	replayed    map[int64]uint64
-	replayedMax int64
+	replayed    map[uint64]uint64
+	replayedMax uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -137,8 +141,8 @@ type Subscriber struct {
 }
 
 // NewSubscriber prepares a subscription; Start begins it.
-func NewSubscriber(r *router.Router, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
-	return &Subscriber{r: r, server: server, ep: ep, cfg: cfg.withDefaults(), lastSeq: -1}
+func NewSubscriber(r sink.Events, server string, ep Endpoint, cfg SubscriberConfig) *Subscriber {
+	return &Subscriber{r: r, server: server, ep: ep, cfg: cfg.withDefaults()}
 }
 
 // Start runs the subscription until Close.
@@ -164,7 +168,7 @@ func (s *Subscriber) Status() PublisherStatus {
 	defer s.mu.Unlock()
 	st := PublisherStatus{
 		Server: s.server, Endpoint: s.ep.Endpoint, Replay: s.ep.Replay, Connected: s.connected,
-		LastSeq: s.lastSeq, Gaps: s.gaps, Replays: s.replays, ReplayFailed: s.replayFails,
+		LastSeq: s.lastSeq, SeqSeen: s.seqSeen, Gaps: s.gaps, Replays: s.replays, ReplayFailed: s.replayFails,
 		Restarts: s.restarts, Dials: s.dials, BadFrames: s.badFrames, EventsPerSec: s.rate,
 		StartupUnreplayed: s.unreplayed, Duplicates: s.duplicates,
 		Events: s.stats.Snapshot(),
@@ -208,17 +212,17 @@ func (s *Subscriber) session(ctx context.Context) error {
 	defer cancel()
 	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(s.cfg.DialTimeout),
 		zmq4.WithDialerRetry(s.cfg.RetryInterval))
-	defer closeDrained(sub)
+	defer zmtp.CloseDrained(sub)
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.ep.Topic); err != nil {
 		return err
 	}
-	if err := sub.Dial(dialEndpoint(s.ep.Endpoint)); err != nil {
+	if err := sub.Dial(zmtp.DialEndpoint(s.ep.Endpoint)); err != nil {
 		s.setConnected(false)
 		return err
 	}
 	s.setConnected(true)
 	s.r.SetEventFeed(s.server, true)
-	s.replayed, s.replayedMax = nil, -1
+	s.replayed, s.replayedMax = nil, 0
 	// A new connection may be to a restarted publisher on the same port;
 	// and a first connection recovers what the publisher buffered,
 	// including what it sends before our subscription reaches it.
@@ -278,7 +282,7 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		s.mu.Unlock()
 		return
 	}
-	seq := int64(binary.BigEndian.Uint64(frames[1]))
+	seq := binary.BigEndian.Uint64(frames[1])
 	if s.replayed != nil {
 		if seq > s.replayedMax {
 			s.replayed = nil // live has overtaken the replay
@@ -294,10 +298,13 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		}
 	}
 	s.mu.Lock()
-	last := s.lastSeq
+	last, seen := s.lastSeq, s.seqSeen
 	s.mu.Unlock()
+	// Unsigned throughout: a seq >= 2^63 is just a later batch. After
+	// 2^64-1 every seq is <= last, so a wrap to 0 reads as a restart (and
+	// last+1 below cannot overflow: seq > last implies last < 2^64-1).
 	switch {
-	case last < 0:
+	case !seen:
 		// First message of this subscriber: recover the publisher's
 		// buffered history before it, when replay is available.
 		if seq > 0 {
@@ -337,12 +344,12 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 // recovered without waiting for the next event.
 func (s *Subscriber) probe(ctx context.Context) {
 	s.mu.Lock()
-	last, lastHash := s.lastSeq, s.lastHash
+	last, lastHash, seen := s.lastSeq, s.lastHash, s.seqSeen
 	s.mu.Unlock()
 	if s.ep.Replay == "" {
 		return
 	}
-	if last < 0 {
+	if !seen {
 		s.recoverStart(ctx)
 		return
 	}
@@ -350,8 +357,8 @@ func (s *Subscriber) probe(ctx context.Context) {
 		verdict = "" // "same", "restart" or "lost"
 		missed  int
 	)
-	_, bad, err := Replay(ctx, s.ep.Replay, last, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
-		func(seq int64, payload []byte) {
+	_, bad, err := Replay(ctx, s.ep.Replay, last, endSeq, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
+		func(seq uint64, payload []byte) {
 			switch {
 			case verdict == "" && seq == last && xxhash.Sum64(payload) == lastHash:
 				verdict = "same"
@@ -394,7 +401,7 @@ func (s *Subscriber) probe(ctx context.Context) {
 		s.mu.Lock()
 		s.replays++ // before the new run's batches show in the index
 		s.mu.Unlock()
-		_, bad, _ := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.applyReplayed)
+		_, bad, _ := Replay(ctx, s.ep.Replay, 0, endSeq, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true, s.applyReplayed)
 		s.mu.Lock()
 		s.badFrames += uint64(bad)
 		s.mu.Unlock()
@@ -409,8 +416,8 @@ func (s *Subscriber) probe(ctx context.Context) {
 // the gap. Live batches that also arrive are deduplicated in handle.
 func (s *Subscriber) recoverStart(ctx context.Context) {
 	n := 0
-	_, bad, err := Replay(ctx, s.ep.Replay, 0, math.MaxInt64, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
-		func(seq int64, payload []byte) {
+	_, bad, err := Replay(ctx, s.ep.Replay, 0, endSeq, s.cfg.ReplayTimeout, s.cfg.DialTimeout, true,
+		func(seq uint64, payload []byte) {
 			if n++; n == 1 { // counted before its batches show in the index
 				s.mu.Lock()
 				s.replays++
@@ -429,9 +436,9 @@ func (s *Subscriber) recoverStart(ctx context.Context) {
 
 // applyReplayed applies a batch from an open-ended replay and remembers it,
 // so that the same batch arriving live on this connection is skipped.
-func (s *Subscriber) applyReplayed(seq int64, payload []byte) {
+func (s *Subscriber) applyReplayed(seq uint64, payload []byte) {
 	if s.replayed == nil {
-		s.replayed = map[int64]uint64{}
+		s.replayed = map[uint64]uint64{}
 	}
 	s.replayed[seq] = xxhash.Sum64(payload)
 	if seq > s.replayedMax {
@@ -443,19 +450,19 @@ func (s *Subscriber) applyReplayed(seq int64, payload []byte) {
 // resetSeq forgets the sequence position, as for a new publisher.
 func (s *Subscriber) resetSeq() {
 	s.mu.Lock()
-	s.lastSeq, s.lastHash = -1, 0
+	s.lastSeq, s.lastHash, s.seqSeen = 0, 0, false
 	s.mu.Unlock()
-	s.replayed, s.replayedMax = nil, -1
+	s.replayed, s.replayedMax = nil, 0
 }
 
 func (s *Subscriber) clear() {
-	if id, ok := s.r.ServerIndexID(s.server); ok {
-		_ = s.r.Index().Cleared(id)
+	if w, ok := s.r.EventWriter(s.server); ok {
+		_ = w.Cleared()
 		s.stats.Cleared.Add(1)
 	}
 }
 
-func (s *Subscriber) apply(seq int64, payload []byte) {
+func (s *Subscriber) apply(seq uint64, payload []byte) {
 	if len(payload) > s.cfg.Limits.MaxPayloadBytes {
 		s.stats.DecodeErrors.Add(1)
 	} else if err := s.cfg.Limits.DecodeInto(payload, &s.batch); err != nil {
@@ -465,11 +472,11 @@ func (s *Subscriber) apply(seq int64, payload []byte) {
 	}
 	now := time.Now()
 	s.mu.Lock()
-	if s.lastSeq < 0 {
+	if !s.seqSeen {
 		// Batches 0..seq-1 of this publisher run were never applied.
-		s.unreplayed += uint64(seq)
+		s.unreplayed += seq
 	}
-	s.lastSeq = seq
+	s.lastSeq, s.seqSeen = seq, true
 	s.lastHash = xxhash.Sum64(payload)
 	s.lastEvent = now
 	s.rateEvents += uint64(len(s.batch.Events))
@@ -485,7 +492,7 @@ func (s *Subscriber) apply(seq int64, payload []byte) {
 
 // replay asks the publisher's replay socket for batches [from, to) and
 // applies them in order. It reports whether the whole range arrived.
-func (s *Subscriber) replay(ctx context.Context, from, to int64) bool {
+func (s *Subscriber) replay(ctx context.Context, from, to uint64) bool {
 	if s.ep.Replay == "" {
 		return false
 	}
@@ -502,7 +509,7 @@ func (s *Subscriber) replay(ctx context.Context, from, to int64) bool {
 	return ok && err == nil
 }
 
-func (s *Subscriber) doReplay(ctx context.Context, from, to int64) (bool, error) {
+func (s *Subscriber) doReplay(ctx context.Context, from, to uint64) (bool, error) {
 	// History before the first message may be partly evicted from the
 	// publisher's buffer; take what is there. A gap must close fully.
 	partial := from == 0 && s.Status().Events.Batches == 0
@@ -520,17 +527,19 @@ func (s *Subscriber) doReplay(ctx context.Context, from, to int64) (bool, error)
 // each in order. With partial, batches already evicted from the publisher's
 // buffer are skipped; otherwise a missing one ends the replay incomplete.
 // It returns whether the range arrived whole and how many frames were bad.
-func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialTimeout time.Duration, partial bool,
-	fn func(seq int64, payload []byte)) (bool, int, error) {
+// Sequence numbers are unsigned 64-bit; 2^64-1 is the end marker, so
+// to = 2^64-1 (endSeq) asks for everything from `from` on.
+func Replay(ctx context.Context, endpoint string, from, to uint64, timeout, dialTimeout time.Duration, partial bool,
+	fn func(seq uint64, payload []byte)) (bool, int, error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1), zmq4.WithDialerTimeout(dialTimeout))
-	defer closeDrained(d)
-	if err := d.Dial(dialEndpoint(endpoint)); err != nil {
+	defer zmtp.CloseDrained(d)
+	if err := d.Dial(zmtp.DialEndpoint(endpoint)); err != nil {
 		return false, 0, err
 	}
 	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], uint64(from))
+	binary.BigEndian.PutUint64(start[:], from)
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
 		return false, 0, err
 	}
@@ -571,7 +580,7 @@ func Replay(ctx context.Context, endpoint string, from, to int64, timeout, dialT
 		if seq == endSeq {
 			return next >= to, bad, nil
 		}
-		sq := int64(seq)
+		sq := seq
 		if sq < next || sq >= to {
 			continue // before the range, or already live
 		}

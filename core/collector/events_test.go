@@ -145,7 +145,7 @@ func storeBatch(hashes []uint64, tokens []int32) *kvevents.Batch {
 func connect(t *testing.T, p *testPublisher, s *Subscriber) {
 	t.Helper()
 	waitFor(t, "subscriber to receive", 5*time.Second, func() bool {
-		if s.Status().LastSeq >= 0 {
+		if s.Status().SeqSeen {
 			return true
 		}
 		p.publish(&kvevents.Batch{TS: 1, DPRank: 0}, false)

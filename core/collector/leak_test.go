@@ -43,7 +43,7 @@ func TestReplayEndingEarlyLeaksNoGoroutine(t *testing.T) {
 	}
 	run := func() {
 		ok, _, err := Replay(context.Background(), ep.Replay, 0, 250, time.Second, time.Second, false,
-			func(int64, []byte) {})
+			func(uint64, []byte) {})
 		if ok || err == nil {
 			t.Fatalf("replay over a gap reported complete (ok=%v err=%v)", ok, err)
 		}

@@ -6,14 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // Collector is one live source of knowledge about the servers.
@@ -22,6 +24,69 @@ type Collector interface {
 	Start()
 	Close() error
 	Status() any
+}
+
+// Sinks is what collectors write to: the KV-event and the load sink (the
+// router implements both).
+type Sinks interface {
+	sink.Events
+	sink.Load
+}
+
+// EndpointSetter is implemented by a collector that subscribes to
+// publishers given per server (vllm_zmq): Manager.SetEndpoints reaches it.
+// At most one such collector runs per manager.
+type EndpointSetter interface {
+	Collector
+	SetEndpoints(server string, eps []Endpoint)
+}
+
+// Factory builds a collector from its configuration entry. The spec has
+// passed Config validation; a Factory checks what is specific to it.
+type Factory func(spec Spec, sinks Sinks, logger *slog.Logger) (Collector, error)
+
+var (
+	registry = map[string]Factory{}
+	names    []string // registration order, for messages
+)
+
+// Register adds a collector under a name, as strategies are registered.
+// It panics on duplicates, at init.
+func Register(name string, f Factory) {
+	if _, dup := registry[name]; dup {
+		panic("collector: duplicate registration of " + name)
+	}
+	registry[name] = f
+	names = append(names, name)
+}
+
+// Names lists the registered collector names in registration order.
+func Names() []string { return slices.Clone(names) }
+
+func init() {
+	metricsFactory := func(flavor metrics.Flavor) Factory {
+		return func(s Spec, sinks Sinks, logger *slog.Logger) (Collector, error) {
+			return &metricsCollector{name: s.Name, Poller: NewPoller(sinks, PollerConfig{
+				Flavor: flavor, Interval: ms(s.IntervalMS), Timeout: ms(s.TimeoutMS), MaxBytes: s.MaxBytes,
+				BackoffMax: ms(s.BackoffMaxMS), URLs: s.URLs, Logger: logger,
+			})}, nil
+		}
+	}
+	Register(NameVLLMMetrics, metricsFactory(metrics.VLLM))
+	Register(NameVLLMPolling, metricsFactory(metrics.VLLM))
+	Register(NameSGLangMetrics, metricsFactory(metrics.SGLang))
+	Register(NameVLLMZMQ, func(s Spec, sinks Sinks, logger *slog.Logger) (Collector, error) {
+		sc := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS),
+			RetryInterval: ms(s.RetryMS), Logger: logger}
+		if s.MaxPayloadBytes > 0 {
+			sc.Limits.MaxPayloadBytes = s.MaxPayloadBytes
+		}
+		ec := NewEventsCollector(sinks, sc)
+		for server, eps := range s.Endpoints {
+			ec.SetEndpoints(server, eps)
+		}
+		return ec, nil
+	})
 }
 
 // Collector names accepted in configuration.
@@ -73,10 +138,8 @@ func ParseConfig(data []byte) (Config, error) {
 
 func (c Config) validate() error {
 	for i, s := range c.Collectors {
-		switch s.Name {
-		case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics, NameVLLMZMQ:
-		default:
-			return fmt.Errorf("%w: collectors[%d].name %q (allowed: vllm_metrics, vllm_polling, sglang_metrics, vllm_zmq)", ErrConfig, i, s.Name)
+		if _, ok := registry[s.Name]; !ok {
+			return fmt.Errorf("%w: collectors[%d].name %q (allowed: %s)", ErrConfig, i, s.Name, strings.Join(names, ", "))
 		}
 		for _, v := range []struct {
 			k string
@@ -129,16 +192,16 @@ func checkEndpoint(ep string) error {
 
 // Manager owns a router's collectors and the push paths.
 type Manager struct {
-	r          *router.Router
+	r          Sinks
 	collectors []Collector
-	events     *EventsCollector
+	events     EndpointSetter
 	push       EventStats
 	pushMetErr uint64
 	mu         sync.Mutex
 }
 
 // Start builds and starts every configured collector.
-func Start(r *router.Router, cfg Config, logger *slog.Logger) (*Manager, error) {
+func Start(r Sinks, cfg Config, logger *slog.Logger) (*Manager, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -147,32 +210,15 @@ func Start(r *router.Router, cfg Config, logger *slog.Logger) (*Manager, error) 
 	}
 	m := &Manager{r: r}
 	for _, s := range cfg.Collectors {
-		var c Collector
-		switch s.Name {
-		case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics:
-			flavor := metrics.VLLM
-			if s.Name == NameSGLangMetrics {
-				flavor = metrics.SGLang
-			}
-			c = &metricsCollector{name: s.Name, Poller: NewPoller(r, PollerConfig{
-				Flavor: flavor, Interval: ms(s.IntervalMS), Timeout: ms(s.TimeoutMS), MaxBytes: s.MaxBytes,
-				BackoffMax: ms(s.BackoffMaxMS), URLs: s.URLs, Logger: logger,
-			})}
-		case NameVLLMZMQ:
+		c, err := registry[s.Name](s, r, logger)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		if es, ok := c.(EndpointSetter); ok {
 			if m.events != nil {
-				return nil, fmt.Errorf("%w: vllm_zmq configured twice", ErrConfig)
+				return nil, fmt.Errorf("%w: %s configured twice", ErrConfig, s.Name)
 			}
-			sc := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS),
-				RetryInterval: ms(s.RetryMS), Logger: logger}
-			if s.MaxPayloadBytes > 0 {
-				sc.Limits.MaxPayloadBytes = s.MaxPayloadBytes
-			}
-			ec := NewEventsCollector(r, sc)
-			for server, eps := range s.Endpoints {
-				ec.SetEndpoints(server, eps)
-			}
-			m.events = ec
-			c = ec
+			m.events = es
 		}
 		m.collectors = append(m.collectors, c)
 	}
@@ -254,7 +300,7 @@ func (c *metricsCollector) Status() any  { return c.Poller.Status() }
 // EventsCollector runs one Subscriber per configured publisher of every
 // pool member, following the pool as servers come and go.
 type EventsCollector struct {
-	r      *router.Router
+	r      sink.Events
 	cfg    SubscriberConfig
 	mu     sync.Mutex
 	eps    map[string][]Endpoint
@@ -265,7 +311,7 @@ type EventsCollector struct {
 }
 
 // NewEventsCollector prepares a vllm_zmq collector.
-func NewEventsCollector(r *router.Router, cfg SubscriberConfig) *EventsCollector {
+func NewEventsCollector(r sink.Events, cfg SubscriberConfig) *EventsCollector {
 	return &EventsCollector{r: r, cfg: cfg.withDefaults(), eps: map[string][]Endpoint{}, subs: map[string][]*Subscriber{}}
 }
 

@@ -12,9 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvc-router/kvc-router/core/collector/internal/scrape"
 	"github.com/kvc-router/kvc-router/core/load"
 	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/sink"
 )
 
 // PollerConfig tunes a metrics poller.
@@ -34,7 +35,7 @@ type PollerConfig struct {
 	URLs map[string]string
 	// Client, when set, fetches every URL through net/http. Left nil,
 	// plain http:// URLs use the poller's own HTTP/1.1 client
-	// (httpscrape.go) and the rest (https, credentials in the URL) a
+	// (internal/scrape) and the rest (https, credentials in the URL) a
 	// default net/http client.
 	Client *http.Client
 	// Logger receives health changes; nil means slog.Default().
@@ -94,7 +95,7 @@ type target struct {
 	// leaves the pool. sc, used only by the worker, is the target's own
 	// client; nil means net/http.
 	url       string
-	sc        *scrapeConn
+	sc        *scrape.Conn
 	kick      chan struct{}
 	failures  int
 	nextAt    time.Time
@@ -121,10 +122,10 @@ type TargetStatus struct {
 // Poller scrapes every pool member's /metrics on an interval. It follows the
 // router's pool as servers come and go.
 type Poller struct {
-	r   *router.Router
+	r   sink.Load
 	cfg PollerConfig
 	// ownClient: no Client was configured, so plain http URLs use
-	// scrapeConn.
+	// scrape.Conn.
 	ownClient bool
 	mu        sync.Mutex
 	tgts      map[string]*target
@@ -133,7 +134,7 @@ type Poller struct {
 }
 
 // NewPoller prepares a poller; Start begins it.
-func NewPoller(r *router.Router, cfg PollerConfig) *Poller {
+func NewPoller(r sink.Load, cfg PollerConfig) *Poller {
 	return &Poller{r: r, cfg: cfg.withDefaults(), ownClient: cfg.Client == nil, tgts: make(map[string]*target)}
 }
 
@@ -191,7 +192,7 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 		if !ok {
 			tg = &target{url: p.url(s), kick: make(chan struct{}, 1)}
 			if p.ownClient {
-				tg.sc, _ = newScrapeConn(tg.url, p.cfg.Timeout, p.cfg.MaxBytes)
+				tg.sc, _ = scrape.New(tg.url, p.cfg.Timeout, p.cfg.MaxBytes)
 			}
 			p.tgts[s] = tg
 			p.wg.Add(1)
@@ -216,7 +217,7 @@ func (p *Poller) tick(ctx context.Context, now time.Time) {
 func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 	defer p.wg.Done()
 	if tg.sc != nil {
-		defer tg.sc.close()
+		defer tg.sc.Close()
 	}
 	for {
 		select {
@@ -247,7 +248,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 	if err != nil {
 		tg.errors++
 		if errors.Is(err, metrics.ErrMalformed) || errors.Is(err, metrics.ErrNoMetrics) || errors.Is(err, metrics.ErrTooLarge) ||
-			errors.Is(err, ErrBadResponse) {
+			errors.Is(err, scrape.ErrBadResponse) {
 			tg.malformed++
 		}
 		tg.failures++
@@ -257,11 +258,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 		// A refused connection means nothing listens there any more (a
 		// killed engine): avoid it now, not after UnhealthyAfter scrapes
 		// spaced by the backoff (7 intervals with the defaults).
-		fail := p.r.Load().Fail
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			fail = p.r.Load().Down
-		}
-		if fail(server, err) && !tg.unhealthy {
+		if p.r.MetricsFailed(server, err, errors.Is(err, syscall.ECONNREFUSED)) && !tg.unhealthy {
 			tg.unhealthy = true
 			p.cfg.Logger.Warn("metrics: server unhealthy", "server", server, "failures", tg.failures, "err", err)
 		}
@@ -277,7 +274,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 
 func (p *Poller) fetch(ctx context.Context, tg *target) (load.Metrics, error) {
 	if tg.sc != nil {
-		body, err := tg.sc.get(ctx)
+		body, err := tg.sc.Get(ctx)
 		if err != nil {
 			return load.Metrics{}, err
 		}
@@ -326,8 +323,13 @@ func (p *Poller) Status() []TargetStatus {
 // previous snapshot is kept. The text is already in memory: bounding its
 // size is the caller's (the C ABI's push.max_metrics_bytes), so a limit
 // configured above metrics.DefaultLimit is honoured.
-func PushMetrics(r *router.Router, server string, text []byte, flavor metrics.Flavor) error {
+func PushMetrics(r sink.Load, server string, text []byte, flavor metrics.Flavor) error {
 	m, err := metrics.ParseBytes(text, flavor, int64(len(text)))
+	if errors.Is(err, metrics.ErrImpossible) {
+		// As for a scrape: the reason shows in the server's status and its
+		// last good metrics age out (the caller gets the error too).
+		r.MetricsFailed(server, err, false)
+	}
 	if err != nil {
 		return err
 	}

@@ -28,8 +28,7 @@ func TestPollerRefusedIsImmediatelyUnhealthy(t *testing.T) {
 	p.Start()
 	defer p.Close()
 	waitFor(t, "unhealthy", 2*time.Second, func() bool {
-		sn, _ := r.Load().Get(addr)
-		return !sn.Healthy
+		return !r.Status().Servers[0].Load.Healthy
 	})
 	if d := time.Since(start); d > 2*interval+100*time.Millisecond {
 		t.Fatalf("unhealthy after %v, want within two intervals", d)

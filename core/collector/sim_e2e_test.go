@@ -143,8 +143,7 @@ func (f *simFleet) truth(id string) map[[2]uint64]int {
 // indexed is the router's view of the same server.
 func (f *simFleet) indexed(id string) map[[2]uint64]int {
 	out := map[[2]uint64]int{}
-	ixID, _ := f.r.ServerIndexID(id)
-	for _, rc := range f.r.Index().Snapshot(ixID) {
+	for _, rc := range f.r.Residency(id) {
 		for t, n := range rc.Copies {
 			if n > 0 {
 				out[[2]uint64{rc.Engine, uint64(t)}] += n
@@ -210,7 +209,7 @@ func TestSimEndToEndIndexMatchesEngine(t *testing.T) {
 				}
 			}
 			f.waitAgree(a, "after the workload")
-			if st := f.r.Index().Status(); st.Servers[0].Stored == 0 || st.Servers[0].Removed == 0 {
+			if st := f.r.Status().Index; st.Servers[0].Stored == 0 || st.Servers[0].Removed == 0 {
 				t.Fatalf("workload exercised no eviction: %+v", st.Servers[0])
 			}
 			tiers := map[uint64]bool{}

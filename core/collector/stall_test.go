@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 )
 
 // silentPeer accepts TCP connections and never speaks ZMTP, as a stopped
@@ -45,14 +47,14 @@ func silentPeer(t *testing.T) string {
 // replay, a subscriber, or the subscriber's Close (server removal, router
 // close).
 func TestStalledPublisherDoesNotHang(t *testing.T) {
-	old := zmtpHandshakeTimeout
-	zmtpHandshakeTimeout = 200 * time.Millisecond
-	defer func() { zmtpHandshakeTimeout = old }()
+	old := zmtp.HandshakeTimeout
+	zmtp.HandshakeTimeout = 200 * time.Millisecond
+	defer func() { zmtp.HandshakeTimeout = old }()
 
 	ep := silentPeer(t)
 
 	start := time.Now()
-	_, _, err := Replay(context.Background(), ep, 0, 10, time.Second, 100*time.Millisecond, true, func(int64, []byte) {})
+	_, _, err := Replay(context.Background(), ep, 0, 10, time.Second, 100*time.Millisecond, true, func(uint64, []byte) {})
 	if err == nil {
 		t.Fatal("replay from a silent peer succeeded")
 	}

@@ -33,8 +33,7 @@ func startupBatch(i int) (*kvevents.Batch, []int32) {
 // each once: a batch applied twice would show 2 copies.
 func assertSingleCopies(t *testing.T, r *router.Router, server string, want int) {
 	t.Helper()
-	id, _ := r.ServerIndexID(server)
-	snap := r.Index().Snapshot(id)
+	snap := r.Residency(server)
 	if len(snap) != want {
 		t.Fatalf("index holds %d blocks, want %d", len(snap), want)
 	}
@@ -201,8 +200,8 @@ func TestSubscriberStartupReplayDedupsLiveCopies(t *testing.T) {
 		}
 		live = append(live, [][]byte{[]byte(pub.topic), be(sq), payload})
 	}
-	s.replayed, s.replayedMax = nil, -1 // as session does at connect
-	s.probe(ctx)                        // start-up recovery: applies 0..k
+	s.replayed, s.replayedMax = nil, 0 // as session does at connect
+	s.probe(ctx)                       // start-up recovery: applies 0..k
 	if st := s.Status(); st.LastSeq != k || st.Replays != 1 {
 		t.Fatalf("start-up replay: %+v", st)
 	}

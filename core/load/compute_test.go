@@ -16,11 +16,20 @@ func computeMath(m Metrics, fresh bool, inflight, capacity int) float64 {
 	if !fresh {
 		return 0.7*math.Min(1, in/c) + 0.3*math.Min(1, math.Max(0, in-c)/c)
 	}
-	queue := math.Max(m.Running+m.Waiting, in)
-	over := math.Max(m.Waiting, queue-c)
+	// Negative and NaN counts count as 0 (Check refuses them in stored
+	// metrics; Compute must still not turn them into a load).
+	clamp := func(v float64) float64 {
+		if math.IsNaN(v) || v < 0 {
+			return 0
+		}
+		return v
+	}
+	running, waiting := clamp(m.Running), clamp(m.Waiting)
+	queue := math.Max(running+waiting, in)
+	over := math.Max(waiting, queue-c)
 	kv := 0.0
 	if m.HasKVUsage {
-		kv = math.Min(1, math.Max(0, m.KVUsage))
+		kv = math.Min(1, clamp(m.KVUsage))
 	}
 	return 0.4*kv + 0.3*math.Min(1, queue/c) + 0.3*math.Min(1, math.Max(0, over)/c)
 }
@@ -39,6 +48,9 @@ func TestComputeBuiltinsMatchMath(t *testing.T) {
 							got, want := Compute(m, fresh, in, capacity), computeMath(m, fresh, in, capacity)
 							if math.Float64bits(got) != math.Float64bits(want) && !(math.IsNaN(got) && math.IsNaN(want)) {
 								t.Fatalf("%+v fresh=%v in=%d cap=%d: %v, math.Min/Max %v", m, fresh, in, capacity, got, want)
+							}
+							if !(got >= 0 && got <= 1) {
+								t.Fatalf("%+v fresh=%v in=%d cap=%d: load %v outside [0, 1]", m, fresh, in, capacity, got)
 							}
 						}
 					}

@@ -1,6 +1,10 @@
 package load
 
-import "time"
+import (
+	"fmt"
+	"math"
+	"time"
+)
 
 // Metrics is one scrape of a serving engine's own counters and gauges,
 // aggregated over its data-parallel engines. A zero field with its Has* flag
@@ -29,4 +33,46 @@ type Metrics struct {
 	Engines int
 	// At is when the scrape completed.
 	At time.Time
+}
+
+// Check reports the first value in m no engine can produce, or nil. The
+// rules (docs/reliability.md, "Impossible metrics"):
+//   - Running, Waiting and the four prefix counters are finite and >= 0;
+//   - KVUsage, when reported, is finite and in [0, 1];
+//   - the sizes (BlockSize, NumGPUBlocks, KVCacheSizeTokens, MaxNumSeqs,
+//     Engines) are >= 0.
+//
+// The load formula relies on them: a negative waiting count would cancel
+// running requests and a NaN would compare false everywhere (a NaN load
+// never loses a comparison), so a scrape breaking one is refused whole.
+func (m *Metrics) Check() error {
+	counts := [...]struct {
+		name string
+		v    float64
+	}{
+		{"running requests", m.Running}, {"waiting requests", m.Waiting},
+		{"prefix cache queries", m.PrefixQueries}, {"prefix cache hits", m.PrefixHits},
+		{"external prefix cache queries", m.ExternalPrefixQueries}, {"external prefix cache hits", m.ExternalPrefixHits},
+	}
+	for _, c := range counts {
+		if !(c.v >= 0) || math.IsInf(c.v, 1) {
+			return fmt.Errorf("%s = %v: a count must be finite and not negative", c.name, c.v)
+		}
+	}
+	if m.HasKVUsage && !(m.KVUsage >= 0 && m.KVUsage <= 1) {
+		return fmt.Errorf("KV cache usage = %v: a usage fraction must be in [0, 1]", m.KVUsage)
+	}
+	sizes := [...]struct {
+		name string
+		v    int
+	}{
+		{"block size", m.BlockSize}, {"GPU blocks", m.NumGPUBlocks}, {"KV cache size in tokens", m.KVCacheSizeTokens},
+		{"max_num_seqs", m.MaxNumSeqs}, {"engines", m.Engines},
+	}
+	for _, c := range sizes {
+		if c.v < 0 {
+			return fmt.Errorf("%s = %d: must not be negative", c.name, c.v)
+		}
+	}
+	return nil
 }

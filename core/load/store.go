@@ -23,6 +23,7 @@
 package load
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -146,7 +147,15 @@ func (s *Store) Inflight(server string) int {
 }
 
 // Update records a successful scrape or push, and marks the server healthy.
+// Metrics that fail Check are not stored: they count as a failed scrape
+// (the previous metrics age out as usual) and their reason becomes the
+// server's last error. It returns false for an unknown server.
 func (s *Store) Update(server string, m Metrics) bool {
+	if err := m.Check(); err != nil {
+		s.fail(server, fmt.Errorf("impossible metrics: %w", err), s.cfg.UnhealthyAfter)
+		_, ok := s.Get(server)
+		return ok
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.servers[server]
@@ -281,11 +290,22 @@ func compute(m *Metrics, fresh bool, inflight, capacity int) float64 {
 	if !fresh {
 		return 0.7*min(1, in/c) + 0.3*min(1, max(0, in-c)/c)
 	}
-	queue := max(m.Running+m.Waiting, in)
-	over := max(m.Waiting, queue-c)
+	// Update refuses metrics that fail Check; the clamps keep a Metrics
+	// built by hand (Compute) from turning NaN or negative into a load.
+	running, waiting := nonNeg(m.Running), nonNeg(m.Waiting)
+	queue := max(running+waiting, in)
+	over := max(waiting, queue-c)
 	kv := 0.0
 	if m.HasKVUsage {
-		kv = min(1, max(0, m.KVUsage))
+		kv = min(1, nonNeg(m.KVUsage))
 	}
 	return 0.4*kv + 0.3*min(1, queue/c) + 0.3*min(1, max(0, over)/c)
+}
+
+// nonNeg is v, or 0 for a negative v or NaN.
+func nonNeg(v float64) float64 {
+	if v >= 0 {
+		return v
+	}
+	return 0
 }

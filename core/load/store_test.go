@@ -3,6 +3,7 @@ package load
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -85,3 +86,69 @@ func TestStoreLifecycle(t *testing.T) {
 }
 
 func sn2(s *Store) Snapshot { sn, _ := s.Get("a"); return sn }
+
+func TestCheck(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	cases := []struct {
+		name string
+		m    Metrics
+		want string // "" = valid
+	}{
+		{"zero", Metrics{}, ""},
+		{"typical", Metrics{Running: 3, Waiting: 2, KVUsage: 0.4, HasKVUsage: true, PrefixQueries: 10, PrefixHits: 4, BlockSize: 16}, ""},
+		{"usage bounds", Metrics{KVUsage: 1, HasKVUsage: true}, ""},
+		{"usage absent is not checked", Metrics{KVUsage: nan}, ""},
+		{"negative waiting", Metrics{Running: 5, Waiting: -3}, "waiting requests = -3"},
+		{"NaN running", Metrics{Running: nan}, "running requests = NaN"},
+		{"+Inf waiting", Metrics{Waiting: inf}, "waiting requests = +Inf"},
+		{"-Inf hits", Metrics{PrefixHits: math.Inf(-1)}, "prefix cache hits = -Inf"},
+		{"negative external queries", Metrics{ExternalPrefixQueries: -1}, "external prefix cache queries = -1"},
+		{"usage above 1", Metrics{KVUsage: 1.5, HasKVUsage: true}, "KV cache usage = 1.5"},
+		{"usage below 0", Metrics{KVUsage: -0.1, HasKVUsage: true}, "KV cache usage = -0.1"},
+		{"usage NaN", Metrics{KVUsage: nan, HasKVUsage: true}, "KV cache usage = NaN"},
+		{"negative blocks", Metrics{NumGPUBlocks: -1}, "GPU blocks = -1"},
+	}
+	for _, c := range cases {
+		err := c.m.Check()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: unexpected %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.HasPrefix(err.Error(), c.want)):
+			t.Errorf("%s: got %v, want prefix %q", c.name, err, c.want)
+		}
+	}
+}
+
+// Issue 20 D2: impossible metrics never become a load. They count as a
+// failed scrape with the reason as last error, and the last good metrics
+// stay until they age out.
+func TestUpdateRefusesImpossibleMetrics(t *testing.T) {
+	now := time.Unix(100, 0)
+	s := New(Config{StaleAfter: time.Second, UnhealthyAfter: 2, Now: func() time.Time { return now }})
+	s.Add("a")
+	if !s.Update("a", Metrics{Running: 200, Waiting: 10, KVUsage: 0.5, HasKVUsage: true}) {
+		t.Fatal("update of a known server")
+	}
+	good := sn2(s)
+	if !s.Update("a", Metrics{Running: 200, Waiting: -200, KVUsage: 0.5, HasKVUsage: true}) {
+		t.Fatal("a refused update still names a known server")
+	}
+	sn := sn2(s)
+	if sn.Metrics.Waiting != 10 || sn.Load != good.Load || sn.Errors != 1 || sn.Failures != 1 || !sn.Healthy {
+		t.Fatalf("after one impossible scrape: %+v (before %+v)", sn, good)
+	}
+	if !strings.Contains(sn.LastError, "impossible metrics: waiting requests = -200") {
+		t.Fatalf("last error %q", sn.LastError)
+	}
+	s.Update("a", Metrics{Running: math.NaN()})
+	if sn := sn2(s); sn.Healthy || sn.Failures != 2 || !strings.Contains(sn.LastError, "running requests = NaN") {
+		t.Fatalf("after two: %+v", sn)
+	}
+	now = now.Add(2 * time.Second) // the last good metrics age out as usual
+	if sn := sn2(s); sn.Fresh || sn.Metrics.Running != 200 {
+		t.Fatalf("aged: %+v", sn)
+	}
+	if s.Update("ghost", Metrics{Running: -1}) {
+		t.Fatal("unknown server")
+	}
+}

@@ -13,9 +13,13 @@
 // header. A gzip body is rejected as malformed (let net/http decompress).
 //
 // Conventions shared by both flavors:
-//   - NaN and ±Inf sample values are treated as absent, never as 0: such a
-//     sample neither adds to a sum nor takes part in an average, and a gauge
-//     with only non-finite samples leaves its Has* flag false.
+//   - Every sample of a family the router reads must be possible (see
+//     rule): request counts and token counters finite and >= 0, usage
+//     fractions finite and in [0, 1], info gauges finite. One impossible
+//     sample rejects the whole scrape with ErrImpossible (which wraps
+//     ErrMalformed), naming the sample: the collectors then count a
+//     malformed scrape and the server's last good metrics age out.
+//     Aggregates must pass load.Metrics.Check too (a sum can overflow).
 //   - "_created" families (prometheus_client's creation timestamps) are
 //     ignored, as is every family not listed below.
 //   - Several samples of one family for the same engine (e.g. differing only
@@ -75,6 +79,10 @@ var (
 	// flavor's load families (running, waiting, KV usage): most likely the
 	// wrong endpoint, the wrong flavor, or metrics disabled.
 	ErrNoMetrics = errors.New("metrics: no serving-engine metrics found")
+	// ErrImpossible wraps every error about a well-formed sample holding a
+	// value no engine can report (a negative count, NaN, ±Inf, a usage
+	// outside [0, 1]); it wraps ErrMalformed.
+	ErrImpossible = fmt.Errorf("%w: impossible value", ErrMalformed)
 )
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -163,6 +171,9 @@ func parse(body []byte, flavor Flavor) (load.Metrics, error) {
 	if err != nil {
 		return load.Metrics{}, err
 	}
+	if err := m.Check(); err != nil {
+		return load.Metrics{}, fmt.Errorf("%w: %v", ErrImpossible, err)
+	}
 	m.At = time.Now()
 	return m, nil
 }
@@ -173,7 +184,7 @@ func expfmtFamilies(text []byte) (map[string]*dto.MetricFamily, error) {
 	return p.TextToMetricFamilies(bytes.NewReader(text))
 }
 
-// value returns a sample's value and whether it is finite.
+// value returns a sample's value and whether it is a scalar.
 func value(m *dto.Metric) (float64, bool) {
 	var v float64
 	switch {
@@ -186,7 +197,67 @@ func value(m *dto.Metric) (float64, bool) {
 	default:
 		return 0, false // histogram/summary under a name we expected scalar
 	}
-	return v, !math.IsNaN(v) && !math.IsInf(v, 0)
+	return v, true
+}
+
+// rule is what a family's samples may hold.
+type rule uint8
+
+const (
+	// count: request counts, token counters, capacities: finite, >= 0.
+	count rule = iota
+	// fraction: usage fractions: finite, in [0, 1].
+	fraction
+	// info: info gauges (1 = in effect, 0 = not): finite.
+	info
+)
+
+// check reports why v breaks r, or "".
+func (r rule) check(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return "a metric the router reads must be finite"
+	case r == count && v < 0:
+		return "a count cannot be negative"
+	case r == fraction && (v < 0 || v > 1):
+		return "a usage fraction must be in [0, 1]"
+	}
+	return ""
+}
+
+// impossible is the ErrImpossible error for sample m of fam.
+func impossible(fam *dto.MetricFamily, m *dto.Metric, v float64, why string) error {
+	var b bytes.Buffer
+	b.WriteString(fam.GetName())
+	if len(m.Label) > 0 {
+		b.WriteByte('{')
+		for i, l := range m.Label {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if b.Len() > 200 { // hostile label sets stay out of the message
+				b.WriteString("...")
+				break
+			}
+			fmt.Fprintf(&b, "%s=%q", l.GetName(), l.GetValue())
+		}
+		b.WriteByte('}')
+	}
+	return fmt.Errorf("%w: %s = %v: %s", ErrImpossible, b.String(), v, why)
+}
+
+// sampleChecker collects the first impossible sample of a scrape.
+type sampleChecker struct{ err error }
+
+func (c *sampleChecker) check(fam *dto.MetricFamily, m *dto.Metric, v float64, r rule) bool {
+	why := r.check(v)
+	if why == "" {
+		return true
+	}
+	if c.err == nil {
+		c.err = impossible(fam, m, v, why)
+	}
+	return false
 }
 
 func label(m *dto.Metric, name string) (string, bool) {
@@ -210,8 +281,10 @@ type perKey struct {
 // (absent label = ""). With replicas set (SGLang), only samples of the
 // lowest (tp_rank, pp_rank) seen for a key are kept, so tensor/pipeline
 // replicas reporting the same scheduler state are counted once.
-// keys receives every key that had a sample, even a non-finite one.
-func collect(fam *dto.MetricFamily, keyLabel string, replicas bool, keys *[]string) []perKey {
+// keys receives every key that had a sample. Every scalar sample is checked
+// against r first (replicas that are skipped included); the first
+// impossible one is recorded in c.
+func (c *sampleChecker) collect(fam *dto.MetricFamily, r rule, keyLabel string, replicas bool, keys *[]string) []perKey {
 	if fam == nil {
 		return nil
 	}
@@ -225,6 +298,7 @@ func collect(fam *dto.MetricFamily, keyLabel string, replicas bool, keys *[]stri
 			rep = [2]int{rankOf(m, "tp_rank"), rankOf(m, "pp_rank")}
 		}
 		v, ok := value(m)
+		ok = ok && c.check(fam, m, v, r)
 		idx := -1
 		if index != nil {
 			if i, found := index[key]; found {
@@ -387,9 +461,10 @@ func fromVLLM(fams map[string]*dto.MetricFamily, m *load.Metrics) error {
 		return fmt.Errorf("%w: no vllm:num_requests_running, vllm:num_requests_waiting or vllm:kv_cache_usage_perc", ErrNoMetrics)
 	}
 	var engines []string
-	m.Running = sum(collect(running, "engine", false, &engines))
-	m.Waiting = sum(collect(waiting, "engine", false, &engines))
-	kvs := collect(kv, "engine", false, &engines)
+	var c sampleChecker
+	m.Running = sum(c.collect(running, count, "engine", false, &engines))
+	m.Waiting = sum(c.collect(waiting, count, "engine", false, &engines))
+	kvs := c.collect(kv, fraction, "engine", false, &engines)
 
 	// Prefix counters: current names, else the <= 0.9 names (a pair is
 	// never mixed across generations; their units differ in 0.8).
@@ -397,16 +472,16 @@ func fromVLLM(fams map[string]*dto.MetricFamily, m *load.Metrics) error {
 	if fams[q] == nil && fams[h] == nil {
 		q, h = "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"
 	}
-	m.PrefixQueries = sum(collect(fams[q], "engine", false, nil))
-	m.PrefixHits = sum(collect(fams[h], "engine", false, nil))
-	m.ExternalPrefixQueries = sum(collect(fams["vllm:external_prefix_cache_queries_total"], "engine", false, nil))
-	m.ExternalPrefixHits = sum(collect(fams["vllm:external_prefix_cache_hits_total"], "engine", false, nil))
+	m.PrefixQueries = sum(c.collect(fams[q], count, "engine", false, nil))
+	m.PrefixHits = sum(c.collect(fams[h], count, "engine", false, nil))
+	m.ExternalPrefixQueries = sum(c.collect(fams["vllm:external_prefix_cache_queries_total"], count, "engine", false, nil))
+	m.ExternalPrefixHits = sum(c.collect(fams["vllm:external_prefix_cache_hits_total"], count, "engine", false, nil))
 
 	var cfgs []engineConfig
 	if f := fams["vllm:cache_config_info"]; f != nil {
 		for _, s := range f.Metric {
 			key, _ := label(s, "engine")
-			if v, ok := value(s); ok && v == 0 {
+			if v, ok := value(s); ok && (!c.check(f, s, v, info) || v == 0) {
 				continue // an info gauge set to 0 is not in effect
 			}
 			dup := false
@@ -444,7 +519,7 @@ func fromVLLM(fams map[string]*dto.MetricFamily, m *load.Metrics) error {
 	kvu, ok := usage(kvs, weight)
 	m.KVUsage, m.HasKVUsage = kvu, ok
 	m.Engines = len(engines)
-	return nil
+	return c.err
 }
 
 // allWeighted reports whether every key with data has a positive weight.
@@ -478,10 +553,11 @@ func fromSGLang(fams map[string]*dto.MetricFamily, m *load.Metrics) error {
 		return fmt.Errorf("%w: no sglang:num_running_reqs, sglang:num_queue_reqs or sglang:token_usage", ErrNoMetrics)
 	}
 	var ranks []string
-	m.Running = sum(collect(running, "dp_rank", true, &ranks))
-	m.Waiting = sum(collect(queued, "dp_rank", true, &ranks))
-	us := collect(usageFam, "dp_rank", true, &ranks)
-	caps := collect(fams["sglang:max_total_num_tokens"], "dp_rank", true, nil)
+	var c sampleChecker
+	m.Running = sum(c.collect(running, count, "dp_rank", true, &ranks))
+	m.Waiting = sum(c.collect(queued, count, "dp_rank", true, &ranks))
+	us := c.collect(usageFam, fraction, "dp_rank", true, &ranks)
+	caps := c.collect(fams["sglang:max_total_num_tokens"], count, "dp_rank", true, nil)
 	weight := func(k string) float64 {
 		for _, c := range caps {
 			if c.key == k && c.n > 0 {
@@ -496,8 +572,8 @@ func fromSGLang(fams map[string]*dto.MetricFamily, m *load.Metrics) error {
 			m.KVCacheSizeTokens += int(c.sum / float64(c.n))
 		}
 	}
-	m.PrefixQueries = sum(collect(fams["sglang:prompt_tokens_total"], "dp_rank", true, nil))
-	m.PrefixHits = sum(collect(fams["sglang:cached_tokens_total"], "dp_rank", true, nil))
+	m.PrefixQueries = sum(c.collect(fams["sglang:prompt_tokens_total"], count, "dp_rank", true, nil))
+	m.PrefixHits = sum(c.collect(fams["sglang:cached_tokens_total"], count, "dp_rank", true, nil))
 	m.Engines = len(ranks)
-	return nil
+	return c.err
 }

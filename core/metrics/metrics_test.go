@@ -41,9 +41,6 @@ func TestParseFixtures(t *testing.T) {
 			PrefixQueries: 58210, PrefixHits: 35720, Engines: 2}},
 		{"vllm_legacy.txt", VLLM, load.Metrics{Running: 2, Waiting: 4, KVUsage: 0.5, HasKVUsage: true,
 			PrefixQueries: 1200, PrefixHits: 300, BlockSize: 16, NumGPUBlocks: 4096, Engines: 1}},
-		{"vllm_nan.txt", VLLM, load.Metrics{Running: 3, Waiting: 3, KVUsage: 0.5, HasKVUsage: true,
-			PrefixQueries: 64, PrefixHits: 16, BlockSize: 16, NumGPUBlocks: 4000, Engines: 2}},
-		{"vllm_all_nan.txt", VLLM, load.Metrics{Engines: 1}},
 		// num_gpu_blocks "None": weighted by kv_cache_size_tokens (300k at 20 %, 100k at 60 %).
 		{"vllm_hybrid.txt", VLLM, load.Metrics{Running: 2, KVUsage: 0.3, HasKVUsage: true, BlockSize: 1056, KVCacheSizeTokens: 400000, Engines: 2}},
 		{"vllm_openmetrics.txt", VLLM, load.Metrics{Running: 1, Waiting: 2, KVUsage: 0.75, HasKVUsage: true,
@@ -222,6 +219,65 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	}
 }
 
+// Issue 20 D2: a scrape holding a value no engine can report is refused
+// whole, naming the sample (a negative waiting count used to cancel running
+// requests; an all-NaN scrape used to look healthy and idle).
+func TestImpossibleValuesRejectScrape(t *testing.T) {
+	cases := []struct {
+		name   string
+		flavor Flavor
+		body   string
+		want   string
+	}{
+		{"fixture: NaN next to good samples", VLLM, "@vllm_nan.txt",
+			`vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} = NaN: a metric the router reads must be finite`},
+		{"fixture: all NaN", VLLM, "@vllm_all_nan.txt",
+			`vllm:kv_cache_usage_perc{engine="0",model_name="m"} = NaN`},
+		{"negative waiting", VLLM, "vllm:num_requests_running 5\nvllm:num_requests_waiting -5\n",
+			"vllm:num_requests_waiting = -5: a count cannot be negative"},
+		{"+Inf running", VLLM, "vllm:num_requests_running{engine=\"1\"} +Inf\n",
+			`vllm:num_requests_running{engine="1"} = +Inf: a metric the router reads must be finite`},
+		{"usage above 1", VLLM, "vllm:kv_cache_usage_perc 1.5\n", "vllm:kv_cache_usage_perc = 1.5: a usage fraction must be in [0, 1]"},
+		{"usage below 0", VLLM, "vllm:gpu_cache_usage_perc -0.25\n", "vllm:gpu_cache_usage_perc = -0.25: a usage fraction"},
+		{"-Inf prefix hits", VLLM, "vllm:num_requests_running 1\nvllm:prefix_cache_hits_total -Inf\n", "vllm:prefix_cache_hits_total = -Inf"},
+		{"negative external queries", VLLM, "vllm:num_requests_running 1\nvllm:external_prefix_cache_queries_total -1\n",
+			"vllm:external_prefix_cache_queries_total = -1"},
+		{"NaN info gauge", VLLM, "vllm:num_requests_running 1\nvllm:cache_config_info{block_size=\"16\"} NaN\n", "vllm:cache_config_info{block_size=\"16\"} = NaN"},
+		{"sum overflows", VLLM, "vllm:num_requests_running{engine=\"0\"} 1e308\nvllm:num_requests_running{engine=\"1\"} 1e308\n",
+			"running requests = +Inf: a count must be finite"},
+		{"sglang negative queue", SGLang, "sglang:num_running_reqs 2\nsglang:num_queue_reqs -1\n", "sglang:num_queue_reqs = -1"},
+		{"sglang usage NaN", SGLang, "sglang:token_usage NaN\n", "sglang:token_usage = NaN"},
+		{"sglang capacity negative", SGLang, "sglang:token_usage 0.5\nsglang:max_total_num_tokens -100\n", "sglang:max_total_num_tokens = -100"},
+		// A skipped tensor-parallel replica is checked too: it reports the same state.
+		{"sglang skipped replica", SGLang, "sglang:num_running_reqs{tp_rank=\"0\"} 2\nsglang:num_running_reqs{tp_rank=\"1\"} -2\n",
+			`sglang:num_running_reqs{tp_rank="1"} = -2`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			if strings.HasPrefix(tc.body, "@") {
+				body = fixture(t, tc.body[1:])
+			}
+			for _, parse := range []func() (load.Metrics, error){
+				func() (load.Metrics, error) { return ParseBytes(body, tc.flavor, 0) },
+				func() (load.Metrics, error) { return Parse(bytes.NewReader(body), tc.flavor, 0) },
+			} {
+				m, err := parse()
+				if !errors.Is(err, ErrImpossible) || !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("got %+v, %v; want ErrImpossible containing %q", m, err, tc.want)
+				}
+			}
+		})
+	}
+	// Boundary values are possible.
+	for _, body := range []string{"vllm:kv_cache_usage_perc 0\n", "vllm:kv_cache_usage_perc 1\n", "vllm:num_requests_waiting 0\n",
+		"vllm:num_requests_running -0\n"} {
+		if _, err := ParseBytes([]byte(body), VLLM, 0); err != nil {
+			t.Errorf("%q: %v", body, err)
+		}
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\"} 1\n"), false)
 	f.Add([]byte("sglang:token_usage{dp_rank=\"0\",tp_rank=\"1\"} NaN\n# EOF"), true)
@@ -257,6 +313,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if !m1.HasKVUsage && m1.KVUsage != 0 {
 			t.Fatalf("KVUsage %v without HasKVUsage", m1.KVUsage)
+		}
+		if err := m1.Check(); err != nil {
+			t.Fatalf("accepted impossible metrics %+v: %v", m1, err)
 		}
 	})
 }

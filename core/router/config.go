@@ -80,6 +80,8 @@ type Config struct {
 	Servers       map[string]ServerSpec `json:"servers,omitempty"`
 	Index         IndexSpec             `json:"index"`
 	Load          LoadSpec              `json:"load"`
+	// Admission holds requests while every server is full (admission.go).
+	Admission AdmissionSpec `json:"admission"`
 	// MaxPromptTokens bounds a request's prompt length.
 	MaxPromptTokens int `json:"max_prompt_tokens,omitempty"`
 
@@ -152,6 +154,9 @@ func (c *Config) normalise() error {
 		if s.BlockSize < 0 || s.Capacity < 0 {
 			return configErr(fmt.Sprintf("servers[%q]", name), "block_size and capacity must not be negative")
 		}
+	}
+	if err := c.Admission.normalise(); err != nil {
+		return err
 	}
 	if len(c.Strategies) == 0 {
 		if c.Mode == ModeDefault {

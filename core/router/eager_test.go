@@ -79,7 +79,7 @@ func TestCandidatesMatchEagerKeys(t *testing.T) {
 					keys := blockhash.Keys(p, bs, ns)
 					wantKeys[bs] = keys
 					out := make([]index.Match, 1)
-					r.Index().MatchPrefix(keys[:blockhash.HittableBlocks(len(p), bs)], []index.ServerID{r.byID[s].ix}, out, nil)
+					r.ix.MatchPrefix(keys[:blockhash.HittableBlocks(len(p), bs)], []index.ServerID{r.byID[s].ix}, out, nil)
 					want[s] = out[0]
 				}
 				d, err := r.Acquire(Request{ID: fmt.Sprint("q", step), Tokens: p, Pin: -1})

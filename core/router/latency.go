@@ -4,7 +4,7 @@ import "time"
 
 // LatencyBounds are the upper bounds, in seconds, of the decision-latency
 // histogram's buckets (the last bucket, +Inf, is implicit). A decision is
-// a few microseconds; the upper buckets catch lock waits under contention.
+// a few microseconds; the upper buckets catch pathological prompts.
 var LatencyBounds = [...]float64{1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3, 2.5e-2, 0.1}
 
 var latencyBoundsNs = func() (ns [len(LatencyBounds)]int64) {
@@ -14,7 +14,8 @@ var latencyBoundsNs = func() (ns [len(LatencyBounds)]int64) {
 	return ns
 }()
 
-// latencyHist counts Acquire durations per bucket. It is updated under the
+// latencyHist counts decision durations per bucket (acquireLocked: the
+// decision itself, without the wait for the router's lock). It is updated under the
 // router's lock, so plain integers suffice; the status copies it. A fixed
 // histogram (rather than per-decision samples) lets an exporter publish
 // latency from a periodic status snapshot at no per-decision cost beyond

@@ -13,6 +13,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -79,6 +80,7 @@ type server struct {
 	// sessions counts sticky bindings to this id (shared with
 	// Router.sessions, so a removed and re-added id keeps its count).
 	sessions *int
+	writer   *eventWriter // made on first EventWriter call
 }
 
 // Router is safe for concurrent use.
@@ -118,7 +120,14 @@ type Router struct {
 	memo    blockhash.Memo // keys of recent prompts: siblings and next turns hash only new blocks
 
 	counters Counters
-	latency  latencyHist
+
+	// Admission (admission.go): held requests, oldest first.
+	admit    bool
+	queue    []held
+	adm      AdmissionStatus
+	pickMemo map[uint64]uint8
+
+	latency latencyHist // acquireLocked's duration (latency.go)
 }
 
 // Counters are cumulative decision statistics.
@@ -167,6 +176,8 @@ func New(cfg Config) (*Router, error) {
 		byID:      make(map[string]*server),
 		keys:      make(map[int][]uint64),
 		now:       now,
+		admit:     kvc && cfg.Admission.Enabled,
+		pickMemo:  map[uint64]uint8{},
 	}
 	sticky, err := simplelru.NewLRU[string, string](cfg.StickyMaxSize, r.unbound)
 	if err != nil {
@@ -193,12 +204,6 @@ func (r *Router) unbound(_ string, server string) {
 		*p--
 	}
 }
-
-// Index exposes the block index to collectors.
-func (r *Router) Index() *index.Index { return r.ix }
-
-// Load exposes the load store to collectors.
-func (r *Router) Load() *load.Store { return r.ld }
 
 // Config returns the normalised configuration.
 func (r *Router) Config() Config { return r.cfg }
@@ -276,17 +281,6 @@ func (r *Router) Servers() []string {
 		out[i] = s.id
 	}
 	return out
-}
-
-// ServerIndexID returns a pool member's index id (for collectors).
-func (r *Router) ServerIndexID(id string) (index.ServerID, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.byID[id]
-	if !ok {
-		return 0, false
-	}
-	return s.ix, true
 }
 
 // SetEventFeed declares whether a server's residency comes from KV events
@@ -400,11 +394,16 @@ func (r *Router) Acquire(req Request) (Decision, error) {
 		r.mu.Unlock()
 		return Decision{}, fmt.Errorf("%w: %d tokens > %d", ErrPromptTooLong, len(req.Tokens), r.cfg.MaxPromptTokens)
 	}
-	start := time.Now() // the decision's latency includes the wait for the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.acquireLocked(&req)
+}
+
+// acquireLocked is Acquire under r.mu.
+func (r *Router) acquireLocked(req *Request) (Decision, error) {
+	start := time.Now()
 	r.counters.Acquires++
-	d, err := r.decide(&req)
+	d, err := r.decide(req)
 	if err != nil {
 		r.latency.observe(time.Since(start))
 		return d, err
@@ -472,6 +471,21 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	}
 	r.strat.Score(&strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
 		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}, r.cands[:n], r.scores[:n])
+	if r.admit {
+		// Never send a new binding to a full server while one has room.
+		room := false
+		for i := 0; i < n; i++ {
+			if r.hasRoom(r.cpool[i]) {
+				room = true
+				break
+			}
+		}
+		for i := 0; room && i < n; i++ {
+			if !r.hasRoom(r.cpool[i]) {
+				r.scores[i] = math.Inf(-1)
+			}
+		}
+	}
 	best := strategy.Pick(r.cands[:n], r.scores[:n])
 	reason := ReasonScored
 	if bound != nil {
@@ -546,11 +560,7 @@ func (r *Router) fillCandidates(req *Request) int {
 		if healthy > 0 && !sn.Healthy {
 			continue
 		}
-		r.cands[n] = strategy.Candidate{
-			ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
-			Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
-			Sessions: *s.sessions,
-		}
+		r.cands[n] = candidateOf(s, sn)
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s
 		n++
@@ -594,6 +604,15 @@ func (r *Router) fillCandidates(req *Request) int {
 		r.bsizes[i] = -r.bsizes[i]
 	}
 	return n
+}
+
+// candidateOf is what a strategy sees of s before prefix matching.
+func candidateOf(s *server, sn *load.Snapshot) strategy.Candidate {
+	return strategy.Candidate{
+		ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
+		Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
+		Sessions: *s.sessions,
+	}
 }
 
 // kvCapacity is a server's GPU KV capacity in tokens, from its metrics.

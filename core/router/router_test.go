@@ -209,10 +209,21 @@ func prompt(n int, base int32) []int32 {
 	return p
 }
 
+// serverIndexID is a pool member's id in the index.
+func serverIndexID(r *Router, server string) (index.ServerID, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.byID[server]
+	if !ok {
+		return 0, false
+	}
+	return s.ix, true
+}
+
 // storeOn feeds BlockStored events for the prompt's full blocks.
 func storeOn(t testing.TB, r *Router, server string, tokens []int32, bs int) {
 	t.Helper()
-	id, ok := r.ServerIndexID(server)
+	id, ok := serverIndexID(r, server)
 	if !ok {
 		t.Fatalf("unknown %s", server)
 	}
@@ -222,7 +233,7 @@ func storeOn(t testing.TB, r *Router, server string, tokens []int32, bs int) {
 		hashes[i] = uint64(i+1)*1000 + uint64(id)
 	}
 	ns := blockhash.Namespace(r.Config().Model, "")
-	if err := r.Index().Stored(id, index.GPU, false, 0, hashes, tokens[:nb*bs], bs, ns); err != nil {
+	if err := r.ix.Stored(id, index.GPU, false, 0, hashes, tokens[:nb*bs], bs, ns); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -332,13 +343,13 @@ func TestUnhealthyServersSkipped(t *testing.T) {
 	p := prompt(64, 1)
 	storeOn(t, r, "s0", p, 16)
 	for i := 0; i < 3; i++ {
-		r.Load().Fail("s0", errors.New("connection refused"))
+		r.ld.Fail("s0", errors.New("connection refused"))
 	}
 	if s := acq(t, r, "q", p...); s != "s1" {
 		t.Fatalf("routed to unhealthy server: %s", s)
 	}
 	for i := 0; i < 3; i++ {
-		r.Load().Fail("s1", errors.New("down"))
+		r.ld.Fail("s1", errors.New("down"))
 	}
 	// All unhealthy: still serve (fail open) rather than error.
 	if _, err := r.Acquire(Request{ID: "q2", Tokens: p, Pin: -1}); err != nil {
@@ -408,8 +419,9 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 			storeOn(t, r, s, prompt(128, int32(i%7)), 16)
 			r.UpdateMetrics(s, load.Metrics{Running: float64(i % 50), HasKVUsage: true, KVUsage: 0.3})
 			if i%50 == 0 {
-				id, _ := r.ServerIndexID(s)
-				_ = r.Index().Cleared(id)
+				if w, ok := r.EventWriter(s); ok {
+					_ = w.Cleared()
+				}
 			}
 		}
 	}()

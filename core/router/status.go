@@ -20,19 +20,23 @@ type ServerStatus struct {
 
 // Status is the router's full state summary.
 type Status struct {
-	Mode          string         `json:"mode"`
-	Strategy      string         `json:"strategy"`
-	LoadThreshold float64        `json:"load_threshold"`
-	StickyOverld  bool           `json:"sticky_overload"`
-	Speculate     bool           `json:"speculate"`
-	Approximate   bool           `json:"approximate"`
-	StickySize    int            `json:"sticky_size"`
-	StickyMax     int            `json:"sticky_max_size"`
-	TotalInflight int            `json:"total_inflight"`
-	Servers       []ServerStatus `json:"servers"`
-	Counters      Counters       `json:"counters"`
-	Index         index.Status   `json:"index"`
-	// DecisionSeconds is the histogram of Acquire's duration.
+	Mode          string  `json:"mode"`
+	Strategy      string  `json:"strategy"`
+	LoadThreshold float64 `json:"load_threshold"`
+	StickyOverld  bool    `json:"sticky_overload"`
+	Speculate     bool    `json:"speculate"`
+	Approximate   bool    `json:"approximate"`
+	StickySize    int     `json:"sticky_size"`
+	StickyMax     int     `json:"sticky_max_size"`
+	// MaxPrompt is max_prompt_tokens: callers check a prompt's length
+	// against it before they pack the tokens.
+	MaxPrompt     int             `json:"max_prompt_tokens"`
+	TotalInflight int             `json:"total_inflight"`
+	Servers       []ServerStatus  `json:"servers"`
+	Counters      Counters        `json:"counters"`
+	Index         index.Status    `json:"index"`
+	Admission     AdmissionStatus `json:"admission"`
+	// DecisionSeconds is the histogram of the decisions' duration.
 	DecisionSeconds LatencyStatus `json:"decision_seconds"`
 }
 
@@ -43,8 +47,10 @@ func (r *Router) Status() Status {
 	st := Status{
 		Mode: r.cfg.Mode, Strategy: r.strat.Name(), LoadThreshold: r.threshold,
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
-		StickyMax: r.cfg.StickyMaxSize, Counters: r.counters, DecisionSeconds: r.latency.status(),
+		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters, Admission: r.adm,
+		DecisionSeconds: r.latency.status(),
 	}
+	st.Admission.Enabled, st.Admission.Held = r.admit, len(r.queue)
 	for _, s := range r.pool {
 		sn, _ := r.ld.Get(s.id)
 		ss := ServerStatus{ID: s.id, Events: s.events, BlockSize: blockSizeOf(s, &sn, r.cfg.BlockSize), Load: sn}

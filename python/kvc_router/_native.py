@@ -21,13 +21,17 @@ import sys
 import threading
 from array import array
 from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import (
+    KVR_INVALID_ARGUMENT,
     KVR_INVALID_STATE,
     KVR_NOT_FOUND,
     KVR_OK,
     ForkError,
+    InvalidArgumentError,
     InvalidStateError,
     NativeConfigError,
     NativeError,
@@ -187,18 +191,28 @@ def _utf8(value: str, what: str) -> bytes:
         raise ValueError(f"{what} is not encodable as UTF-8: {e}") from None
 
 
-def pack_tokens(prompt_ids: Any) -> Tuple[Any, Optional[int], int]:
+def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Optional[int], int]:
     """Packs token ids as int32 without copying when the input already is.
 
     Returns ``(keepalive, address, count)``; ``address`` is an int or a bytes
     object (ctypes passes its buffer); keep ``keepalive`` referenced until the
     foreign call returns. Accepts list/tuple of ints, ``array('i')`` (and
-    other integer arrays), 1-D numpy integer arrays and objects with
-    ``.tolist()`` (e.g. torch tensors).
+    other integer arrays), 1-D numpy integer arrays, objects with
+    ``.tolist()`` (e.g. torch tensors) and other iterables of ints.
+
+    Rejected with ``TypeError``: ``str``, byte buffers (``bytes``,
+    ``bytearray``, ``memoryview``), mappings, unordered collections (``set``,
+    ``frozenset``, dict views) and ``bool`` token ids. For lists and tuples
+    only the first and last elements are checked for ``bool`` (checking all
+    would cost more than packing; ``bool`` is an ``int`` subclass, so a
+    ``True`` inside packs as 1). ``limit`` (max_prompt_tokens) is checked
+    before anything is packed: a longer prompt raises
+    :class:`~kvc_router.errors.InvalidArgumentError`.
     """
     if prompt_ids is None:
         return None, None, 0
     if isinstance(prompt_ids, array):
+        _check_length(len(prompt_ids), limit)
         if prompt_ids.typecode == "i" and prompt_ids.itemsize == 4:
             arr = prompt_ids
         elif prompt_ids.typecode in "bBhHiIlLqQ":
@@ -209,6 +223,9 @@ def pack_tokens(prompt_ids: Any) -> Tuple[Any, Optional[int], int]:
         n = len(prompt_ids)
         if n == 0:
             return None, None, 0
+        _check_length(n, limit)
+        if type(prompt_ids[0]) is bool or type(prompt_ids[-1]) is bool:
+            raise TypeError("prompt_ids must contain only int token ids, found bool")
         try:  # struct is about twice as fast as array('i', ...) for lists
             packed = _pack_struct(n, prompt_ids)
         except struct.error:
@@ -216,22 +233,36 @@ def pack_tokens(prompt_ids: Any) -> Tuple[Any, Optional[int], int]:
             raise
         return packed, packed, n
     elif _is_numpy(prompt_ids):
-        return _pack_numpy(prompt_ids)
-    elif isinstance(prompt_ids, (str, bytes, bytearray, dict)):
-        raise TypeError(f"prompt_ids must be a sequence of int token ids, got {type(prompt_ids).__name__}")
+        return _pack_numpy(prompt_ids, limit)
+    elif isinstance(prompt_ids, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"prompt_ids must be a sequence of int token ids, got {type(prompt_ids).__name__} "
+            "(pass a list, tuple, array('i') or a 1-D integer numpy array)"
+        )
+    elif isinstance(prompt_ids, (Mapping, AbstractSet)):
+        raise TypeError(
+            f"prompt_ids must be an ordered sequence of int token ids, got {type(prompt_ids).__name__}"
+        )
     elif hasattr(prompt_ids, "tolist"):
-        return pack_tokens(_flat_list(prompt_ids.tolist()))
+        return pack_tokens(_flat_list(prompt_ids.tolist()), limit)
     else:
         try:
-            arr = _int32_array(list(prompt_ids))
+            values = list(prompt_ids)
         except TypeError:
             raise TypeError(
                 f"prompt_ids must be a sequence of int token ids, got {type(prompt_ids).__name__}"
             ) from None
+        _check_length(len(values), limit)
+        arr = _int32_array(values)
     n = len(arr)
     if n == 0:
         return None, None, 0
     return arr, arr.buffer_info()[0], n
+
+
+def _check_length(n: int, limit: Optional[int]) -> None:
+    if limit is not None and n > limit:
+        raise InvalidArgumentError(f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT)
 
 
 def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
@@ -254,6 +285,9 @@ def _flat_list(v: Any) -> Any:
 
 
 def _int32_array(values: Sequence[Any]) -> array:
+    bad = next((v for v in values if type(v) is bool), None)
+    if bad is not None:
+        raise TypeError(f"prompt_ids must contain only int token ids, found bool {bad!r}")
     try:
         return array("i", values)
     except OverflowError:
@@ -268,12 +302,13 @@ def _is_numpy(x: Any) -> bool:
     return type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") and "numpy" in sys.modules
 
 
-def _pack_numpy(a: Any) -> Tuple[Any, Optional[int], int]:
+def _pack_numpy(a: Any, limit: Optional[int] = None) -> Tuple[Any, Optional[int], int]:
     np = sys.modules["numpy"]
     if a.ndim == 2 and a.shape[0] == 1:
         a = a[0]
     if a.ndim != 1:
         raise ValueError(f"prompt_ids must be one-dimensional, got shape {a.shape}")
+    _check_length(int(a.size), limit)
     if a.dtype.kind not in "iu":
         raise TypeError(f"prompt_ids must be an integer array, got dtype {a.dtype}")
     if a.size == 0:

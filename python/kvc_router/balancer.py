@@ -16,9 +16,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
-from .errors import ConfigError, NativeError
+from .errors import ConfigError, NativeError, NoServerError
 
 logger = logging.getLogger("kvc_router")
+
+#: Routing attempts when each picks a server removed concurrently (pool churn).
+_ACQUIRE_ATTEMPTS = 64
+_MISSING = object()
 
 #: verl's DEFAULT_ROUTING_CACHE_SIZE.
 DEFAULT_ROUTING_CACHE_SIZE = 10000
@@ -81,6 +85,8 @@ class KVCAwareBalancer:
         self._zmq = "vllm_zmq" in self._config.collector_names
         self._uses_prompt = self._config.type == "kvc_aware"
         self._handles: Dict[str, Any] = {}
+        #: acquires re-routed because their server was removed concurrently
+        self._races = 0
         # (pool order, handles, generation): replaced as a whole on every
         # membership change, read without locking on the hot path.
         self._view: Tuple[Tuple[str, ...], Dict[str, Any], int] = ((), {}, -1)
@@ -89,6 +95,8 @@ class KVCAwareBalancer:
         self._batches = {"calls": 0, "acquires": 0, "releases": 0}
         self._router = _native.Router(self._config.native(sticky_default=max_cache_size))
         self._finalizer = weakref.finalize(self, self._router.close_in_owner)
+        #: max_prompt_tokens: longer prompts are refused before being packed
+        self._max_tokens: Optional[int] = self._router.status()["router"].get("max_prompt_tokens") or None
         self._refresh()
         if servers:
             self.add_servers(servers)
@@ -106,19 +114,30 @@ class KVCAwareBalancer:
         """
         rid = _native._utf8(request_id, "request_id")
         # Default mode never reads the prompt (as verl's balancer ignores it).
-        keep, addr, n = _native.pack_tokens(prompt_ids) if self._uses_prompt else (None, None, 0)
-        pin = -1
-        if self._full_determinism:
-            size = len(self._view[0])
-            if size:
-                pin = hash(request_id) % size
-        pool, handles, known = self._view
-        idx, gen, sid = self._router.acquire(rid, addr, n, pin, known)
+        keep, addr, n = _native.pack_tokens(prompt_ids, self._max_tokens) if self._uses_prompt else (None, None, 0)
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            pool, handles, known = self._view
+            pin = hash(request_id) % len(pool) if self._full_determinism and pool else -1
+            idx, gen, sid = self._router.acquire(rid, addr, n, pin, known)
+            if sid is None:
+                # Same generation as our mirror: its pool and handles match.
+                sid = pool[idx]
+                del keep
+                return sid, handles[sid]
+            # The pool changed since our mirror was taken. add_servers stores
+            # a handle before the library sees its id and remove_servers drops
+            # it only after the library forgot the id, so a missing handle
+            # means the server was removed after the library picked it: route
+            # the request again (the removed server's count went with it).
+            handle = self._handles.get(sid, _MISSING)
+            if handle is not _MISSING:
+                del keep
+                return sid, handle
+            self._races += 1
         del keep
-        if sid is None:
-            sid = pool[idx]
-            return sid, handles.get(sid)
-        return sid, self._handles.get(sid)  # the pool changed concurrently
+        raise NoServerError(
+            f"the server pool changed during each of {_ACQUIRE_ATTEMPTS} routing attempts; no server could be returned"
+        )
 
     def require_acquire_fields(self) -> List[str]:
         """verl >= 0.9.1: ``generate()`` kwargs the client must send with
@@ -162,10 +181,17 @@ class KVCAwareBalancer:
         if not items:
             return
         with self._lock:
-            self._router.add_servers([sid for sid, _ in items])
+            # Handles first: an acquire may return a new id as soon as the
+            # library has it, and must find its handle.
             for sid, handle in items:
                 self._handles[sid] = handle
-            self._refresh()
+            try:
+                self._router.add_servers([sid for sid, _ in items])
+            except BaseException:
+                self._forget_unknown()
+                raise
+            finally:
+                self._refresh()
         logger.info("[KVCAwareBalancer] added %d servers", len(items))
         if self._zmq:
             for sid, handle in items:
@@ -179,6 +205,8 @@ class KVCAwareBalancer:
         if not ids:
             return
         with self._lock:
+            # The library forgets the ids first; their handles go after, so
+            # an acquire that picked one just before still finds its handle.
             self._router.remove_servers(ids)
             for sid in ids:
                 self._handles.pop(sid, None)
@@ -211,6 +239,8 @@ class KVCAwareBalancer:
         router["goroutines"] = doc.get("goroutines", 0)
         router["library"] = _native.loaded_path()
         router["client_batches"] = dict(self._batches)
+        #: acquires routed again because their server was removed meanwhile
+        router["pool_change_retries"] = self._races
         if self._uses_prompt:
             router["index_mode"] = (
                 "approximate: no KV-event stream; cached prefixes are predicted from this balancer's own routing"
@@ -277,7 +307,7 @@ class KVCAwareBalancer:
         """Like :meth:`acquire_server` but returns the decision details
         (server, reason, score, load, hit blocks per tier, ...)."""
         rid = _native._utf8(request_id, "request_id")
-        keep, addr, n = _native.pack_tokens(prompt_ids)
+        keep, addr, n = _native.pack_tokens(prompt_ids, self._max_tokens)
         pin = -1
         if self._full_determinism and self._view[0]:
             pin = hash(request_id) % len(self._view[0])
@@ -301,6 +331,13 @@ class KVCAwareBalancer:
         self.close()
 
     # -- internals -------------------------------------------------------------
+
+    def _forget_unknown(self) -> None:
+        """Drops handles the library does not have (an add it refused);
+        callers hold ``_lock``."""
+        pool = set(self._router.servers()[0])
+        for sid in [s for s in self._handles if s not in pool]:
+            del self._handles[sid]
 
     def _refresh(self) -> None:
         """Re-reads the native pool order; callers hold ``_lock``."""

@@ -75,6 +75,8 @@ def pack_prompt(prompt_ids: Any) -> Any:
     actor validates it and raises the precise error). Unpickling a list of
     2048 ints costs the actor ~90 us; an array's bytes cost next to nothing."""
     if isinstance(prompt_ids, list):
+        if prompt_ids and (type(prompt_ids[0]) is bool or type(prompt_ids[-1]) is bool):
+            return prompt_ids  # the actor's check refuses bools as tokens
         try:
             # struct packs a list about twice as fast as array('i', list).
             packed = array.array("i")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -137,6 +138,14 @@ SPECS: Dict[str, Spec] = {
     "kv_event_decode_errors_total": Spec("counter", "KV-event payloads that failed to decode", ("server", "source")),
     "kv_event_apply_errors_total": Spec("counter", "KV-event batches the index rejected", ("server", "source")),
     "kv_event_connected": Spec("gauge", "KV-event subscriptions connected per server", ("server",)),
+    # admission queue (router.admission; kept when the status has it)
+    "admission_enabled": Spec("gauge", "1 when router-side admission holds requests for a full pool"),
+    "admission_held": Spec("gauge", "requests held in the admission queue now"),
+    "admission_max_held": Spec("gauge", "most requests ever held at once"),
+    "admission_queued_total": Spec("counter", "requests that waited in the admission queue"),
+    "admission_admitted_total": Spec("counter", "held requests admitted to a server"),
+    "admission_cancelled_total": Spec("counter", "held requests cancelled by their caller"),
+    "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
     # health of the library
     "panics_total": Spec("counter", "panics recovered at the C boundary"),
     "goroutines": Spec("gauge", "goroutines in the library"),
@@ -239,16 +248,26 @@ def _le(bound: float) -> str:
 
 
 def _admission(adm: Any) -> List[Sample]:
-    """The admission queue, when the status has one: every numeric field
-    becomes a gauge ``admission_<field>``, and counter-like fields (names
-    ending in ``_total``) counters."""
+    """The admission queue, when the status has one: each numeric or
+    boolean field ``f`` becomes ``admission_<f>`` (a counter when ``f`` ends
+    in ``_total``, else a gauge; see :func:`spec_of`)."""
     if not isinstance(adm, Mapping):
         return []
-    out: List[Sample] = []
-    for k, v in adm.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(k, str) and k.isidentifier():
-            out.append((f"admission_{k}", (), float(v)))
-    return out
+    return [
+        (f"admission_{k}", (), _num(v))
+        for k, v in adm.items()
+        if isinstance(k, str) and re.fullmatch(r"[a-z][a-z0-9_]*", k) and isinstance(v, (int, float))
+    ]
+
+
+def spec_of(name: str) -> Spec:
+    """The spec of a sample name; admission fields the list above does not
+    know yet follow their name (``_total``: counter)."""
+    spec = SPECS.get(name)
+    if spec is None:
+        field = name[len("admission_") :]
+        spec = Spec("counter" if name.endswith("_total") else "gauge", f"admission queue: {field}")
+    return spec
 
 
 def merge(ss: List[Sample]) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
@@ -294,7 +313,7 @@ class Exporter:
         if m is None:
             from ray.util import metrics as rm
 
-            spec = SPECS.get(name) or Spec("gauge", f"admission queue: {name[len('admission_'):]}")
+            spec = spec_of(name)
             full = PREFIX + name
             m = (rm.Counter if spec.kind == "counter" else rm.Gauge)(full, description=spec.help, tag_keys=spec.labels)
             self._metrics[name] = m
@@ -308,10 +327,9 @@ class Exporter:
             if key not in cur and key[0] in SERVER_GAUGES:
                 cur[key] = 0.0
         for (name, labels), v in cur.items():
-            spec = SPECS.get(name)
             m = self._metric(name)
             tags = dict(labels) or None
-            if spec is not None and spec.kind == "counter":
+            if spec_of(name).kind == "counter":
                 prev = self._last.get((name, labels), 0.0)
                 delta = v - prev if v >= prev else v  # went down: the source restarted from 0
                 if delta > 0:
@@ -369,4 +387,4 @@ def start_for(balancer: Any, cfg: MetricsConfig) -> Optional[Exporter]:
     return ex
 
 
-__all__ = ["MetricsConfig", "Exporter", "SPECS", "samples", "start_for", "wanted", "in_ray_actor"]
+__all__ = ["MetricsConfig", "Exporter", "SPECS", "samples", "spec_of", "start_for", "wanted", "in_ray_actor"]

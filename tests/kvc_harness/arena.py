@@ -50,15 +50,27 @@ POLICIES = (
     "round_robin",
     "verl_default",
     "kvc_aware",
+    "dynamo_kv_router",
     "sglang_router_cache_aware",
     "vllm_router_cache_aware",
     "vllm_router_kv_aware",
+    "vllm_router_kv_aware_session",
 )
+# Real peer routers run as processes: (router, --policy, extra launcher flags).
+# Every peer runs at its launcher defaults; `_session` rows add the router's
+# own session-affinity option (the client always sends the trajectory id as
+# x-session-id, vllm-router's session key, and x-smg-routing-key,
+# sglang-router's; sglang-router 0.3.2's cache_aware reads neither).
+SESSION_TTL_S = 600
 PEERS = {
-    "sglang_router_cache_aware": ("sglang", "cache_aware"),
-    "vllm_router_cache_aware": ("vllm", "cache_aware"),
-    "vllm_router_kv_aware": ("vllm", "kv_aware"),
+    "sglang_router_cache_aware": ("sglang", "cache_aware", ()),
+    "vllm_router_cache_aware": ("vllm", "cache_aware", ()),
+    "vllm_router_kv_aware": ("vllm", "kv_aware", ()),
+    "vllm_router_kv_aware_session": ("vllm", "kv_aware",
+                                     ("--kv-aware-session-affinity-ttl-secs", str(SESSION_TTL_S))),
 }
+# The default table: launcher-default peers plus the session variant.
+DEFAULT_POLICIES = POLICIES
 BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
 RESULT_KEYS = (
     "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
@@ -73,6 +85,7 @@ RESULT_KEYS = (
 class Turn:
     max_tokens: int
     tool_words: int  # tool output appended after this turn's response
+    tool_latency_s: float = 0.0  # simulated seconds the tool takes before the next turn
 
 
 @dataclass
@@ -101,7 +114,7 @@ class Step:
 class WorkloadSpec:
     name: str
     kind: str  # grpo | agent | mooncake
-    mode: str = "closed"  # closed (``concurrency`` clients) | open (arrival times)
+    mode: str = "closed"  # closed (``concurrency`` clients) | open (arrival times; rate 0 = all at once)
     concurrency: int = 16
     rate: float = 0.0  # open loop without a trace: jobs per simulated second (Poisson)
     # grpo
@@ -115,6 +128,7 @@ class WorkloadSpec:
     turns: Tuple[int, int] = (4, 8)
     system_words: int = 1024
     tool_words: Tuple[int, int] = (64, 512)
+    tool_latency_s: Tuple[float, float] = (0.0, 0.0)  # uniform, simulated seconds
     # responses: log-normal, capped
     response_median: int = 96
     response_sigma: float = 0.8
@@ -127,6 +141,11 @@ class WorkloadSpec:
     trace_seed_wrap: int = 4000  # ...modulo this (the trace has ~12k lines)
     trace_span_s: float = 60.0  # the slice's arrivals, compressed to this many simulated seconds
     trace_output_max: int = 256
+    # Fleet overrides for this workload (0 = ArenaConfig's): the RL-scale
+    # workloads run fewer slots and a smaller KV cache per server, so these
+    # 2 cores can oversubscribe the fleet.
+    max_num_seqs: int = 0
+    num_gpu_blocks: int = 0
 
 
 def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
@@ -141,6 +160,18 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                    system_words=2048, tool_words=(1024, 4096), response_median=64,
                                    response_sigma=0.7, response_max=512),
         "mooncake": WorkloadSpec("mooncake", "mooncake", mode="open", trace_conversations=48),
+        # Issue 18: a GRPO step that oversubscribes the fleet 4x in sequences
+        # (256 samples on 4 servers x 16 slots), every sample submitted at once
+        # (verl's agent loop), with a long response tail as in reasoning RL.
+        "grpo_sat": WorkloadSpec("grpo_sat", "grpo", mode="open", rate=0.0, steps=1, prompts=32, samples=8,
+                                 prompt_words=(512, 1536), response_median=192, response_sigma=0.9,
+                                 response_max=2048, max_num_seqs=16, num_gpu_blocks=3072),
+        # Agentic RL at scale: 96 multi-turn trajectories (6x the 64 slots)
+        # started at once, tool calls taking 0.5-3 simulated seconds.
+        "agent_scale": WorkloadSpec("agent_scale", "agent", mode="open", rate=0.0, tasks=12, agent_samples=8,
+                                    turns=(3, 6), system_words=1024, tool_words=(64, 512),
+                                    tool_latency_s=(0.5, 3.0), response_median=96, response_max=512,
+                                    max_num_seqs=16, num_gpu_blocks=4096),
     }
     if short:
         specs["grpo"] = replace(specs["grpo"], steps=1, prompts=4, samples=4, prompt_words=(256, 768),
@@ -153,6 +184,11 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                       system_words=512, tool_words=(256, 1024), response_max=96, concurrency=3)
         specs["mooncake"] = replace(specs["mooncake"], trace_conversations=10, trace_span_s=10.0,
                                     trace_output_max=48)
+        specs["grpo_sat"] = replace(specs["grpo_sat"], prompts=8, samples=8, prompt_words=(256, 512),
+                                    response_median=48, response_max=192, max_num_seqs=4, num_gpu_blocks=1024)
+        specs["agent_scale"] = replace(specs["agent_scale"], tasks=3, agent_samples=6, turns=(2, 3),
+                                       system_words=256, tool_words=(32, 128), response_max=48,
+                                       max_num_seqs=4, num_gpu_blocks=1024)
     return specs
 
 
@@ -186,7 +222,8 @@ def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
             system = " ".join(_words(rng, spec.system_words, "s"))
             task = " ".join(_words(rng, 64, "q"))
             for k in range(spec.agent_samples):
-                turns = [Turn(_response_len(rng, spec), rng.randint(*spec.tool_words))
+                turns = [Turn(_response_len(rng, spec), rng.randint(*spec.tool_words),
+                              rng.uniform(*spec.tool_latency_s) if spec.tool_latency_s[1] > 0 else 0.0)
                          for _ in range(rng.randint(*spec.turns))]
                 jobs.append(Job(f"a{t}-{k}", system + " " + task, turns, seed=rng.getrandbits(31)))
         rng.shuffle(jobs)
@@ -198,8 +235,10 @@ def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
 
 def _arrivals(spec: WorkloadSpec, rng: random.Random, steps: List[Step]) -> List[Step]:
     if spec.mode == "open":
-        if spec.rate <= 0:
-            raise ValueError(f"{spec.name}: open loop needs rate > 0")
+        if spec.rate < 0:
+            raise ValueError(f"{spec.name}: open loop needs rate >= 0 (0: every job at once)")
+        if spec.rate == 0:
+            return steps  # every job of a step submitted at once, as verl's agent loop does
         for st in steps:
             t = 0.0
             for j in st.jobs:
@@ -256,23 +295,44 @@ def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
 # HTTP client
 
 
-def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0) -> dict:
-    """Streamed completion of a text prompt; returns TTFT (first chunk with
-    a choice), e2e, the generated text and usage (wall seconds)."""
-    body = {
+def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0,
+                           headers: Optional[Dict[str, str]] = None,
+                           on_first_token: Optional[Callable[[], None]] = None, stream: bool = True) -> dict:
+    """Completion of a text prompt, streamed (TTFT = first chunk with a
+    choice) or not (TTFT = e2e; the engines' clock still has the real TTFT);
+    returns TTFT, e2e, the generated text and usage (wall seconds).
+    ``on_first_token`` runs once when the first token is back (streamed) or
+    with the response (non-streamed)."""
+    body: Dict[str, Any] = {
         "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
-        "seed": seed, "stream": True, "stream_options": {"include_usage": True},
+        "seed": seed, "stream": stream,
     }
     t0 = time.perf_counter()
     ttft: Optional[float] = None
     parts: List[str] = []
     usage: dict = {}
     resp_id = ""
-    for t, msg in stream_events(base_url, body, timeout):
+    if not stream:
+        status, raw = http_request(base_url + "/v1/completions", "POST", body, timeout=timeout, headers=headers)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {raw[:200]!r}")
+        msg = json.loads(raw)
+        e2e = time.perf_counter() - t0
+        if on_first_token is not None:
+            on_first_token()
+        usage = msg.get("usage") or {}
+        text = "".join(ch.get("text") or "" for ch in msg.get("choices") or ())
+        return {"ttft": e2e, "e2e": e2e, "text": text, "cached": cached_tokens(usage),
+                "prompt_tokens": usage.get("prompt_tokens", 0),
+                "completion_tokens": usage.get("completion_tokens", 0), "id": msg.get("id") or ""}
+    body["stream_options"] = {"include_usage": True}
+    for t, msg in stream_events(base_url, body, timeout, headers=headers):
         resp_id = resp_id or msg.get("id") or ""
         for ch in msg.get("choices") or ():
             if ttft is None:
                 ttft = t
+                if on_first_token is not None:
+                    on_first_token()
             parts.append(ch.get("text") or "")
         if msg.get("usage"):
             usage = msg["usage"]
@@ -295,13 +355,17 @@ def tokenize(url: str, text: str) -> List[int]:
 
 
 class Route:
-    """acquire() -> (base URL, server id or "", ticket); release(ticket)."""
+    """acquire() -> (base URL, server id or "", ticket); first_token(ticket);
+    release(ticket)."""
 
     needs_ids = False
     overhead_ms: float = float("nan")
 
     def acquire(self, rid: str, prompt_ids: Optional[List[int]]) -> Tuple[str, str, Any]:
         raise NotImplementedError
+
+    def first_token(self, ticket: Any) -> None:
+        pass
 
     def release(self, ticket: Any) -> None:
         pass
@@ -324,19 +388,34 @@ class RoundRobin(Route):
         return s.url, s.sid, None
 
 
+def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str, Any]) -> Dict[str, Any]:
+    """What ``router.type: kvc_aware`` gives a verl user, plus only what the
+    servers cannot tell it: the KV-event endpoints (vLLM's
+    ``--kv-events-config``, which the user sets on the servers too) and
+    ``load.max_num_seqs`` (vLLM's ``--max-num-seqs``: /metrics has no
+    scheduler config, docs/arena.md "kvc_aware as a user gets it"). KV
+    capacity comes from the servers' ``vllm:cache_config_info``; the poll
+    interval is the library's. ``knobs`` is the frozen strategy
+    configuration (docs/frozen-kvc-aware.json) plus any --kvc-knob."""
+    cfg = router_config("kvc_aware", servers, max_num_seqs=max_num_seqs)
+    assert cfg is not None
+    del cfg["config"]["collector"]["interval_ms"]  # the library's default
+    del cfg["config"]["collector"]["timeout_ms"]
+    cfg["config"]["strategies"][0].update(knobs)
+    return cfg
+
+
 class Balancer(Route):
     """KVCAwareBalancer used in-process: acquire, send, release (verl's order)."""
 
-    def __init__(self, servers: List[Server], mode: str, kv_tokens: int, max_num_seqs: int,
+    def __init__(self, servers: List[Server], mode: str, max_num_seqs: int,
                  knobs: Optional[Dict[str, Any]] = None) -> None:
         from kvc_router import KVCAwareBalancer
 
         cfg = None
         if mode == "kvc_aware":
-            cfg = router_config("kvc_aware", servers, interval_ms=50, max_num_seqs=max_num_seqs)
-            strat = cfg["config"]["strategies"][0]
-            strat["kv_tokens"] = kv_tokens  # the fleet's real KV capacity per server
-            strat.update(knobs or {})
+            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}))
+        self.config = cfg
         self.needs_ids = mode == "kvc_aware"
         self.urls = {s.sid: s.url for s in servers}
         self.lb = KVCAwareBalancer(servers={s.sid: None for s in servers}, max_cache_size=100000, router_config=cfg)
@@ -372,6 +451,45 @@ class Balancer(Route):
         self.lb.close()
 
 
+class DynamoRoute(Route):
+    """NVIDIA Dynamo's KvRouter (ai-dynamo-runtime), in-process like the
+    balancer: same token ids, same acquire/send/release client path; the
+    router tracks each request from ``best_worker`` (with a request id) through
+    ``mark_prefill_complete`` (first token) to ``free``. Fed by the fleet's KV
+    events through Dynamo's own ZMQ relay; Dynamo's defaults
+    (tests/kvc_harness/dynamo_route.py)."""
+
+    needs_ids = True
+
+    def __init__(self, servers: List[Server], block_size: int, num_gpu_blocks: int, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> None:
+        from kvc_harness.dynamo_route import DynamoKvRouter
+
+        self.urls = {s.sid: s.url for s in servers}
+        self.router = DynamoKvRouter(peers_python(), [(s.sid, s.events[0], s.topic) for s in servers], block_size,
+                                     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, MODEL)
+        self.acquire_s: List[float] = []
+        self.overlap_blocks = 0
+
+    def acquire(self, rid, prompt_ids):
+        t0 = time.perf_counter()
+        req = self.router.new_request_id()
+        sid, overlap = self.router.best_worker(prompt_ids or [], req)
+        self.acquire_s.append(time.perf_counter() - t0)
+        self.overlap_blocks += overlap
+        return self.urls[sid], sid, [req, False]
+
+    def first_token(self, ticket):
+        if not ticket[1]:
+            ticket[1] = True
+            self.router.mark_prefill_complete(ticket[0])
+
+    def release(self, ticket):
+        self.router.free(ticket[0])
+
+    def close(self) -> None:
+        self.router.close()
+
 def peers_python() -> str:
     return os.environ.get("KVR_PEERS_PYTHON") or os.path.join(REPO, ".venv-peers", "bin", "python")
 
@@ -399,7 +517,7 @@ class PeerRouter(Route):
 
     def __init__(self, policy: str, servers: List[Server], cleanup: Cleanup, log_path: str,
                  block_size: int, timeout: float = 60.0) -> None:
-        kind, pol = PEERS[policy]
+        kind, pol, flags = PEERS[policy]
         self.port = _free_port()
         # Both routers export Prometheus on 29000 by default: two routers on one
         # machine (or a leftover) would collide, so each gets its own port.
@@ -421,6 +539,7 @@ class PeerRouter(Route):
                     if s.replay:
                         cmd += ["--kv-event-replay-source", f"{s.url}={','.join(s.replay)}"]
                 cmd += ["--kv-event-model", MODEL, "--kv-event-block-size", str(block_size)]
+        cmd += list(flags)
         self.cmd = cmd
         log = open(log_path, "ab")
         try:
@@ -463,7 +582,12 @@ class ArenaConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     out_dir: str = os.path.join(REPO, "build", "arena")
-    kvc_knobs: Dict[str, Any] = field(default_factory=dict)  # KVCAwareStrategyConfig overrides
+    # kvc_aware's strategy configuration: the frozen one (docs/frozen-kvc-aware.json)
+    # with any --kvc-knob applied on top (tuning seeds only).
+    kvc_knobs: Dict[str, Any] = field(default_factory=dict)
+    # Streamed requests measure client TTFT; non-streamed ones cut the
+    # client's per-chunk work (the engines' clock has TTFT either way).
+    stream: bool = True
     # Workloads that also get the prefill-free bound: verl_default on a fleet
     # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
     bound_workloads: Tuple[str, ...] = ("long_agent",)
@@ -478,10 +602,11 @@ def _pct(xs: Sequence[float], q: float) -> float:
 class Runner:
     """Replays the steps of one workload through one route."""
 
-    def __init__(self, route: Route, servers: List[Server], speed: float) -> None:
+    def __init__(self, route: Route, servers: List[Server], speed: float, stream: bool = True) -> None:
         self.route = route
         self.servers = servers
         self.speed = speed
+        self.stream = stream
         self.records: List[dict] = []
         self._lock = threading.Lock()
         self._tok = itertools.cycle([s.url for s in servers])
@@ -498,8 +623,13 @@ class Runner:
             url, sid, ticket = self.route.acquire(rid, ids)
             rec["acquire_s"] = time.perf_counter() - t0
             rec["server"] = sid
+            # The trajectory id as the peers' session keys (vllm-router:
+            # x-session-id; sglang-router: x-smg-routing-key).
+            headers = {"x-session-id": rid, "x-smg-routing-key": rid}
             try:
-                rec.update(stream_text_completion(url, text, turn.max_tokens, seed))
+                rec.update(stream_text_completion(url, text, turn.max_tokens, seed, headers=headers,
+                                                  on_first_token=lambda: self.route.first_token(ticket),
+                                                  stream=self.stream))
             finally:
                 self.route.release(ticket)
         except Exception as e:  # noqa: BLE001 - every failure is counted, never dropped
@@ -518,6 +648,8 @@ class Runner:
                 return
             if i == len(job.turns) - 1:
                 return
+            if turn.tool_latency_s > 0:
+                time.sleep(turn.tool_latency_s / self.speed)  # the tool call runs outside the fleet
             # Next prompt: context + this response + a seeded tool output.
             tool = " ".join(_words(rng, turn.tool_words, "o"))
             suffix = (r.get("text") or "").strip() + " " + tool
@@ -548,7 +680,7 @@ class Runner:
 def _probe_overhead(route: Route, servers: List[Server], n: int) -> float:
     """Router overhead in wall ms: a peer's proxy hop (idle fleet, tiny
     prompts: median via the router minus median direct), or our acquire."""
-    if isinstance(route, Balancer):
+    if isinstance(route, (Balancer, DynamoRoute)):
         return _pct(route.acquire_s, 0.5) * 1000.0
     if not isinstance(route, PeerRouter) or n <= 0:
         return 0.0
@@ -575,20 +707,23 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     cleanup = Cleanup()
     route: Optional[Route] = None
     try:
+        max_num_seqs = spec.max_num_seqs or cfg.max_num_seqs
+        num_gpu_blocks = spec.num_gpu_blocks or cfg.num_gpu_blocks
         extra = ["--model", MODEL, "--speed", str(cfg.speed), "--seed", str(seed), "--hash-seed", str(seed + 1),
-                 "--num-gpu-blocks", str(cfg.num_gpu_blocks), "--block-size", str(cfg.block_size),
-                 "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+                 "--num-gpu-blocks", str(num_gpu_blocks), "--block-size", str(cfg.block_size),
+                 "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
                  # vLLM >= 0.24 tagged-map events: vllm-router 0.1.17 rejects the
                  # positional form ("KV event must be a tagged map"); see docs/arena.md.
                  "--kv-events-encoding", "map", *sim_extra]
         _, servers, _ = start_sim_fleet(sim_binary(), cfg.servers, cleanup, extra,
                                         os.path.join(cfg.out_dir, "vllm-sim.log"))
-        kv_tokens = cfg.num_gpu_blocks * cfg.block_size
         if policy == "round_robin":
             route = RoundRobin(servers)
         elif policy in ("verl_default", "kvc_aware"):
-            route = Balancer(servers, "default" if policy == "verl_default" else "kvc_aware", kv_tokens,
-                             cfg.max_num_seqs, cfg.kvc_knobs)
+            route = Balancer(servers, "default" if policy == "verl_default" else "kvc_aware", max_num_seqs,
+                             cfg.kvc_knobs)
+        elif policy == "dynamo_kv_router":
+            route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens)
         elif policy in PEERS:
             route = PeerRouter(policy, servers, cleanup, os.path.join(cfg.out_dir, f"{policy}.log"), cfg.block_size)
         else:
@@ -597,7 +732,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         _settle(route, servers, policy)
         settled = {(t["server"], t["engine"], t["id"]) for t in engine_timings(servers)}
         before = scrape_all(urls)
-        runner = Runner(route, servers, cfg.speed)
+        runner = Runner(route, servers, cfg.speed, cfg.stream)
         makespans: List[float] = []
         busy: List[float] = []
         for step in build_steps(spec, seed):
@@ -611,6 +746,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         timings = [t for t in engine_timings(servers) if (t["server"], t["engine"], t["id"]) not in settled]
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
+        router_config_used = route.config if isinstance(route, Balancer) else None
+        dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
     finally:
         if route is not None:
             route.close()
@@ -621,6 +758,11 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     res["details"]["busy_makespan_s"] = sum(busy)
     res["details"]["engine_makespan_s"] = engine_makespan(spec, runner.records, timings)
     res["details"]["step_busy_s"] = busy
+    res["details"]["fleet"] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks}
+    if router_config_used is not None:
+        res["details"]["router_config"] = router_config_used
+    if dynamo_overlap is not None:
+        res["details"]["dynamo_overlap_blocks"] = dynamo_overlap
     return res
 
 
@@ -640,7 +782,7 @@ def engine_makespan(spec: WorkloadSpec, records: List[dict], timings: List[dict]
     total = 0.0
     for reqs in steps.values():
         jobs = {r["rid"] for r in reqs}
-        if spec.mode == "closed" and len(jobs) > spec.concurrency:
+        if spec.kind == "grpo" or (spec.mode == "closed" and len(jobs) > spec.concurrency):
             total += max(r["finish"] for r in reqs) - min(r["arrival"] for r in reqs)
             continue
         per_job: Dict[str, float] = {}
@@ -686,6 +828,14 @@ def _settle(route: Route, servers: List[Server], policy: str, timeout: float = 1
             stream_text_completion(s.url, " ".join(f"settle{rnd}x{i}y{j}" for j in range(48)), 1, i)
         if isinstance(route, Balancer) and route.needs_ids:
             if all(b > 0 for b in _zmq_batches(route)):
+                return
+        elif isinstance(route, DynamoRoute):
+            # Dynamo's indexer holds this round's probe on every server.
+            seen = 0
+            for i, s in enumerate(servers):
+                ids = tokenize(s.url, " ".join(f"settle{rnd}x{i}y{j}" for j in range(48)))
+                seen += route.router.overlap_scores(ids).get(s.sid, 0) > 0
+            if seen == len(servers):
                 return
         elif policy != "vllm_router_kv_aware" or time.time() - t0 >= 2.0:
             return

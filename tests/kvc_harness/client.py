@@ -19,7 +19,8 @@ def split_url(url: str) -> Tuple[str, int]:
 
 
 def http_request(
-    url: str, method: str = "GET", body: Optional[dict] = None, timeout: float = 10.0
+    url: str, method: str = "GET", body: Optional[dict] = None, timeout: float = 10.0,
+    headers: Optional[Dict[str, str]] = None,
 ) -> Tuple[int, bytes]:
     """One request on a fresh connection; returns (status, body). Raises
     OSError / http.client.HTTPException when the server is not there."""
@@ -29,8 +30,9 @@ def http_request(
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        conn.request(method, target, body=data, headers=headers)
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, target, body=data, headers=hdrs)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -60,7 +62,9 @@ def complete(url: str, prompt: List[int], max_tokens: int = 1, timeout: float = 
     )
 
 
-def stream_events(base_url: str, body: dict, timeout: float = 600.0) -> Iterator[Tuple[float, dict]]:
+def stream_events(
+    base_url: str, body: dict, timeout: float = 600.0, headers: Optional[Dict[str, str]] = None
+) -> Iterator[Tuple[float, dict]]:
     """POST /v1/completions with ``stream`` on; yields (seconds since the
     request was sent, message) for every server-sent data message until
     ``[DONE]``. An HTTP error or an error message raises RuntimeError."""
@@ -69,7 +73,8 @@ def stream_events(base_url: str, body: dict, timeout: float = 600.0) -> Iterator
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/completions", body=data_out, headers={"Content-Type": "application/json"})
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        conn.request("POST", "/v1/completions", body=data_out, headers=hdrs)
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")

@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"sync"
+
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // Suite runs several policies over one workload and computes the bounds.
@@ -105,6 +107,10 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 	recs := results[0].Records
 	rep := &Report{Policies: map[string]Summary{}, Order: s.Policies,
 		Bounds: Bounds{Oracle: Oracle(recs, bs), Pooled: PooledLRU(recs, bs, pooledBlocks), PooledBlocks: pooledBlocks}}
+	es := s.Opts.Engines
+	lb, lbSteps := LowerBound(recs, sim.Config{BlockSize: bs, NumGPUBlocks: gpu, MaxNumSeqs: es.MaxNumSeqs,
+		MaxNumBatchedTokens: es.MaxBatchedTokens, PrefillPerToken: es.PrefillPerToken}, es.Engines)
+	rep.Bounds.MakespanLower, rep.Bounds.MakespanLowerSteps = lb, lbSteps
 	if boundRes != nil {
 		b := Summarise(boundRes, 0)
 		rep.Bounds.MakespanFree = &b.Makespan
@@ -122,10 +128,16 @@ func (s *Suite) Run() (*Report, map[string]*Result, error) {
 		rep.Policies[s.Policies[i]] = Summarise(r, rep.Bounds.Pooled)
 		out[s.Policies[i]] = r
 	}
-	if base, ok := rep.Policies["verl_default"]; ok && rep.Bounds.MakespanFree != nil {
+	if base, ok := rep.Policies["verl_default"]; ok {
 		for n, sm := range rep.Policies {
-			g := GainShare(base.Makespan, sm.Makespan, *rep.Bounds.MakespanFree)
-			sm.GainShare = &g
+			if rep.Bounds.MakespanFree != nil {
+				g := GainShare(base.Makespan, sm.Makespan, *rep.Bounds.MakespanFree)
+				sm.GainShare = &g
+			}
+			if lb > 0 {
+				g := GainShare(base.Makespan, sm.Makespan, lb)
+				sm.BoundShare = &g
+			}
 			rep.Policies[n] = sm
 		}
 	}

@@ -3,6 +3,8 @@ package bench
 import (
 	"math"
 	"sort"
+
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // Record is one request as the bounds see it: the chained keys of every
@@ -15,6 +17,15 @@ type Record struct {
 	PromptLen    int
 	PromptBlocks int
 	Keys         []uint64
+	// OutputLen is the number of generated tokens.
+	OutputLen int
+	// Chain names the dependency chain the request belongs to (an agent
+	// trajectory; "" = independent), Think the delay between the chain's
+	// previous completion and this request's arrival (tool latency), and
+	// First the arrival of the chain's first request (policy-independent).
+	Chain string
+	Think float64
+	First float64
 }
 
 func sortRecords(recs []Record) []Record {
@@ -161,4 +172,87 @@ func (l *lru) touch(k uint64) {
 	}
 	l.pos[k] = i
 	l.pushFront(i)
+}
+
+// LowerBound is a makespan no routing policy can beat on the engine model
+// (sim.Config's step time: StepBase + PrefillPerToken·prefill tokens +
+// DecodePerContextToken·Σ decode context). Per phase it is the larger of
+//
+//   - the chain bound: the longest chain of dependent requests (an agent
+//     trajectory's turns and the tool latencies between them; a GRPO sample
+//     alone), each request run alone on an idle engine with its prompt
+//     fully cached but for one token, started at its phase-relative arrival;
+//   - the work bound: the phase's least total engine time — every distinct
+//     full prompt block prefilled once anywhere (KV shared, no preemption),
+//     every decode step's context cost, and the step overhead of the fewest
+//     decode steps possible (each holds at most MaxNumSeqs sequences whose
+//     unshared generated tokens fit in the GPU KV cache) — spread evenly
+//     over the engines.
+//
+// Both parts ignore KV capacity, queueing and scheduling, so the bound is
+// loose where those dominate; it is never above an achievable makespan.
+func LowerBound(recs []Record, cfg sim.Config, engines int) (total float64, perPhase []float64) {
+	cfg = cfg.WithDefaults()
+	if engines <= 0 || len(recs) == 0 {
+		return 0, nil
+	}
+	bs := cfg.BlockSize
+	sorted := sortRecords(recs)
+	type chainKey struct {
+		phase int
+		key   string
+	}
+	for lo := 0; lo < len(sorted); {
+		phase := sorted[lo].Phase
+		hi := lo
+		for hi < len(sorted) && sorted[hi].Phase == phase {
+			hi++
+		}
+		start := math.Inf(1)
+		for _, r := range sorted[lo:hi] {
+			start = math.Min(start, r.First)
+		}
+		seen := map[uint64]struct{}{}
+		chains := map[chainKey]float64{}
+		var prefillTok, decodeSlots, ctxTok, privTok float64
+		longest := 0.0
+		for _, r := range sorted[lo:hi] {
+			for _, k := range r.Keys[:r.PromptBlocks] {
+				if _, ok := seen[k]; !ok {
+					seen[k] = struct{}{}
+					prefillTok += float64(bs)
+				}
+			}
+			prefillTok += float64(max(1, r.PromptLen-r.PromptBlocks*bs))
+			o := float64(max(0, r.OutputLen-1))
+			decodeSlots += o
+			ctx := o*float64(r.PromptLen) + o*(o+1)/2
+			ctxTok += ctx
+			privTok += o * (o + 1) / 2
+			alone := cfg.StepBase*(o+1) + cfg.PrefillPerToken + cfg.DecodePerContextToken*ctx
+			if r.Chain == "" {
+				longest = math.Max(longest, r.First-start+alone)
+				continue
+			}
+			ck := chainKey{phase, r.Chain}
+			if _, ok := chains[ck]; !ok {
+				chains[ck] = r.First - start
+			}
+			chains[ck] += r.Think + alone
+		}
+		for _, c := range chains {
+			longest = math.Max(longest, c)
+		}
+		// Decode steps: each holds at most MaxNumSeqs sequences, and the
+		// KV they attend to fits the GPU cache; a sequence's own generated
+		// tokens are never shared, so Σ over its decode steps of them is
+		// KV occupancy no sharing removes.
+		steps := math.Max(decodeSlots/float64(cfg.MaxNumSeqs), privTok/float64(cfg.NumGPUBlocks*bs))
+		work := cfg.PrefillPerToken*prefillTok + cfg.DecodePerContextToken*ctxTok + cfg.StepBase*math.Ceil(steps)
+		b := math.Max(longest, work/float64(engines))
+		perPhase = append(perPhase, b)
+		total += b
+		lo = hi
+	}
+	return total, perPhase
 }

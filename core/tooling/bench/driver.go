@@ -77,6 +77,11 @@ type Policy struct {
 	// ActiveBlocks tracks every engine's active prompt blocks for
 	// peers.Signals.Active (Dynamo's deduplicated decode load).
 	ActiveBlocks bool
+	// ResetIndexOnUpdate drops the router's prefix index at a weight
+	// update (kvc-router's reset_prefix_index hook). Peers have no such
+	// API: an event-fed peer learns of the update from the engines'
+	// AllBlocksCleared events, an approximate one keeps its stale tree.
+	ResetIndexOnUpdate bool
 }
 
 // Result is what one policy achieved.
@@ -148,12 +153,11 @@ type engine struct {
 	res     sim.StepResult
 	metrics load.Metrics
 	scraped bool
-	// Dynamo-style router-local accounting: prompt blocks still to
-	// prefill, and active full prompt blocks with their reference counts
-	// (shared prefixes count once) plus one partial block per sequence.
+	// Dynamo-style router-local accounting: prompt tokens still to
+	// prefill (in blocks), and active full prompt blocks with their
+	// reference counts (shared prefixes count once).
 	prefill float64
 	blocks  map[uint64]int32
-	nseq    int
 }
 
 type flight struct {
@@ -197,6 +201,12 @@ type driver struct {
 	cur      *Item
 	curKeys  []uint64
 	sessions map[string]string
+
+	// Requests the router's admission holds, by ticket, and the slots
+	// a release gave to held requests.
+	held     map[uint64]*Item
+	ticket   uint64
+	admitted []router.Admitted
 }
 
 // signals adapts the driver to peers.Signals.
@@ -217,13 +227,15 @@ func (s signals) Active(server, reqID string) (peers.Active, bool) {
 		return peers.Active{}, false
 	}
 	e := d.engines[i]
-	fresh := 1.0 // the request's partial last block
+	// Full blocks only, as Dynamo 1.6.1 counts them (its
+	// get_potential_loads; core/tooling/peers/dynamo_diff_test.go).
+	fresh := 0.0
 	for _, k := range d.curKeys {
 		if e.blocks[k] == 0 {
 			fresh++
 		}
 	}
-	return peers.Active{PrefillBlocks: e.prefill, DecodeBlocks: float64(len(e.blocks) + e.nseq), NewBlocks: fresh}, true
+	return peers.Active{PrefillBlocks: e.prefill, DecodeBlocks: float64(len(e.blocks)), NewBlocks: fresh}, true
 }
 
 func (s signals) Session(reqID string) (string, bool) {
@@ -245,7 +257,7 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 	}
 	d := &driver{opt: opt, pol: pol, wl: wl, byName: map[string]int{}, flights: map[string]*flight{},
 		epoch: time.Unix(1_700_000_000, 0), firstArr: math.Inf(1), scrapeEvery: opt.ScrapeInterval,
-		sessions: map[string]string{}}
+		sessions: map[string]string{}, held: map[uint64]*Item{}}
 	if pol.Scrape > 0 {
 		d.scrapeEvery = pol.Scrape
 	}
@@ -384,6 +396,9 @@ func (d *driver) arrive(it *Item) error {
 	if d.now < d.firstArr {
 		d.firstArr = d.now
 	}
+	if it.turn == 0 {
+		it.first = d.now
+	}
 	// Policies without sticky sessions get the per-submission id, unique
 	// within a run, so no binding is ever reused (the router binds every
 	// request id, even an empty one, as verl does).
@@ -396,23 +411,33 @@ func (d *driver) arrive(it *Item) error {
 		d.curKeys = blockhash.AppendKeys(d.curKeys[:0], prompt, d.bs, d.ns)
 	}
 	t0 := time.Now()
-	dec, err := d.r.Acquire(router.Request{ID: key, Tokens: prompt, Pin: -1})
+	d.ticket++
+	dec, queued, err := d.r.Submit(router.Request{ID: key, Tokens: prompt, Pin: -1}, d.ticket)
 	d.res.DecisionUS = append(d.res.DecisionUS, float64(time.Since(t0).Nanoseconds())/1e3)
 	d.cur = nil
 	if err != nil {
 		return err
 	}
+	if queued {
+		d.held[d.ticket] = it
+		return nil
+	}
+	return d.place(it, prompt, dec)
+}
+
+// place submits a routed request to the engine the router chose.
+func (d *driver) place(it *Item, prompt []int32, dec router.Decision) error {
 	i, ok := d.byName[dec.Server]
 	if !ok {
 		return fmt.Errorf("router chose unknown server %q", dec.Server)
 	}
 	e := d.engines[i]
-	blocks := float64(len(prompt)/d.bs + 1)
 	hit := 0
 	if dec.BlockSize > 0 {
 		hit = (dec.HitBlocks[0] + dec.HitBlocks[1] + dec.HitBlocks[2]) * dec.BlockSize / d.bs
 	}
-	f := &flight{item: it, eng: i, at: d.now, prefill: math.Max(0, blocks-float64(hit))}
+	// Uncached prompt tokens in blocks, as Dynamo tracks prefill load.
+	f := &flight{item: it, eng: i, at: it.At, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
 	e.prefill += f.prefill
 	if d.pol.Sessions {
 		d.sessions[it.Key] = e.id
@@ -422,7 +447,6 @@ func (d *driver) arrive(it *Item) error {
 		for _, k := range f.akeys {
 			e.blocks[k]++
 		}
-		e.nseq++
 	}
 	if d.opt.Record {
 		f.keys = blockhash.AppendKeys(nil, prompt, d.bs, d.ns)
@@ -487,9 +511,15 @@ func (d *driver) stepEnd(i int) error {
 					delete(e.blocks, k)
 				}
 			}
-			e.nseq--
 		}
-		d.r.Release(e.id)
+		d.admitted, _ = d.r.ReleaseAdmit(e.id, d.admitted[:0])
+		for _, a := range d.admitted {
+			it := d.held[a.Ticket]
+			delete(d.held, a.Ticket)
+			if err := d.place(it, d.wl.Prompt(it, d.buf), a.Decision); err != nil {
+				return err
+			}
+		}
 		d.res.Requests++
 		d.res.PromptTokens += int64(c.PromptTokens)
 		d.res.CachedTokens += int64(c.CachedTokens)
@@ -511,8 +541,12 @@ func (d *driver) stepEnd(i int) error {
 					keys = append(keys, parent)
 				}
 			}
-			d.res.Records = append(d.res.Records, Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq,
-				PromptLen: c.PromptTokens, PromptBlocks: nb, Keys: keys})
+			rec := Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq, PromptLen: c.PromptTokens, PromptBlocks: nb,
+				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first}
+			if f.item.chained {
+				rec.Chain = f.item.Key
+			}
+			d.res.Records = append(d.res.Records, rec)
 		}
 		if d.opt.Progress != nil {
 			d.opt.Progress.Add(1)
@@ -550,7 +584,9 @@ func (d *driver) weightUpdate() error {
 			}
 		}
 	}
-	d.r.ResetCache()
+	if d.pol.ResetIndexOnUpdate {
+		d.r.ResetCache()
+	}
 	return nil
 }
 

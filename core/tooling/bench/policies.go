@@ -16,16 +16,21 @@ import (
 // with a "+suffix" is a variant of the policy before the "+".
 var PolicyNames = []string{
 	"round_robin", "random", "verl_default",
-	"sglang_cache_aware",
-	"llmd_weighted", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
+	"sglang_cache_aware", "sglang_cache_aware+gateway",
+	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
+	"llmd_precise+nohit", "llmd_precise+active",
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session",
-	"kvc_aware", "kvc_aware_approx",
+	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 }
 
-// DefaultPolicies is what kvbench runs when no policy is named: one entry
-// per system at its upstream defaults, plus ours.
+// DefaultPolicies is what kvbench runs when no policy is named: every
+// system at its upstream defaults, its shipped variants (sgl-model-gateway's
+// rule, llm-d's no-hit-lru and active-request scorers, Dynamo's predicted
+// TTL), plus ours.
 var DefaultPolicies = []string{
-	"round_robin", "verl_default", "sglang_cache_aware", "llmd_weighted", "llmd_precise", "dynamo_cost", "kvc_aware",
+	"round_robin", "verl_default", "sglang_cache_aware", "sglang_cache_aware+gateway",
+	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+nohit", "llmd_precise+active",
+	"dynamo_cost", "dynamo_cost+ttl", "kvc_aware",
 }
 
 // PolicyOptions parameterise policy construction.
@@ -84,7 +89,11 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //   - sglang_cache_aware: approximate index fed by routing decisions
 //     (insert on route), thresholds 0.3 / 64 / 1.5, size-based LRU
 //     eviction at max_tree_size (2^26 characters ≈ 2^24 tokens per worker),
-//     no time-based expiry [sgl-router cache_aware.rs, tree.rs].
+//     no time-based expiry; below the cache threshold the smallest tree
+//     wins [sgl-router/src/policies/cache_aware.rs, tree.rs]. +gateway: the
+//     least loaded server wins instead
+//     [sgl-model-gateway/src/policies/cache_aware.rs; the sglang-router
+//     wheels the arena runs].
 //   - llmd_weighted: llm-d's built-in default, approximate prefix (per-pod
 //     LRU sized to num_gpu_blocks, no TTL, 256-block cap) 3 + queue 2 +
 //     kv-utilisation 2, metrics every 50 ms.
@@ -94,6 +103,13 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     +spec: speculative indexing on (2 s TTL) as llm-d's guide enables it.
 //     +session: plus the session-affinity scorer at twice the prefix
 //     weight (the 100 : 50 of deploy/config/session-affinity-config.yaml).
+//     +nohit: plus the no-hit-lru scorer at half the prefix weight (the
+//     2 : 1 of the scorer's documented precise example). +active: plus the
+//     active-request scorer at the queue scorer's weight (1; no shipped
+//     profile weights it).
+//   - llmd_weighted+nohit: the optimized-baseline profile (approximate
+//     prefix 3, queue 2, kv-cache utilisation 2, no-hit-lru 2; llm-d-router's
+//     well-known "optimized-baseline" EndpointPickerConfig).
 //   - dynamo_cost: Dynamo's default cost with KV events, router-local
 //     active blocks deduplicated per worker, random tie-break, no session
 //     affinity, no predicted-TTL side index
@@ -102,6 +118,8 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     session → worker binding with no load breakout
 //     (--router-session-affinity-ttl-secs).
 //   - kvc_aware: ours, KV events, sticky request ids.
+//   - kvc_aware+admit: ours with router-side admission (router.AdmissionSpec:
+//     hold requests while every engine runs max_num_seqs, late binding).
 //   - kvc_aware_approx: ours without events (speculative index only).
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
@@ -136,8 +154,11 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, StickyIDs: true, Config: func(peers.Signals) router.Config {
 			return router.Config{Mode: router.ModeDefault}
 		}}, nil
-	case "sglang_cache_aware":
+	case "sglang_cache_aware", "sglang_cache_aware+gateway":
 		s := peers.DefaultSGLang()
+		if name == "sglang_cache_aware+gateway" {
+			s.Rule = peers.SGLangRuleGateway
+		}
 		if err := decodeOver(name, raw, &s); err != nil {
 			return Policy{}, err
 		}
@@ -146,16 +167,25 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		}
 		capBlocks := SGLangMaxTreeSize / charsPerToken / o.BlockSize
 		return Policy{Name: name, Config: func(peers.Signals) router.Config {
-			st := s
+			st := s // a fresh tree-size record per run
 			return router.Config{Mode: router.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
 				Speculate: bptr(true), StickyOverload: bptr(false), Strategy: &st,
 				// Residency ends only by size: an expiry far beyond any run.
 				Index: router.IndexSpec{ApproxTTLMS: 1000 * 86400}, Servers: servers(router.ServerSpec{Capacity: capBlocks})}
 		}}, nil
-	case "llmd_weighted", "llmd_precise", "llmd_precise+spec", "llmd_precise+session":
+	case "llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
+		"llmd_precise+nohit", "llmd_precise+active":
 		l := peers.DefaultLLMDPrecise()
 		if base == "llmd_weighted" {
 			l = peers.DefaultLLMDApprox()
+		}
+		switch name {
+		case "llmd_weighted+nohit":
+			l.NoHitWeight = 2
+		case "llmd_precise+nohit":
+			l.NoHitWeight = l.PrefixWeight / 2
+		case "llmd_precise+active":
+			l.ActiveWeight = 1
 		}
 		l.Seed = seed
 		if err := decodeOver(name, raw, &l); err != nil {
@@ -212,7 +242,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				}
 				return c
 			}}, nil
-	case "kvc_aware", "kvc_aware_approx":
+	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx":
 		if len(raw) > 0 {
 			// Validate now, so a bad parameter fails before any run.
 			k := strategy.DefaultKVCAware()
@@ -223,9 +253,12 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				return Policy{}, err
 			}
 		}
-		events := name == "kvc_aware"
-		return Policy{Name: name, StickyIDs: true, Events: events, Config: func(peers.Signals) router.Config {
+		events := base == "kvc_aware"
+		// verl's weight-update hook resets kvc-router's index
+		// (reset_prefix_index); no peer has such an API.
+		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true, Config: func(peers.Signals) router.Config {
 			c := router.Config{Mode: router.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize}
+			c.Admission.Enabled = name == "kvc_aware+admit"
 			if events {
 				c.Servers = uncapped()
 			}

@@ -47,6 +47,12 @@ type Item struct {
 	// agent bookkeeping
 	traj, turn int
 	seq        int
+	// chained items depend on the previous item with the same Key (agent
+	// turns): think is the tool latency before this one, first the
+	// arrival of the chain's first item (for the makespan lower bound).
+	chained bool
+	think   float64
+	first   float64
 }
 
 // PromptLen is the prompt length in tokens.
@@ -289,9 +295,11 @@ func randTokens(rng *rand.Rand, n, vocab int) []int32 {
 
 // GRPOConfig configures the grpo workload.
 type GRPOConfig struct {
-	Steps   int `json:"steps"`
-	Prompts int `json:"prompts"` // B
-	N       int `json:"n"`       // samples per prompt
+	// Name labels the workload in reports (default "grpo").
+	Name    string `json:"name,omitempty"`
+	Steps   int    `json:"steps"`
+	Prompts int    `json:"prompts"` // B
+	N       int    `json:"n"`       // samples per prompt
 	// SystemTokens is a system prompt shared by every prompt of every step.
 	SystemTokens int       `json:"system_tokens"`
 	Prompt       LogNormal `json:"prompt"`
@@ -308,6 +316,19 @@ func DefaultGRPO() GRPOConfig {
 	return GRPOConfig{Steps: 3, Prompts: 64, N: 16, SystemTokens: 256,
 		Prompt:   LogNormal{Median: 1024, Sigma: 0.6, Min: 64, Max: 8192},
 		Response: LogNormal{Median: 1024, Sigma: 0.9, Min: 16, Max: 8192}, Vocab: 32000}
+}
+
+// DefaultGRPOSat is an oversubscribed reasoning-RL step: 2 steps of 512
+// prompts × 16 samples (8,192 sequences a step, 4× the 2,048 slots of 8
+// engines at max_num_seqs 256), responses lognormal(median 1,024, σ 1.0,
+// 16..16,384): most answers are short and a few reason at length, so the
+// step's last sequences decide its makespan.
+func DefaultGRPOSat() GRPOConfig {
+	g := DefaultGRPO()
+	g.Name = "grpo_sat"
+	g.Steps, g.Prompts = 2, 512
+	g.Response = LogNormal{Median: 1024, Sigma: 1.0, Min: 16, Max: 16384}
+	return g
 }
 
 // GRPO submits B prompts × n samples together at the start of each rollout
@@ -328,7 +349,12 @@ func NewGRPO(cfg GRPOConfig) *GRPO {
 }
 
 // Name implements Workload.
-func (g *GRPO) Name() string { return "grpo" }
+func (g *GRPO) Name() string {
+	if g.cfg.Name != "" {
+		return g.cfg.Name
+	}
+	return "grpo"
+}
 
 // Phases implements Workload.
 func (g *GRPO) Phases() int { return g.cfg.Steps }
@@ -463,7 +489,7 @@ func (a *Agent) Start(p int, start float64) []*Item {
 			}
 			a.trajs[idx] = tr
 			out = append(out, &Item{Key: tr.key, ID: tr.key + "-0", At: start, Phase: p, MaxTokens: tr.resp[0],
-				Seed: uint64(idx), prompt: prompt, traj: idx, turn: 0, seq: len(out)})
+				Seed: uint64(idx), prompt: prompt, traj: idx, turn: 0, seq: len(out), chained: true})
 		}
 	}
 	return out
@@ -489,7 +515,20 @@ func (a *Agent) Done(it *Item, output []int32, now float64) []*Item {
 	prompt := make([]int32, 0, n)
 	prompt = append(append(append(prompt, it.prompt...), output...), tool...)
 	return []*Item{{Key: tr.key, ID: fmt.Sprintf("%s-%d", tr.key, next), At: now + tr.lat[it.turn], Phase: it.Phase,
-		MaxTokens: tr.resp[next], Seed: it.Seed, prompt: prompt, traj: it.traj, turn: next}}
+		MaxTokens: tr.resp[next], Seed: it.Seed, prompt: prompt, traj: it.traj, turn: next,
+		chained: true, think: tr.lat[it.turn], first: it.first}}
+}
+
+// DefaultAgentScale is an agentic RL step at scale: 1 step of 512 tasks ×
+// 8 trajectories (4,096 multi-turn sessions for 2,048 slots on 8 engines),
+// 4–12 turns each with tool latency lognormal(median 1 s): at any time
+// many sessions wait on tools while more than the fleet can run wait on it.
+func DefaultAgentScale() AgentConfig {
+	a := DefaultAgent()
+	a.Steps, a.Tasks, a.Group = 1, 512, 8
+	a.ToolLatencyMedian = 1
+	a.Name = "agent_scale"
+	return a
 }
 
 // DefaultAgentLong is a long-context agent, where prefill dominates: 2 steps

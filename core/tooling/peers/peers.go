@@ -88,26 +88,52 @@ func (r *Random) Score(_ *strategy.Request, c []strategy.Candidate, out []float6
 // count. The system is imbalanced when max-min > BalanceAbs and
 // max > BalanceRel*min: then the least loaded server wins. Otherwise, if the
 // best match ratio (matched blocks / hittable blocks) exceeds
-// CacheThreshold, the longest match wins (ties to the less loaded); else the
-// least loaded server wins.
+// CacheThreshold, the longest match wins (ties to the less loaded); else:
 //
-// Upstream: sgl-project/sglang sgl-router/src/policies/cache_aware.rs (the
-// rule, now sgl-model-gateway/src/policies/cache_aware.rs); defaults from
-// the Python launcher's RouterArgs (python -m sglang_router.launch_router),
-// which verl uses.
+//   - Rule "tree" (default): the tenant with the smallest tree, "most
+//     available cache capacity" (sgl-project/sglang
+//     sgl-router/src/policies/cache_aware.rs, `tree.get_smallest_tenant()`).
+//     The tree's size per tenant is the prompt tokens inserted for it that
+//     extended no existing prefix (sgl-router's tree counts characters; the
+//     ratio is the same). Load is not consulted.
+//   - Rule "gateway": the least loaded server (sgl-project/sglang
+//     sgl-model-gateway/src/policies/cache_aware.rs, `workers[min_load_idx]`),
+//     the rule of the sglang-router wheels built from the gateway (the
+//     arena's sglang-router 0.3.2).
+//
+// Nothing evicts the tree sizes here (sgl-router evicts LRU leaves beyond
+// max_tree_size, 2^26 characters, which kvbench's runs do not reach), and a
+// weight update leaves them as they are (sglang-router has no API for it).
+// Defaults from the Python launcher's RouterArgs (python -m
+// sglang_router.launch_router), which verl uses.
 type SGLang struct {
 	CacheThreshold float64 `json:"cache_threshold"`
 	BalanceAbs     float64 `json:"balance_abs_threshold"`
 	BalanceRel     float64 `json:"balance_rel_threshold"`
+	// Rule is "tree" (sgl-router) or "gateway" (sgl-model-gateway).
+	Rule string `json:"rule"`
+	size map[string]float64
 }
 
-// DefaultSGLang returns the launcher defaults 0.3 / 64 / 1.5.
-func DefaultSGLang() SGLang { return SGLang{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5} }
+// SGLang no-match rules.
+const (
+	SGLangRuleTree    = "tree"
+	SGLangRuleGateway = "gateway"
+)
+
+// DefaultSGLang returns the launcher defaults 0.3 / 64 / 1.5 with
+// sgl-router's smallest-tree rule.
+func DefaultSGLang() SGLang {
+	return SGLang{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, Rule: SGLangRuleTree}
+}
 
 // Validate checks ranges.
 func (s *SGLang) Validate() error {
 	if !(s.CacheThreshold >= 0 && s.CacheThreshold <= 1) || s.BalanceAbs < 0 || s.BalanceRel < 1 {
 		return errors.New("sglang_cache_aware: need cache_threshold in [0,1], balance_abs_threshold >= 0, balance_rel_threshold >= 1")
+	}
+	if s.Rule != SGLangRuleTree && s.Rule != SGLangRuleGateway {
+		return fmt.Errorf("sglang_cache_aware: rule must be %q or %q, got %q", SGLangRuleTree, SGLangRuleGateway, s.Rule)
 	}
 	return nil
 }
@@ -115,10 +141,16 @@ func (s *SGLang) Validate() error {
 // Name implements strategy.Strategy.
 func (*SGLang) Name() string { return "sglang_cache_aware" }
 
-// Score implements strategy.Strategy.
-func (s *SGLang) Score(_ *strategy.Request, c []strategy.Candidate, out []float64) {
+// Score implements strategy.Strategy. The router picks the top score (no
+// sticky ids, no overload breakout for this peer), so Score records its
+// own pick in the tree sizes, as sgl-router inserts the request text for
+// the selected tenant.
+func (s *SGLang) Score(req *strategy.Request, c []strategy.Candidate, out []float64) {
 	if len(c) == 0 {
 		return
+	}
+	if s.size == nil {
+		s.size = map[string]float64{}
 	}
 	minL, maxL := math.Inf(1), math.Inf(-1)
 	best := 0.0
@@ -132,12 +164,27 @@ func (s *SGLang) Score(_ *strategy.Request, c []strategy.Candidate, out []float6
 	useCache := !imbalanced && best > s.CacheThreshold
 	for i := range c {
 		l := float64(c[i].Inflight)
-		if useCache {
+		switch {
+		case useCache:
 			// The ratio dominates; load (< 1e6 requests) only breaks ties.
 			out[i] = matchRatio(&c[i])*1e6 - l
-		} else {
+		case imbalanced || s.Rule == SGLangRuleGateway:
 			out[i] = -l
+		default:
+			// Smallest tree; ties to the first (get_smallest_tenant scans
+			// the tenants in order and keeps a strictly smaller one).
+			out[i] = -s.size[c[i].ID]
 		}
+	}
+	pick := 0
+	for i := range out {
+		if out[i] > out[pick] {
+			pick = i
+		}
+	}
+	// The insert adds the part of the prompt the tenant's tree lacked.
+	if req != nil {
+		s.size[c[pick].ID] += float64(len(req.Tokens)) * (1 - matchRatio(&c[pick]))
 	}
 }
 
@@ -165,11 +212,27 @@ func matchRatio(c *strategy.Candidate) float64 {
 //	session = 1 for the server that served the session's previous request,
 //	          else 0 (session-affinity scorer: a scorer, so load can
 //	          override it)
+//	no-hit  = no-hit-lru-scorer (scorer/nohitlru/no_hit_lru.go): 0.5 for
+//	          every pod when any pod has a prefix hit; for a cold request,
+//	          pods that never took a cold request first (1 − i/(n−1) in pod
+//	          order), then the others from least to most recently used
+//	active  = active-request-scorer (scorer/activerequest/active_request.go,
+//	          defaults idleThreshold 0, maxBusyScore 1): 1 for a pod with no
+//	          request in flight, else (maxCount − count)/maxCount
+//
+// With MinMax (the precise scorer), the prefix score is llm-d's
+// indexedScoresToNormalizedScoredPods (scorer/preciseprefixcache/utils.go):
+// the raw tier-weighted block count, min–max normalised over the pods that
+// have one (> 0); 1 for all of them when they are equal; 0 for pods
+// without a hit.
 type LLMD struct {
 	PrefixWeight    float64            `json:"prefix_weight"`
 	QueueWeight     float64            `json:"queue_weight"`
 	KVWeight        float64            `json:"kv_weight"`
 	SessionWeight   float64            `json:"session_weight"`
+	NoHitWeight     float64            `json:"no_hit_lru_weight"`
+	ActiveWeight    float64            `json:"active_request_weight"`
+	MinMax          bool               `json:"minmax_prefix"`
 	MaxPrefixBlocks int                `json:"max_prefix_blocks"`
 	TierWeights     map[string]float64 `json:"tier_weights"`
 	Seed            uint64             `json:"seed"`
@@ -178,6 +241,9 @@ type LLMD struct {
 	tier            [index.NumTiers]float64
 	rng             *rand.Rand
 	q               []float64
+	raw             []float64
+	// lru lists the pods that took a cold request, least recently first.
+	lru []string
 }
 
 // DefaultLLMDApprox is the built-in default profile
@@ -192,16 +258,19 @@ func DefaultLLMDApprox() LLMD {
 // DefaultLLMDPrecise is the precise sample
 // (llm-d/llm-d-inference-scheduler deploy/config/
 // epp-precise-prefix-cache-config.yaml): precise prefix 2 (gpu 1.0,
-// cpu 0.8), kv-cache utilisation 1, queue 1, no block cap.
+// cpu 0.8), kv-cache utilisation 1, queue 1, no block cap, min–max
+// normalised prefix scores.
 func DefaultLLMDPrecise() LLMD {
-	return LLMD{PrefixWeight: 2, QueueWeight: 1, KVWeight: 1, TierWeights: map[string]float64{"gpu": 1, "cpu": 0.8}}
+	return LLMD{PrefixWeight: 2, QueueWeight: 1, KVWeight: 1, MinMax: true,
+		TierWeights: map[string]float64{"gpu": 1, "cpu": 0.8}}
 }
 
 // NewLLMD validates cfg and binds it to sig (may be nil: fall back to the
 // candidates' own fields). name is the policy name it reports.
 func NewLLMD(name string, cfg LLMD, sig Signals) (*LLMD, error) {
 	l := cfg
-	if l.PrefixWeight < 0 || l.QueueWeight < 0 || l.KVWeight < 0 || l.SessionWeight < 0 || l.MaxPrefixBlocks < 0 {
+	if l.PrefixWeight < 0 || l.QueueWeight < 0 || l.KVWeight < 0 || l.SessionWeight < 0 || l.MaxPrefixBlocks < 0 ||
+		l.NoHitWeight < 0 || l.ActiveWeight < 0 {
 		return nil, fmt.Errorf("%s: weights and max_prefix_blocks must not be negative", name)
 	}
 	tw, err := strategy.TierWeights(name, l.TierWeights)
@@ -236,6 +305,21 @@ func (l *LLMD) Score(req *strategy.Request, c []strategy.Candidate, out []float6
 	if l.SessionWeight > 0 && l.sig != nil {
 		session, _ = l.sig.Session(req.ID)
 	}
+	if cap(l.raw) < len(c) {
+		l.raw = make([]float64, len(c))
+	}
+	raw := l.raw[:len(c)]
+	minR, maxR := math.Inf(1), math.Inf(-1)
+	cold, maxCount := true, 0
+	for i := range c {
+		raw[i] = l.prefix(&c[i])
+		if raw[i] > 0 {
+			minR, maxR = math.Min(minR, raw[i]), math.Max(maxR, raw[i])
+		}
+		cold = cold && c[i].Hit.Blocks == 0
+		maxCount = max(maxCount, c[i].Inflight)
+	}
+	noHit := l.noHitScores(c, cold)
 	for i := range c {
 		kv := 1 - c[i].Load
 		if l.sig != nil {
@@ -251,11 +335,81 @@ func (l *LLMD) Score(req *strategy.Request, c []strategy.Candidate, out []float6
 		if session != "" && c[i].ID == session {
 			ss = 1
 		}
-		out[i] = l.PrefixWeight*l.prefix(&c[i]) + l.QueueWeight*qs + l.KVWeight*kv + l.SessionWeight*ss
+		ps := raw[i]
+		if l.MinMax {
+			ps = 0
+			switch {
+			case raw[i] <= 0:
+			case maxR == minR:
+				ps = 1
+			default:
+				ps = (raw[i] - minR) / (maxR - minR)
+			}
+		}
+		as := 1.0
+		if c[i].Inflight > 0 {
+			as = float64(maxCount-c[i].Inflight) / float64(maxCount)
+		}
+		out[i] = l.PrefixWeight*ps + l.QueueWeight*qs + l.KVWeight*kv + l.SessionWeight*ss +
+			l.NoHitWeight*noHit(i) + l.ActiveWeight*as
 	}
 	breakTies(l.rng, out)
+	if l.NoHitWeight > 0 && cold {
+		// PreRequest: the picked pod becomes the most recently used.
+		pick := 0
+		for i := range out {
+			if out[i] > out[pick] {
+				pick = i
+			}
+		}
+		l.touch(c[pick].ID)
+	}
 }
 
+// noHitScores returns the no-hit-lru score of candidate i.
+func (l *LLMD) noHitScores(c []strategy.Candidate, cold bool) func(int) float64 {
+	if l.NoHitWeight == 0 || !cold || len(c) <= 1 {
+		return func(int) float64 {
+			if len(c) == 1 && cold {
+				return 1
+			}
+			return 0.5
+		}
+	}
+	pos := make(map[string]int, len(l.lru))
+	for i, id := range l.lru {
+		pos[id] = i
+	}
+	never := 0
+	score := make([]float64, len(c))
+	den := float64(len(c) - 1)
+	for i := range c {
+		if _, used := pos[c[i].ID]; !used {
+			score[i] = 1 - float64(never)/den
+			never++
+		}
+	}
+	for i := range c {
+		if p, used := pos[c[i].ID]; used {
+			score[i] = math.Max(0, 1-float64(never+p)/den)
+		}
+	}
+	return func(i int) float64 { return score[i] }
+}
+
+func (l *LLMD) touch(id string) {
+	for i, x := range l.lru {
+		if x == id {
+			l.lru = append(l.lru[:i], l.lru[i+1:]...)
+			break
+		}
+	}
+	l.lru = append(l.lru, id)
+}
+
+// prefix is the prefix scorer's raw score: the tier-weighted matched
+// fraction, or with MinMax the tier-weighted matched block count (min–max
+// normalised across pods in Score).
 func (l *LLMD) prefix(c *strategy.Candidate) float64 {
 	total := c.HittableBlocks
 	if l.MaxPrefixBlocks > 0 && total > l.MaxPrefixBlocks {
@@ -274,6 +428,9 @@ func (l *LLMD) prefix(c *strategy.Candidate) float64 {
 		n := min(c.Hit.Tier[t], left)
 		s += l.tier[t] * float64(n)
 		left -= n
+	}
+	if l.MinMax {
+		return s
 	}
 	return math.Min(1, s/float64(total))
 }

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -80,7 +81,6 @@ func TestRandomSeeded(t *testing.T) {
 
 func TestSGLangRule(t *testing.T) {
 	sg := DefaultSGLang()
-	s := &sg
 	cases := []struct {
 		name string
 		c    []strategy.Candidate
@@ -88,8 +88,8 @@ func TestSGLangRule(t *testing.T) {
 	}{
 		{"match above threshold wins over load",
 			[]strategy.Candidate{cand("a", 0, 10, [3]int{5, 0, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}, "a"},
-		{"match at or below threshold -> least loaded",
-			[]strategy.Candidate{cand("a", 0, 10, [3]int{3, 0, 0}, 10), cand("b", 1, 2, [3]int{}, 10)}, "b"},
+		{"match at or below threshold -> smallest tree (both empty: the first), not least loaded",
+			[]strategy.Candidate{cand("a", 0, 10, [3]int{3, 0, 0}, 10), cand("b", 1, 2, [3]int{}, 10)}, "a"},
 		{"longest match among several",
 			[]strategy.Candidate{cand("a", 0, 0, [3]int{4, 0, 0}, 10), cand("b", 1, 9, [3]int{8, 0, 0}, 10)}, "b"},
 		{"equal match -> less loaded",
@@ -101,10 +101,53 @@ func TestSGLangRule(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := peerPick(t, s, tc.c); got != tc.want {
+			fresh := sg // every case starts from empty trees
+			if got := peerPick(t, &fresh, tc.c); got != tc.want {
 				t.Fatalf("picked %s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// sgl-router's no-match rule sends cold prompts to the tenant whose tree
+// is smallest, whatever the load; the gateway's sends them to the least
+// loaded server.
+func TestSGLangSmallestTreeVsGateway(t *testing.T) {
+	tree := DefaultSGLang()
+	gw := DefaultSGLang()
+	gw.Rule = SGLangRuleGateway
+	req := func(n int) *strategy.Request { return &strategy.Request{Tokens: make([]int32, n)} }
+	pick := func(s *SGLang, r *strategy.Request, c []strategy.Candidate) string {
+		out := make([]float64, len(c))
+		s.Score(r, c, out)
+		return c[strategy.Pick(c, out)].ID
+	}
+	idle := func() []strategy.Candidate {
+		return []strategy.Candidate{cand("a", 0, 0, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10), cand("c", 2, 0, [3]int{}, 10)}
+	}
+	// Cold prompts of 1000, 10, 10 tokens: the tree rule fills a, then b, c;
+	// the fourth goes to the smallest tree (b: 10 tokens), not back to a.
+	var got []string
+	for _, n := range []int{1000, 10, 10, 10} {
+		got = append(got, pick(&tree, req(n), idle()))
+	}
+	if want := []string{"a", "b", "c", "b"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("tree rule picked %v, want %v", got, want)
+	}
+	// Load does not move the tree rule (below the imbalance thresholds) but decides the gateway's.
+	busy := idle()
+	busy[2].Inflight = 5
+	if p := pick(&tree, req(10), busy); p != "c" {
+		t.Fatalf("tree rule picked %s, want c (smallest tree: 10 tokens)", p)
+	}
+	busy[0].Inflight = 3
+	if p := pick(&gw, req(10), busy); p != "b" {
+		t.Fatalf("gateway rule picked %s, want b (least loaded)", p)
+	}
+	bad := DefaultSGLang()
+	bad.Rule = "lru"
+	if bad.Validate() == nil {
+		t.Fatal("unknown rule accepted")
 	}
 }
 
@@ -148,14 +191,28 @@ func TestLLMDScores(t *testing.T) {
 	if want := 3*1.0 + 2*1 + 2*0.5; math.Abs(out[0]-want) > 1e-6 {
 		t.Fatalf("capped prefix score %v, want %v", out[0], want)
 	}
-	// Precise: tier weights gpu 1.0, cpu 0.8; weights 2/1/1.
+	// Precise: tier weights gpu 1.0, cpu 0.8; weights 2/1/1; the prefix
+	// score min–max normalised over the pods with a hit
+	// (indexedScoresToNormalizedScoredPods): a lone hit scores 1.
 	p := mustLLMD(t, "llmd_precise", DefaultLLMDPrecise(), sig)
 	c3 := []strategy.Candidate{cand("a", 0, 0, [3]int{5, 5, 0}, 10), cand("b", 1, 0, [3]int{}, 10)}
 	p.Score(&strategy.Request{}, c3, out)
-	// a: 2*(5+4)/10 + 1*0 + 1*0.5 = 2.3; b: 0 + 1 + 0.9 = 1.9
-	for i, want := range []float64{2.3, 1.9} {
+	// a: 2*1 + 1*0 + 1*0.5 = 2.5; b: 0 + 1 + 0.9 = 1.9
+	for i, want := range []float64{2.5, 1.9} {
 		if math.Abs(out[i]-want) > 1e-6 {
 			t.Fatalf("precise score[%d] = %v, want %v", i, out[i], want)
+		}
+	}
+	// Three pods, raw 9 (5 gpu + 5 cpu), 3, 0: normalised 1, 0, 0 (the
+	// least-hit pod with a hit scores as a pod without one).
+	sig.servers["c"] = fakeServer{m: load.Metrics{Waiting: 0, KVUsage: 0.1, HasKVUsage: true}}
+	c5 := []strategy.Candidate{cand("a", 0, 0, [3]int{5, 5, 0}, 10), cand("b", 1, 0, [3]int{3, 0, 0}, 10),
+		cand("c", 2, 0, [3]int{}, 10)}
+	out3 := make([]float64, 3)
+	p.Score(&strategy.Request{}, c5, out3)
+	for i, want := range []float64{2 + 0 + 0.5, 0 + 1 + 0.9, 0 + 1 + 0.9} {
+		if math.Abs(out3[i]-want) > 1e-6 { // breakTies nudges one of b, c by one ulp
+			t.Fatalf("precise min-max score[%d] = %v, want %v", i, out3[i], want)
 		}
 	}
 	// Without signals: queue from in-flight, kv from Load.
@@ -289,5 +346,54 @@ func TestPeerConfigValidation(t *testing.T) {
 	d.OverlapCredit = -1
 	if _, err := NewDynamo(d, nil); err == nil {
 		t.Error("dynamo accepted a negative overlap credit")
+	}
+}
+
+// llm-d's no-hit-lru scorer: neutral 0.5 when any pod has a hit; for cold
+// requests, never-used pods first, then least recently used; the pick
+// becomes the most recently used.
+func TestLLMDNoHitLRU(t *testing.T) {
+	cfg := DefaultLLMDPrecise()
+	cfg.PrefixWeight, cfg.QueueWeight, cfg.KVWeight, cfg.NoHitWeight = 0, 0, 0, 1
+	l := mustLLMD(t, "llmd_precise+nohit", cfg, nil)
+	cold := func() []strategy.Candidate {
+		return []strategy.Candidate{cand("a", 0, 0, [3]int{}, 10), cand("b", 1, 0, [3]int{}, 10), cand("c", 2, 0, [3]int{}, 10)}
+	}
+	var got []string
+	for range 4 {
+		got = append(got, peerPick(t, l, cold()))
+	}
+	// a, b, c are each unused in turn; then a is the least recently used.
+	if want := []string{"a", "b", "c", "a"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("cold picks %v, want %v", got, want)
+	}
+	out := make([]float64, 3)
+	l.Score(&strategy.Request{}, cold(), out)
+	// LRU order now b, c, a: scores 1, 0.5, 0.
+	for i, want := range []float64{0, 1, 0.5} {
+		if math.Abs(out[i]-want) > 1e-6 {
+			t.Fatalf("cold score[%d] = %v, want %v", i, out[i], want)
+		}
+	}
+	warm := cold()
+	warm[2].Hit = index.Match{Blocks: 1}
+	l.Score(&strategy.Request{}, warm, out)
+	if math.Abs(out[0]-0.5) > 1e-6 || math.Abs(out[1]-0.5) > 1e-6 {
+		t.Fatalf("warm scores %v, want 0.5 for every pod", out)
+	}
+}
+
+// llm-d's active-request scorer: 1 for an idle pod, (max-count)/max for busy ones.
+func TestLLMDActiveRequest(t *testing.T) {
+	cfg := DefaultLLMDPrecise()
+	cfg.PrefixWeight, cfg.QueueWeight, cfg.KVWeight, cfg.ActiveWeight = 0, 0, 0, 1
+	l := mustLLMD(t, "llmd_precise+active", cfg, nil)
+	c := []strategy.Candidate{cand("a", 0, 4, [3]int{}, 10), cand("b", 1, 1, [3]int{}, 10), cand("c", 2, 0, [3]int{}, 10)}
+	out := make([]float64, 3)
+	l.Score(&strategy.Request{}, c, out)
+	for i, want := range []float64{0, 0.75, 1} {
+		if math.Abs(out[i]-want) > 1e-6 {
+			t.Fatalf("active score[%d] = %v, want %v", i, out[i], want)
+		}
 	}
 }

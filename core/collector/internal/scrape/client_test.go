@@ -1,4 +1,4 @@
-package collector
+package scrape
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
 )
 
 // rawServer is a loopback TCP server that answers every request (read up to
@@ -228,17 +226,17 @@ func TestScrapeConnCases(t *testing.T) {
 				return []byte(good), false
 			})
 			limit := int64(tc.limit)
-			sc, ok := newScrapeConn(srv.url(), 2*time.Second, limit)
+			sc, ok := New(srv.url(), 2*time.Second, limit)
 			if !ok {
 				t.Fatal("plain http URL not handled")
 			}
-			defer sc.close()
-			body, err := sc.get(context.Background())
+			defer sc.Close()
+			body, err := sc.Get(context.Background())
 			checkResp(t, tc, body, sc.conn != nil, err)
 			if err != nil && !strings.Contains(err.Error(), srv.url()) {
 				t.Fatalf("error %q does not name the URL", err)
 			}
-			body, err = sc.get(context.Background())
+			body, err = sc.Get(context.Background())
 			if err != nil || string(body) != "good" {
 				t.Fatalf("scrape after the case: %q, %v", body, err)
 			}
@@ -255,9 +253,9 @@ func TestScrapeConnCases(t *testing.T) {
 
 func TestScrapeConnRequestBytes(t *testing.T) {
 	srv := newRawServer(t, func(int64) ([]byte, bool) { return []byte(okHead + "Content-Length: 0\r\n\r\n"), false })
-	sc, _ := newScrapeConn(srv.url()+"?x=1", time.Second, 0)
-	defer sc.close()
-	if _, err := sc.get(context.Background()); err != nil {
+	sc, _ := New(srv.url()+"?x=1", time.Second, 0)
+	defer sc.Close()
+	if _, err := sc.Get(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	want := "GET /metrics?x=1 HTTP/1.1\r\nHost: " + srv.ln.Addr().String() + "\r\nUser-Agent: kvc-router\r\n\r\n"
@@ -287,10 +285,10 @@ func TestScrapeConnKeepAlive(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newRawServer(t, func(int64) ([]byte, bool) { return []byte(tc.resp), tc.closeEach })
-			sc, _ := newScrapeConn(srv.url(), time.Second, 0)
-			defer sc.close()
+			sc, _ := New(srv.url(), time.Second, 0)
+			defer sc.Close()
 			for i := 0; i < 10; i++ {
-				got, err := sc.get(context.Background())
+				got, err := sc.Get(context.Background())
 				if err != nil || string(got) != body {
 					t.Fatalf("scrape %d: %q, %v", i, got, err)
 				}
@@ -322,9 +320,9 @@ func TestScrapeConnDeadline(t *testing.T) {
 		return []byte(okHead + "Content-Length: 2\r\n\r\nok"), false
 	})
 	defer close(release)
-	sc, _ := newScrapeConn(srv.url(), 100*time.Millisecond, 0)
-	defer sc.close()
-	_, err := sc.get(context.Background())
+	sc, _ := New(srv.url(), 100*time.Millisecond, 0)
+	defer sc.Close()
+	_, err := sc.Get(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "scrape deadline of 100ms exceeded waiting for the response") {
 		t.Fatalf("error %v", err)
 	}
@@ -338,9 +336,9 @@ func TestScrapeConnSlowBody(t *testing.T) {
 	srv := newRawServer(t, func(int64) ([]byte, bool) {
 		return []byte(okHead + "Content-Length: 100\r\n\r\nonly a part"), false
 	})
-	sc, _ := newScrapeConn(srv.url(), 100*time.Millisecond, 0)
-	defer sc.close()
-	_, err := sc.get(context.Background())
+	sc, _ := New(srv.url(), 100*time.Millisecond, 0)
+	defer sc.Close()
+	_, err := sc.Get(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "scrape deadline of 100ms exceeded reading the response") {
 		t.Fatalf("error %v", err)
 	}
@@ -358,14 +356,14 @@ func TestScrapeConnCancel(t *testing.T) {
 		return nil, true
 	})
 	defer close(release)
-	sc, _ := newScrapeConn(srv.url(), time.Hour, 0)
-	defer sc.close()
+	sc, _ := New(srv.url(), time.Hour, 0)
+	defer sc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := sc.get(ctx); err != nil {
+	if _, err := sc.Get(ctx); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { _, err := sc.get(ctx); done <- err }()
+	go func() { _, err := sc.Get(ctx); done <- err }()
 	for srv.requests.Load() < 2 {
 		time.Sleep(time.Millisecond)
 	}
@@ -382,8 +380,8 @@ func TestScrapeConnRefused(t *testing.T) {
 	}
 	u := "http://" + ln.Addr().String() + "/metrics"
 	_ = ln.Close()
-	sc, _ := newScrapeConn(u, time.Second, 0)
-	if _, err := sc.get(context.Background()); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+	sc, _ := New(u, time.Second, 0)
+	if _, err := sc.Get(context.Background()); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("error %v, want connection refused", err)
 	}
 }
@@ -392,68 +390,12 @@ func TestNewScrapeConnFallsBack(t *testing.T) {
 	for _, u := range []string{
 		"https://127.0.0.1:1/metrics", "http://user:pw@127.0.0.1:1/metrics", "unix:///x", "http:///metrics", "not a url\x00",
 	} {
-		if _, ok := newScrapeConn(u, time.Second, 0); ok {
-			t.Errorf("%q handled by scrapeConn, want net/http", u)
+		if _, ok := New(u, time.Second, 0); ok {
+			t.Errorf("%q handled by Conn, want net/http", u)
 		}
 	}
-	sc, ok := newScrapeConn("http://[::1]/metrics", time.Second, 0)
+	sc, ok := New("http://[::1]/metrics", time.Second, 0)
 	if !ok || sc.addr != "[::1]:80" || !strings.Contains(string(sc.req), "\r\nHost: [::1]\r\n") {
 		t.Fatalf("%+v", sc)
-	}
-}
-
-// TestPollerBadHTTP: a server speaking broken HTTP is counted malformed and
-// unhealthy, and the poller recovers when it answers properly again.
-func TestPollerBadHTTP(t *testing.T) {
-	var bad atomic.Bool
-	bad.Store(true)
-	good := fmt.Sprintf(vllmText, 2)
-	srv := newRawServer(t, func(int64) ([]byte, bool) {
-		if bad.Load() {
-			return []byte("HTTP/1.1 200 OK\r\nContent-Length: zz\r\n\r\n"), true
-		}
-		return []byte(fmt.Sprintf(okHead+"Content-Length: %d\r\n\r\n%s", len(good), good)), false
-	})
-	id := srv.ln.Addr().String()
-	r, _ := router.New(router.Config{Load: router.LoadSpec{UnhealthyAfter: 1}})
-	_ = r.AddServers([]string{id})
-	p := NewPoller(r, PollerConfig{Interval: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
-	p.Start()
-	defer p.Close()
-	waitFor(t, "malformed", 2*time.Second, func() bool { st := p.Status(); return len(st) == 1 && st[0].Malformed > 0 && st[0].Unhealthy })
-	if e := p.Status()[0].LastError; !strings.Contains(e, "Content-Length \"zz\"") || !strings.Contains(e, id) {
-		t.Fatalf("last error %q", e)
-	}
-	bad.Store(false)
-	waitFor(t, "healthy", 2*time.Second, func() bool { return r.Status().Servers[0].Running == 3 && !p.Status()[0].Unhealthy })
-}
-
-// TestPollerHTTPSFallsBack: an https URL goes through net/http (TLS), never
-// the plain scrape client; a configured Client is used for every URL.
-func TestPollerHTTPSFallsBack(t *testing.T) {
-	eng := &fakeEngine{}
-	eng.mode.Store("ok")
-	srv := httptest.NewTLSServer(eng)
-	defer srv.Close()
-	for _, custom := range []bool{false, true} {
-		r, _ := router.New(router.Config{})
-		_ = r.AddServers([]string{"tls"})
-		cfg := PollerConfig{Interval: 10 * time.Millisecond, URLs: map[string]string{"tls": srv.URL + "/metrics"}}
-		if custom {
-			cfg.Client = srv.Client() // trusts the test certificate
-		}
-		p := NewPoller(r, cfg)
-		p.Start()
-		if custom {
-			waitFor(t, "scraped over TLS", 2*time.Second, func() bool { return r.Status().Servers[0].Load.HasMetric })
-		} else {
-			// The default client does not trust the test certificate:
-			// the error proves a TLS handshake was attempted.
-			waitFor(t, "TLS error", 2*time.Second, func() bool {
-				st := p.Status()
-				return len(st) == 1 && strings.Contains(st[0].LastError, "certificate")
-			})
-		}
-		_ = p.Close()
 	}
 }

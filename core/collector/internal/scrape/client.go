@@ -1,4 +1,11 @@
-package collector
+// Package scrape is the metrics poller's own HTTP/1.1 client for plain-http
+// metrics endpoints. net/http and the goroutines, buffers, timers and header
+// maps around it were ~60% of the poller's CPU (docs/performance.md
+// section 4). A scrape is one fixed GET on one kept-alive connection per
+// target, read by the target's worker goroutine itself straight into a
+// reused buffer, and a response reader that only looks at the few headers
+// framing the body. https and URLs with credentials stay on net/http.
+package scrape
 
 import (
 	"bytes"
@@ -13,14 +20,6 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/metrics"
 )
-
-// This file is the poller's own HTTP/1.1 client for plain-http metrics
-// endpoints. net/http and the goroutines, buffers, timers and header maps
-// around it were ~60% of the poller's CPU (docs/performance.md section 4).
-// A scrape is one fixed GET on one kept-alive connection per target, read
-// by the target's worker goroutine itself straight into a reused buffer,
-// and a response reader that only looks at the few headers framing the
-// body. https and URLs with credentials stay on net/http.
 
 // ErrBadResponse wraps every error about an HTTP response the scrape client
 // cannot accept: a malformed status line or header, an unsupported
@@ -46,9 +45,9 @@ const (
 	scrapeIdle = 30 * time.Second
 )
 
-// scrapeConn fetches one metrics URL over one kept-alive connection. It is
+// Conn fetches one metrics URL over one kept-alive connection. It is
 // used by a single goroutine (the target's worker).
-type scrapeConn struct {
+type Conn struct {
 	url     string // as configured, for errors
 	addr    string // host:port dialed; nothing else ever is
 	req     []byte // the complete request, built once
@@ -61,9 +60,9 @@ type scrapeConn struct {
 	lastLen int    // the last body's length
 }
 
-// newScrapeConn prepares a client for rawURL, or returns ok=false when the
+// New prepares a client for rawURL, or returns ok=false when the
 // URL needs net/http (https, credentials, anything but plain http).
-func newScrapeConn(rawURL string, timeout time.Duration, limit int64) (*scrapeConn, bool) {
+func New(rawURL string, timeout time.Duration, limit int64) (*Conn, bool) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme != "http" || u.User != nil || u.Host == "" || u.Opaque != "" {
 		return nil, false
@@ -94,11 +93,11 @@ func newScrapeConn(rawURL string, timeout time.Duration, limit int64) (*scrapeCo
 	// No Accept header: vLLM then serves the classic text format. No
 	// Accept-Encoding: the body comes uncompressed.
 	req := "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: kvc-router\r\n\r\n"
-	return &scrapeConn{url: rawURL, addr: addr, req: []byte(req), timeout: timeout, limit: int(limit)}, true
+	return &Conn{url: rawURL, addr: addr, req: []byte(req), timeout: timeout, limit: int(limit)}, true
 }
 
-// close drops the connection; the next get dials again.
-func (s *scrapeConn) close() {
+// Close drops the connection; the next Get dials again.
+func (s *Conn) Close() {
 	if s.conn == nil {
 		return
 	}
@@ -110,13 +109,13 @@ func (s *scrapeConn) close() {
 	s.conn = nil
 }
 
-// get fetches the body of one scrape. The body aliases an internal buffer
-// and is valid until the next get. The whole scrape, dial and a possible
+// Get fetches the body of one scrape. The body aliases an internal buffer
+// and is valid until the next Get. The whole scrape, dial and a possible
 // retry included, is bounded by the timeout; cancelling ctx aborts it.
-func (s *scrapeConn) get(ctx context.Context) ([]byte, error) {
+func (s *Conn) Get(ctx context.Context) ([]byte, error) {
 	deadline := time.Now().Add(s.timeout)
 	if s.conn != nil && time.Since(s.lastUse) > scrapeIdle {
-		s.close()
+		s.Close()
 	}
 	reused := s.conn != nil
 	body, silent, err := s.roundTrip(ctx, deadline)
@@ -131,7 +130,7 @@ func (s *scrapeConn) get(ctx context.Context) ([]byte, error) {
 
 // roundTrip sends the request and reads one response. silent reports that
 // the error came before any response byte arrived.
-func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []byte, silent bool, err error) {
+func (s *Conn) roundTrip(ctx context.Context, deadline time.Time) (body []byte, silent bool, err error) {
 	if s.conn == nil {
 		d := net.Dialer{Deadline: deadline}
 		c, err := d.DialContext(ctx, "tcp", s.addr)
@@ -144,17 +143,17 @@ func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []
 		s.stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	}
 	if err := s.conn.SetDeadline(deadline); err != nil {
-		s.close()
+		s.Close()
 		return nil, true, fmt.Errorf("metrics: %s: %w", s.url, err)
 	}
 	// Checked after setting the deadline: a cancel from now on lands
 	// after it and wins.
 	if err := ctx.Err(); err != nil {
-		s.close()
+		s.Close()
 		return nil, false, err
 	}
 	if _, err := s.conn.Write(s.req); err != nil {
-		s.close()
+		s.Close()
 		return nil, !errors.Is(err, os.ErrDeadlineExceeded), s.wrapIOErr(err, "sending the request")
 	}
 	if s.buf == nil || (len(s.buf) > 1<<20 && s.lastLen < len(s.buf)/4) {
@@ -164,7 +163,7 @@ func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []
 	resp, err := readResponse(s.conn, s.buf, s.limit)
 	s.buf = resp.buf
 	if err != nil {
-		s.close()
+		s.Close()
 		if resp.got == 0 && !errors.Is(err, ErrBadResponse) {
 			silent := !errors.Is(err, os.ErrDeadlineExceeded)
 			return nil, silent, s.wrapIOErr(err, "waiting for the response")
@@ -175,7 +174,7 @@ func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []
 		return nil, false, s.wrapIOErr(err, "reading the response")
 	}
 	if !resp.keepAlive {
-		s.close()
+		s.Close()
 	} else {
 		s.lastUse = time.Now()
 	}
@@ -186,7 +185,7 @@ func (s *scrapeConn) roundTrip(ctx context.Context, deadline time.Time) (body []
 	return resp.body, false, nil
 }
 
-func (s *scrapeConn) wrapIOErr(err error, doing string) error {
+func (s *Conn) wrapIOErr(err error, doing string) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return fmt.Errorf("metrics: %s: scrape deadline of %v exceeded %s: %w", s.url, s.timeout, doing, err)
 	}

@@ -1,4 +1,4 @@
-package collector
+package scrape
 
 import (
 	"bufio"

@@ -1,4 +1,6 @@
-package collector
+// Package zmtp dials ZeroMQ publishers with a bounded handshake and closes
+// go-zeromq sockets without leaking their reader goroutines.
+package zmtp
 
 import (
 	"context"
@@ -19,8 +21,9 @@ import (
 // zmtpScheme is the transport name tcp:// endpoints are dialled through.
 const zmtpScheme = "kvr-tcp"
 
-// zmtpHandshakeTimeout bounds the peer's ZMTP greeting and first command.
-var zmtpHandshakeTimeout = 2 * time.Second
+// HandshakeTimeout bounds the peer's ZMTP greeting and first command
+// (a variable so that tests can shorten it).
+var HandshakeTimeout = 2 * time.Second
 
 // zmtpHandshakeBytes is the ZMTP 3 greeting (64 bytes) plus a command
 // header and name: once read, the peer speaks ZMTP and later reads may
@@ -33,8 +36,8 @@ func init() {
 	}
 }
 
-// dialEndpoint maps an endpoint to the one handed to zmq4's Dial.
-func dialEndpoint(ep string) string {
+// DialEndpoint maps an endpoint to the one handed to zmq4's Dial.
+func DialEndpoint(ep string) string {
 	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
 		return zmtpScheme + "://" + rest
 	}
@@ -48,7 +51,7 @@ func (guardedTCP) Dial(ctx context.Context, dialer transport.Dialer, addr string
 	if err != nil {
 		return nil, err
 	}
-	if err := c.SetReadDeadline(time.Now().Add(zmtpHandshakeTimeout)); err != nil {
+	if err := c.SetReadDeadline(time.Now().Add(HandshakeTimeout)); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -79,10 +82,10 @@ func (c *handshakeConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// closeDrainAttempts bounds the receives closeDrained makes after Close.
+// closeDrainAttempts bounds the receives CloseDrained makes after Close.
 const closeDrainAttempts = 64
 
-// closeDrained closes a go-zeromq socket and frees its reader goroutines.
+// CloseDrained closes a go-zeromq socket and frees its reader goroutines.
 // go-zeromq's per-connection reader blocks on its 10-message queue without
 // watching its context, so a socket closed while a publisher was still
 // sending (a replay ended early, a session ended during a burst) left that
@@ -92,7 +95,7 @@ const closeDrainAttempts = 64
 // is enough, because the reader then sees the cancelled context and exits.
 // closeDrainAttempts receives leave a full queue undrained with
 // probability 2^-64.
-func closeDrained(s zmq4.Socket) {
+func CloseDrained(s zmq4.Socket) {
 	_ = s.Close()
 	for i := 0; i < closeDrainAttempts; i++ {
 		_, _ = s.Recv()
