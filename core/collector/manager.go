@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"slices"
 	"sort"
@@ -12,10 +13,10 @@ import (
 	"sync"
 	"time"
 
-	json "github.com/goccy/go-json"
-
+	"github.com/kvc-router/kvc-router/core/kvevents"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/sink"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Collector is one live source of knowledge about the servers.
@@ -45,18 +46,28 @@ type EndpointSetter interface {
 // passed Config validation; a Factory checks what is specific to it.
 type Factory func(spec Spec, sinks Sinks, logger *slog.Logger) (Collector, error)
 
+// Defaults fills the keys of a configuration entry that its collector
+// reads, left zero, with the values the collector runs with: the
+// effective configuration shows them.
+type Defaults func(Spec) Spec
+
+type kind struct {
+	build    Factory
+	defaults Defaults
+}
+
 var (
-	registry = map[string]Factory{}
+	registry = map[string]kind{}
 	names    []string // registration order, for messages
 )
 
-// Register adds a collector under a name, as strategies are registered.
-// It panics on duplicates, at init.
-func Register(name string, f Factory) {
+// Register adds a collector under a name, as strategies are registered;
+// defaults may be nil. It panics on duplicates, at init.
+func Register(name string, f Factory, defaults Defaults) {
 	if _, dup := registry[name]; dup {
 		panic("collector: duplicate registration of " + name)
 	}
-	registry[name] = f
+	registry[name] = kind{build: f, defaults: defaults}
 	names = append(names, name)
 }
 
@@ -72,9 +83,22 @@ func init() {
 			})}, nil
 		}
 	}
-	Register(NameVLLMMetrics, metricsFactory(metrics.VLLM))
-	Register(NameVLLMPolling, metricsFactory(metrics.VLLM))
-	Register(NameSGLangMetrics, metricsFactory(metrics.SGLang))
+	metricsDefaults := func(s Spec) Spec {
+		d := PollerConfig{Interval: ms(s.IntervalMS), Timeout: ms(s.TimeoutMS), MaxBytes: s.MaxBytes,
+			BackoffMax: ms(s.BackoffMaxMS), Client: http.DefaultClient}.withDefaults()
+		s.IntervalMS, s.TimeoutMS, s.MaxBytes, s.BackoffMaxMS = toMS(d.Interval), toMS(d.Timeout), d.MaxBytes, toMS(d.BackoffMax)
+		return s
+	}
+	Register(NameVLLMMetrics, metricsFactory(metrics.VLLM), metricsDefaults)
+	Register(NameVLLMPolling, metricsFactory(metrics.VLLM), metricsDefaults)
+	Register(NameSGLangMetrics, metricsFactory(metrics.SGLang), metricsDefaults)
+	zmqDefaults := func(s Spec) Spec {
+		d := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS), RetryInterval: ms(s.RetryMS),
+			Limits: kvevents.Limits{MaxPayloadBytes: s.MaxPayloadBytes}}.withDefaults()
+		s.ReplayTimeoutMS, s.IdleRedialMS, s.RetryMS = toMS(d.ReplayTimeout), toMS(d.IdleRedial), toMS(d.RetryInterval)
+		s.MaxPayloadBytes = d.Limits.MaxPayloadBytes
+		return s
+	}
 	Register(NameVLLMZMQ, func(s Spec, sinks Sinks, logger *slog.Logger) (Collector, error) {
 		sc := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS),
 			RetryInterval: ms(s.RetryMS), Logger: logger}
@@ -86,7 +110,23 @@ func init() {
 			ec.SetEndpoints(server, eps)
 		}
 		return ec, nil
-	})
+	}, zmqDefaults)
+}
+
+func toMS(d time.Duration) int { return int(d / time.Millisecond) }
+
+// Effective returns the configuration with every collector's defaults
+// filled in (Defaults of its registration), and an empty list rather than
+// none.
+func (c Config) Effective() Config {
+	out := Config{Collectors: make([]Spec, 0, len(c.Collectors))}
+	for _, s := range c.Collectors {
+		if k, ok := registry[s.Name]; ok && k.defaults != nil {
+			s = k.defaults(s)
+		}
+		out.Collectors = append(out.Collectors, s)
+	}
+	return out
 }
 
 // Collector names accepted in configuration.
@@ -122,24 +162,30 @@ type Config struct {
 	Collectors []Spec `json:"collectors"`
 }
 
-// ParseConfig decodes the collectors section strictly.
+// ParseConfig decodes the collectors section strictly and validates it.
+// Every error wraps ErrConfig and a *strictjson.KeyError naming the key
+// ("collectors[1].interval_ms").
 func ParseConfig(data []byte) (Config, error) {
 	var c Config
 	if len(bytes.TrimSpace(data)) == 0 || string(bytes.TrimSpace(data)) == "null" {
 		return c, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	if err := strictjson.Decode(data, &c); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return c, c.validate()
+	return c, c.Validate()
 }
 
-func (c Config) validate() error {
+// configErr is a validation error at key.
+func configErr(key, format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrConfig, strictjson.Errorf(key, format, args...))
+}
+
+// Validate checks the values of a decoded configuration.
+func (c Config) Validate() error {
 	for i, s := range c.Collectors {
 		if _, ok := registry[s.Name]; !ok {
-			return fmt.Errorf("%w: collectors[%d].name %q (allowed: %s)", ErrConfig, i, s.Name, strings.Join(names, ", "))
+			return configErr(fmt.Sprintf("collectors[%d].name", i), "%q (allowed: %s)", s.Name, strings.Join(names, ", "))
 		}
 		for _, v := range []struct {
 			k string
@@ -148,17 +194,17 @@ func (c Config) validate() error {
 			{"backoff_max_ms", int64(s.BackoffMaxMS)}, {"replay_timeout_ms", int64(s.ReplayTimeoutMS)},
 			{"idle_redial_ms", int64(s.IdleRedialMS)}, {"retry_ms", int64(s.RetryMS)}, {"max_payload_bytes", int64(s.MaxPayloadBytes)}} {
 			if v.n < 0 {
-				return fmt.Errorf("%w: collectors[%d].%s must not be negative", ErrConfig, i, v.k)
+				return configErr(fmt.Sprintf("collectors[%d].%s", i, v.k), "must not be negative")
 			}
 		}
 		for server, eps := range s.Endpoints {
 			for j, ep := range eps {
 				if err := checkEndpoint(ep.Endpoint); err != nil {
-					return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].endpoint: %v", ErrConfig, i, server, j, err)
+					return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].endpoint", i, server, j), "%v", err)
 				}
 				if ep.Replay != "" {
 					if err := checkEndpoint(ep.Replay); err != nil {
-						return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].replay: %v", ErrConfig, i, server, j, err)
+						return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].replay", i, server, j), "%v", err)
 					}
 				}
 			}
@@ -166,7 +212,7 @@ func (c Config) validate() error {
 		for server, u := range s.URLs {
 			pu, err := url.Parse(u)
 			if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-				return fmt.Errorf("%w: collectors[%d].urls[%q]: %q is not an http(s) URL", ErrConfig, i, server, u)
+				return configErr(fmt.Sprintf("collectors[%d].urls[%q]", i, server), "%q is not an http(s) URL", u)
 			}
 		}
 	}
@@ -202,7 +248,7 @@ type Manager struct {
 
 // Start builds and starts every configured collector.
 func Start(r Sinks, cfg Config, logger *slog.Logger) (*Manager, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
@@ -210,7 +256,7 @@ func Start(r Sinks, cfg Config, logger *slog.Logger) (*Manager, error) {
 	}
 	m := &Manager{r: r}
 	for _, s := range cfg.Collectors {
-		c, err := registry[s.Name](s, r, logger)
+		c, err := registry[s.Name].build(s, r, logger)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}

@@ -87,7 +87,8 @@ const (
 	DefaultApproxTTL  = 10 * time.Minute
 )
 
-func (c Config) withDefaults() Config {
+// WithDefaults fills the fields left zero with their defaults.
+func (c Config) WithDefaults() Config {
 	if c.MaxEntries <= 0 {
 		c.MaxEntries = DefaultMaxEntries
 	}
@@ -146,7 +147,7 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) *Index {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &Index{
 		cfg:    cfg,
 		epoch:  cfg.Now(),

@@ -113,6 +113,11 @@ func configErr(key, format string, args ...any) error {
 	return fmt.Errorf("%w: %w", ErrConfig, strictjson.Errorf(key, format, args...))
 }
 
+// Normalise validates c and fills in place the defaults New applies (mode,
+// sticky size, block size, prompt bound, strategies). Strategy parameters
+// are checked when the strategies are built (New, Effective).
+func (c *Config) Normalise() error { return c.normalise() }
+
 func (c *Config) normalise() error {
 	if c.Mode == "" {
 		c.Mode = ModeDefault
@@ -262,3 +267,34 @@ func boolOr(p *bool, def bool) bool {
 	}
 	return *p
 }
+
+// Effective returns c, normalised, with every default the router would
+// apply filled in explicitly: strategies with all their parameters, the
+// sticky load threshold they imply, the mode's speculation and breakout
+// switches, and the index and load sizes. Building a router from the
+// result behaves exactly as building it from c.
+func (c Config) Effective() (Config, error) {
+	if err := c.normalise(); err != nil {
+		return c, err
+	}
+	strategies, err := c.ResolvedStrategies()
+	if err != nil {
+		return c, err
+	}
+	_, threshold, err := c.buildStrategy()
+	if err != nil {
+		return c, err
+	}
+	c.Strategies = strategies
+	c.LoadThreshold = threshold
+	kvc := c.Mode == ModeKVCAware
+	overload, speculate := kvc && boolOr(c.StickyOverload, true), kvc && boolOr(c.Speculate, true)
+	c.StickyOverload, c.Speculate = &overload, &speculate
+	ix := index.Config{MaxEntries: c.Index.MaxEntries, SpecTTL: ms(c.Index.SpecTTLMS), ApproxTTL: ms(c.Index.ApproxTTLMS)}.WithDefaults()
+	c.Index = IndexSpec{MaxEntries: ix.MaxEntries, SpecTTLMS: int(ix.SpecTTL / time.Millisecond), ApproxTTLMS: int(ix.ApproxTTL / time.Millisecond)}
+	ld := load.Config{StaleAfter: ms(c.Load.StaleAfterMS), MaxNumSeqs: c.Load.MaxNumSeqs, UnhealthyAfter: c.Load.UnhealthyAfter}.WithDefaults()
+	c.Load = LoadSpec{StaleAfterMS: int(ld.StaleAfter / time.Millisecond), MaxNumSeqs: ld.MaxNumSeqs, UnhealthyAfter: ld.UnhealthyAfter}
+	return c, nil
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
