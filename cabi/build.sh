@@ -56,6 +56,13 @@ if [ -n "$target" ]; then
   # Zig's linker keeps the C parts' debug info unless told to strip.
   extld="$extld -Wl,--strip-all"
 fi
+# The build version kvr_version reports: the package version, plus the
+# commit when built from a git checkout (".dirty" with local changes).
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' python/kvc_router/__init__.py)
+if commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  version="$version+g$commit"
+  git diff --quiet HEAD -- 2>/dev/null || version="$version.dirty"
+fi
 CGO_ENABLED=1 "${GO:-go}" build -buildmode=c-shared -trimpath -buildvcs=false -tags "$tags" \
-  -ldflags "-s -w '-extldflags=$extld'" -o "$out" ./cabi
+  -ldflags "-s -w -X main.buildVersion=${version:-dev} '-extldflags=$extld'" -o "$out" ./cabi
 rm -f "${out%.so}.h"

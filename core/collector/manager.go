@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/memtrim"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/sink"
 	"github.com/kvc-router/kvc-router/core/strictjson"
@@ -312,11 +313,13 @@ type Status struct {
 	Collectors    map[string]any `json:"collectors"`
 	PushEvents    EventCounts    `json:"push_events"`
 	PushMetricErr uint64         `json:"push_metric_errors"`
+	// Memory counts large inputs and the memory returns they armed.
+	Memory memtrim.Stats `json:"memory"`
 }
 
 // Status reports the collectors.
 func (m *Manager) Status() Status {
-	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot()}
+	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot()}
 	for _, c := range m.collectors {
 		st.Collectors[c.Name()] = c.Status()
 	}
