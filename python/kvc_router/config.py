@@ -122,7 +122,7 @@ _ROUTER_KEYS = (
     "load",
 )
 _TOP_KEYS = ("max_procs", "log_level")
-_PY_KEYS = ("metrics_flavor", "kv_events", "kv_events_base_port", "enable_server_metrics")
+_PY_KEYS = ("metrics_flavor", "kv_events", "kv_events_base_port", "enable_server_metrics", "metrics")
 _INNER_KEYS = ("strategies", "collector", *_ROUTER_KEYS, *_TOP_KEYS, *_PY_KEYS)
 # Collector keys only Python reads; every other collector key goes to each
 # native collector spec.
@@ -163,6 +163,19 @@ class CollectorConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """``router.config.metrics``: the router's metrics in Ray's Prometheus
+    export (:mod:`kvc_router.metrics`)."""
+
+    #: None: on inside a Ray actor, off elsewhere; False turns it off.
+    enabled: Optional[bool] = None
+    #: Seconds between two snapshots of get_status().
+    period_s: float = 5.0
+    #: Distinct ``server`` label values; later servers share ``_other``.
+    max_server_labels: int = 64
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     """The whole balancer configuration (``router.type`` + ``router.config``).
 
@@ -185,6 +198,7 @@ class RouterConfig:
     kv_events: str = "off"
     kv_events_base_port: int = 0
     enable_server_metrics: bool = False
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     prefix: str = field(default="", compare=False)
     # Which key named each strategy ("name" or "_target_"), for error keys.
     strategy_keys: Tuple[str, ...] = field(default=(), compare=False)
@@ -483,8 +497,31 @@ def _parse_inner(cfg: Any, prefix: str, rtype: str) -> RouterConfig:
         kv_events=_parse_kv_events(cfg.get("kv_events"), p("kv_events")),
         kv_events_base_port=_int(cfg.get("kv_events_base_port"), p("kv_events_base_port"), 0, 65535) or 0,
         enable_server_metrics=bool(_bool(cfg.get("enable_server_metrics"), p("enable_server_metrics"))),
+        metrics=_parse_metrics(_plain(cfg.get("metrics")), p("metrics")),
         prefix=prefix,
         strategy_keys=tuple(named_by),
+    )
+
+
+def _parse_metrics(m: Any, prefix: str) -> MetricsConfig:
+    if m is None:
+        return MetricsConfig()
+    if m is False:  # `metrics: off`
+        return MetricsConfig(enabled=False)
+    if not isinstance(m, Mapping):
+        raise ConfigError(f"{prefix} must be a mapping, got {type(m).__name__}", key=prefix)
+    _no_unknown(m, ("enabled", "period_s", "max_server_labels"), prefix)
+    period = m.get("period_s")
+    pk = _join(prefix, "period_s")
+    if period is not None and (
+        isinstance(period, bool) or not isinstance(period, (int, float)) or not 0.05 <= period <= 3600
+    ):
+        raise ConfigError(f"{pk}: must be a number in [0.05, 3600], got {period!r}", key=pk, allowed=(0.05, 3600))
+    labels = _int(m.get("max_server_labels"), _join(prefix, "max_server_labels"), 1, 10000)
+    return MetricsConfig(
+        enabled=_bool(m.get("enabled"), _join(prefix, "enabled")),
+        period_s=5.0 if period is None else float(period),
+        max_server_labels=64 if labels is None else labels,
     )
 
 
@@ -672,6 +709,7 @@ __all__ = [
     "KVCAwareStrategyConfig",
     "LeastInflightStrategyConfig",
     "CollectorConfig",
+    "MetricsConfig",
     "KVEventEndpoint",
     "STRATEGY_TARGETS",
     "COLLECTOR_NAMES",
