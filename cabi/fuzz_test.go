@@ -1,12 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"encoding/binary"
 	"strings"
 	"testing"
 
 	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 )
 
 // opReader turns fuzz input into a stream of small decisions and buffers.
@@ -73,14 +74,11 @@ const fuzzRouterConfig = `{"router":{"mode":"kvc_aware","max_prompt_tokens":64,"
 // on: it must start no collector (they would dial whatever the input names)
 // and not change GOMAXPROCS. It decodes exactly as newInstance does.
 func safeConfig(data []byte) bool {
-	var lc libConfig
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&lc); err != nil {
+	c, err := kvcrouter.Parse(data)
+	if err != nil {
 		return true // newInstance fails identically, before starting anything
 	}
-	c := bytes.TrimSpace(lc.Collectors)
-	return lc.MaxProcs == 0 && (len(c) == 0 || bytes.Equal(c, []byte("null")))
+	return c.MaxProcs == 0 && len(c.Collectors.Collectors) == 0
 }
 
 func checkResult(t *testing.T, what string, res abiResult) {

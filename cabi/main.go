@@ -32,6 +32,7 @@ import "C"
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
 	"runtime/cgo"
@@ -41,6 +42,7 @@ import (
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/collector"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/router"
 )
@@ -169,14 +171,21 @@ func kvr_validate_config(cfg *C.char, cfgLen C.int64_t, outJSON **C.char, errOut
 	if err != nil {
 		return fail(errOut, err)
 	}
-	p, err := parseConfig(data)
+	c, err := kvcrouter.Parse(data)
+	if err == nil {
+		c, err = c.Effective()
+	}
 	if err != nil {
+		// ABI 1.1: the error as {"key", "reason"} too.
+		var fe *kvcrouter.FieldError
+		if outJSON != nil && errors.As(err, &fe) {
+			if jerr := cJSON(outJSON, fe); jerr != nil {
+				return fail(errOut, jerr)
+			}
+		}
 		return fail(errOut, err)
 	}
-	doc, err := p.effective()
-	if err != nil {
-		return fail(errOut, err)
-	}
+	doc := c
 	if outJSON == nil {
 		return codeOK
 	}
@@ -334,10 +343,7 @@ func kvr_remove_servers(h C.uint64_t, idsJSON *C.char, n C.int64_t, outGen *C.in
 		return fail(errOut, err)
 	}
 	return result(errOut, writer(h, func(inst *instance) error {
-		inst.r.RemoveServers(ids)
-		for _, id := range ids {
-			inst.fed.Delete(id)
-		}
+		inst.lib.RemoveServers(ids)
 		inst.refreshPool()
 		if outGen != nil {
 			*outGen = C.int64_t(inst.gen)
@@ -420,10 +426,7 @@ func kvr_update_metrics(h C.uint64_t, server *C.char, serverLen C.int64_t, text 
 		if err != nil {
 			return err
 		}
-		if err := inst.coll.PushMetrics(id, body, fl); err != nil {
-			return wrapPush("metrics", id, err)
-		}
-		return nil
+		return inst.lib.PushMetrics(id, body, fl)
 	}))
 }
 
@@ -442,20 +445,8 @@ func kvr_update_events(h C.uint64_t, server *C.char, serverLen C.int64_t, payloa
 		if err != nil {
 			return err
 		}
-		if err := inst.coll.PushEvents(id, body); err != nil {
-			return wrapPush("KV events", id, err)
-		}
-		// A server that pushes events has an authoritative feed.
-		if _, seen := inst.fed.LoadOrStore(id, true); !seen {
-			inst.r.SetEventFeed(id, true)
-		}
-		return nil
+		return inst.lib.PushEvents(id, body)
 	}))
-}
-
-// wrapPush keeps the status code of a push error and names the server.
-func wrapPush(what, server string, err error) error {
-	return &kvrError{code: codeOf(err), msg: fmt.Sprintf("%s for server %q: %v", what, server, err)}
 }
 
 //export kvr_set_kv_endpoints
@@ -480,7 +471,7 @@ func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, eps
 			"endpoint list must be a JSON array of {\"endpoint\", \"replay\", \"topic\"}: %v", err))
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
-		return inst.coll.SetEndpoints(id, eps)
+		return inst.lib.SetEndpoints(id, eps)
 	}))
 }
 
@@ -505,16 +496,14 @@ func kvr_status(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.int32_t
 		return fail(errOut, errf(codeInvalidArgument, "out_json is NULL"))
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
+		st := inst.lib.Status()
 		doc := statusDoc{
 			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.pool,
-			Router: inst.r.Status(), Collectors: inst.coll.Status(), Panics: panics.Load(),
+			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(),
 			Goroutines: runtime.NumGoroutine(),
 		}
 		if doc.Pool == nil {
 			doc.Pool = []string{}
-		}
-		if doc.Router.Servers == nil {
-			doc.Router.Servers = []router.ServerStatus{}
 		}
 		return cJSON(outJSON, doc)
 	}))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/collector"
 	"github.com/kvc-router/kvc-router/core/index"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"github.com/kvc-router/kvc-router/core/kvevents"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/router"
@@ -33,9 +34,6 @@ const (
 	codeNoServers       = 6
 	codeInvalidConfig   = 7
 )
-
-// abiVersion is bumped on any incompatible change to kvcrouter.h.
-const abiVersion = 1
 
 // kvrError carries a status code with its message.
 type kvrError struct {
@@ -63,7 +61,7 @@ func codeOf(err error) int32 {
 		return codeInvalidConfig
 	case errors.Is(err, router.ErrPromptTooLong):
 		return codeInvalidArgument
-	case errors.Is(err, collector.ErrConfig):
+	case errors.Is(err, collector.ErrConfig), errors.Is(err, kvcrouter.ErrConfig):
 		return codeInvalidConfig
 	case errors.Is(err, collector.ErrUnknownServer), errors.Is(err, index.ErrUnknownServer):
 		return codeNotFound

@@ -156,7 +156,18 @@ def test_packaged_yaml_is_the_library_defaults():
     assert written == lib_strategy["params"]
     assert strategy["weight"] == lib_strategy["weight"]
     effective = load_router_config("kvc_aware").validate()
-    assert effective["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
+    # The collector entry shows the settings it runs with.
+    assert effective["collectors"] == {
+        "collectors": [
+            {
+                "name": "vllm_metrics",
+                "interval_ms": 100,
+                "timeout_ms": 1000,
+                "max_bytes": 8 << 20,
+                "backoff_max_ms": 5000,
+            }
+        ]
+    }
     assert {**effective, "collectors": lib["collectors"]} == lib
     # The default mode likewise.
     assert {**load_router_config(None).validate()} == library_defaults("default")

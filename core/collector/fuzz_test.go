@@ -38,12 +38,12 @@ func FuzzCollectorConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := c.validate(); err != nil {
+		if err := c.Validate(); err != nil {
 			t.Fatalf("accepted config fails validate: %v", err)
 		}
 		for _, s := range c.Collectors {
 			switch s.Name {
-			case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics, NameVLLMZMQ:
+			case NameVLLMMetrics, NameVLLMPolling, NameSGLangMetrics, NameVLLMZMQ, "test_push_once":
 			default:
 				t.Fatalf("accepted collector %q", s.Name)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"slices"
 	"sort"
@@ -12,10 +13,11 @@ import (
 	"sync"
 	"time"
 
-	json "github.com/goccy/go-json"
-
+	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/memtrim"
 	"github.com/kvc-router/kvc-router/core/metrics"
 	"github.com/kvc-router/kvc-router/core/sink"
+	"github.com/kvc-router/kvc-router/core/strictjson"
 )
 
 // Collector is one live source of knowledge about the servers.
@@ -45,18 +47,28 @@ type EndpointSetter interface {
 // passed Config validation; a Factory checks what is specific to it.
 type Factory func(spec Spec, sinks Sinks, logger *slog.Logger) (Collector, error)
 
+// Defaults fills the keys of a configuration entry that its collector
+// reads, left zero, with the values the collector runs with: the
+// effective configuration shows them.
+type Defaults func(Spec) Spec
+
+type kind struct {
+	build    Factory
+	defaults Defaults
+}
+
 var (
-	registry = map[string]Factory{}
+	registry = map[string]kind{}
 	names    []string // registration order, for messages
 )
 
-// Register adds a collector under a name, as strategies are registered.
-// It panics on duplicates, at init.
-func Register(name string, f Factory) {
+// Register adds a collector under a name, as strategies are registered;
+// defaults may be nil. It panics on duplicates, at init.
+func Register(name string, f Factory, defaults Defaults) {
 	if _, dup := registry[name]; dup {
 		panic("collector: duplicate registration of " + name)
 	}
-	registry[name] = f
+	registry[name] = kind{build: f, defaults: defaults}
 	names = append(names, name)
 }
 
@@ -72,9 +84,22 @@ func init() {
 			})}, nil
 		}
 	}
-	Register(NameVLLMMetrics, metricsFactory(metrics.VLLM))
-	Register(NameVLLMPolling, metricsFactory(metrics.VLLM))
-	Register(NameSGLangMetrics, metricsFactory(metrics.SGLang))
+	metricsDefaults := func(s Spec) Spec {
+		d := PollerConfig{Interval: ms(s.IntervalMS), Timeout: ms(s.TimeoutMS), MaxBytes: s.MaxBytes,
+			BackoffMax: ms(s.BackoffMaxMS), Client: http.DefaultClient}.withDefaults()
+		s.IntervalMS, s.TimeoutMS, s.MaxBytes, s.BackoffMaxMS = toMS(d.Interval), toMS(d.Timeout), d.MaxBytes, toMS(d.BackoffMax)
+		return s
+	}
+	Register(NameVLLMMetrics, metricsFactory(metrics.VLLM), metricsDefaults)
+	Register(NameVLLMPolling, metricsFactory(metrics.VLLM), metricsDefaults)
+	Register(NameSGLangMetrics, metricsFactory(metrics.SGLang), metricsDefaults)
+	zmqDefaults := func(s Spec) Spec {
+		d := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS), RetryInterval: ms(s.RetryMS),
+			Limits: kvevents.Limits{MaxPayloadBytes: s.MaxPayloadBytes}}.withDefaults()
+		s.ReplayTimeoutMS, s.IdleRedialMS, s.RetryMS = toMS(d.ReplayTimeout), toMS(d.IdleRedial), toMS(d.RetryInterval)
+		s.MaxPayloadBytes = d.Limits.MaxPayloadBytes
+		return s
+	}
 	Register(NameVLLMZMQ, func(s Spec, sinks Sinks, logger *slog.Logger) (Collector, error) {
 		sc := SubscriberConfig{ReplayTimeout: ms(s.ReplayTimeoutMS), IdleRedial: ms(s.IdleRedialMS),
 			RetryInterval: ms(s.RetryMS), Logger: logger}
@@ -86,7 +111,23 @@ func init() {
 			ec.SetEndpoints(server, eps)
 		}
 		return ec, nil
-	})
+	}, zmqDefaults)
+}
+
+func toMS(d time.Duration) int { return int(d / time.Millisecond) }
+
+// Effective returns the configuration with every collector's defaults
+// filled in (Defaults of its registration), and an empty list rather than
+// none.
+func (c Config) Effective() Config {
+	out := Config{Collectors: make([]Spec, 0, len(c.Collectors))}
+	for _, s := range c.Collectors {
+		if k, ok := registry[s.Name]; ok && k.defaults != nil {
+			s = k.defaults(s)
+		}
+		out.Collectors = append(out.Collectors, s)
+	}
+	return out
 }
 
 // Collector names accepted in configuration.
@@ -102,44 +143,63 @@ var ErrConfig = errors.New("collector: invalid config")
 
 // Spec configures one collector.
 type Spec struct {
+	// Name of a registered collector (vllm_metrics, vllm_polling,
+	// sglang_metrics, vllm_zmq).
 	Name string `json:"name"`
-	// Metrics pollers.
-	IntervalMS   int               `json:"interval_ms,omitempty"`
-	TimeoutMS    int               `json:"timeout_ms,omitempty"`
-	MaxBytes     int64             `json:"max_bytes,omitempty"`
-	BackoffMaxMS int               `json:"backoff_max_ms,omitempty"`
-	URLs         map[string]string `json:"urls,omitempty"`
-	// KV-event subscriber.
-	Endpoints       map[string][]Endpoint `json:"endpoints,omitempty"`
-	ReplayTimeoutMS int                   `json:"replay_timeout_ms,omitempty"`
-	IdleRedialMS    int                   `json:"idle_redial_ms,omitempty"`
-	RetryMS         int                   `json:"retry_ms,omitempty"`
-	MaxPayloadBytes int                   `json:"max_payload_bytes,omitempty"`
+	// IntervalMS between scrapes of one server (metrics pollers).
+	IntervalMS int `json:"interval_ms,omitempty"`
+	// TimeoutMS bounds one scrape.
+	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// MaxBytes bounds one metrics response body.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// BackoffMaxMS caps the retry delay of a failing server.
+	BackoffMaxMS int `json:"backoff_max_ms,omitempty"`
+	// URLs overrides the metrics URL per server id (default
+	// http://<server id>/metrics).
+	URLs map[string]string `json:"urls,omitempty"`
+	// Endpoints lists each server's KV-event publishers (vllm_zmq).
+	Endpoints map[string][]Endpoint `json:"endpoints,omitempty"`
+	// ReplayTimeoutMS bounds one replay exchange with a publisher.
+	ReplayTimeoutMS int `json:"replay_timeout_ms,omitempty"`
+	// IdleRedialMS re-dials a publisher silent this long.
+	IdleRedialMS int `json:"idle_redial_ms,omitempty"`
+	// RetryMS is the wait between failed dials.
+	RetryMS int `json:"retry_ms,omitempty"`
+	// MaxPayloadBytes bounds one KV-event batch.
+	MaxPayloadBytes int `json:"max_payload_bytes,omitempty"`
 }
 
 // Config is the collectors section of the balancer configuration.
 type Config struct {
+	// Collectors to run, each fed by the pool; none by default (the router
+	// then knows only what callers push and what it routed).
 	Collectors []Spec `json:"collectors"`
 }
 
-// ParseConfig decodes the collectors section strictly.
+// ParseConfig decodes the collectors section strictly and validates it.
+// Every error wraps ErrConfig and a *strictjson.KeyError naming the key
+// ("collectors[1].interval_ms").
 func ParseConfig(data []byte) (Config, error) {
 	var c Config
 	if len(bytes.TrimSpace(data)) == 0 || string(bytes.TrimSpace(data)) == "null" {
 		return c, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	if err := strictjson.Decode(data, &c); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return c, c.validate()
+	return c, c.Validate()
 }
 
-func (c Config) validate() error {
+// configErr is a validation error at key.
+func configErr(key, format string, args ...any) error {
+	return fmt.Errorf("%w: %w", ErrConfig, strictjson.Errorf(key, format, args...))
+}
+
+// Validate checks the values of a decoded configuration.
+func (c Config) Validate() error {
 	for i, s := range c.Collectors {
 		if _, ok := registry[s.Name]; !ok {
-			return fmt.Errorf("%w: collectors[%d].name %q (allowed: %s)", ErrConfig, i, s.Name, strings.Join(names, ", "))
+			return configErr(fmt.Sprintf("collectors[%d].name", i), "%q (allowed: %s)", s.Name, strings.Join(names, ", "))
 		}
 		for _, v := range []struct {
 			k string
@@ -148,17 +208,17 @@ func (c Config) validate() error {
 			{"backoff_max_ms", int64(s.BackoffMaxMS)}, {"replay_timeout_ms", int64(s.ReplayTimeoutMS)},
 			{"idle_redial_ms", int64(s.IdleRedialMS)}, {"retry_ms", int64(s.RetryMS)}, {"max_payload_bytes", int64(s.MaxPayloadBytes)}} {
 			if v.n < 0 {
-				return fmt.Errorf("%w: collectors[%d].%s must not be negative", ErrConfig, i, v.k)
+				return configErr(fmt.Sprintf("collectors[%d].%s", i, v.k), "must not be negative")
 			}
 		}
 		for server, eps := range s.Endpoints {
 			for j, ep := range eps {
 				if err := checkEndpoint(ep.Endpoint); err != nil {
-					return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].endpoint: %v", ErrConfig, i, server, j, err)
+					return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].endpoint", i, server, j), "%v", err)
 				}
 				if ep.Replay != "" {
 					if err := checkEndpoint(ep.Replay); err != nil {
-						return fmt.Errorf("%w: collectors[%d].endpoints[%q][%d].replay: %v", ErrConfig, i, server, j, err)
+						return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].replay", i, server, j), "%v", err)
 					}
 				}
 			}
@@ -166,7 +226,7 @@ func (c Config) validate() error {
 		for server, u := range s.URLs {
 			pu, err := url.Parse(u)
 			if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-				return fmt.Errorf("%w: collectors[%d].urls[%q]: %q is not an http(s) URL", ErrConfig, i, server, u)
+				return configErr(fmt.Sprintf("collectors[%d].urls[%q]", i, server), "%q is not an http(s) URL", u)
 			}
 		}
 	}
@@ -202,7 +262,7 @@ type Manager struct {
 
 // Start builds and starts every configured collector.
 func Start(r Sinks, cfg Config, logger *slog.Logger) (*Manager, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
@@ -210,7 +270,7 @@ func Start(r Sinks, cfg Config, logger *slog.Logger) (*Manager, error) {
 	}
 	m := &Manager{r: r}
 	for _, s := range cfg.Collectors {
-		c, err := registry[s.Name](s, r, logger)
+		c, err := registry[s.Name].build(s, r, logger)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
@@ -266,11 +326,13 @@ type Status struct {
 	Collectors    map[string]any `json:"collectors"`
 	PushEvents    EventCounts    `json:"push_events"`
 	PushMetricErr uint64         `json:"push_metric_errors"`
+	// Memory counts large inputs and the memory returns they armed.
+	Memory memtrim.Stats `json:"memory"`
 }
 
 // Status reports the collectors.
 func (m *Manager) Status() Status {
-	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot()}
+	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot()}
 	for _, c := range m.collectors {
 		st.Collectors[c.Name()] = c.Status()
 	}

@@ -36,7 +36,7 @@ func init() {
 	Register("test_push_once", func(s Spec, sinks Sinks, _ *slog.Logger) (Collector, error) {
 		registered = &pushOnce{sinks: sinks, running: float64(s.IntervalMS)}
 		return registered, nil
-	})
+	}, nil)
 }
 
 // TestRegisteredCollector: a collector registered by name is built from
@@ -76,7 +76,7 @@ func TestRegistryNames(t *testing.T) {
 		t.Fatalf("names %s", got)
 	}
 	_, err := ParseConfig([]byte(`{"collectors": [{"name": "os.system"}]}`))
-	if err == nil || !strings.Contains(err.Error(), `collectors[0].name "os.system" (allowed: vllm_metrics, vllm_polling, sglang_metrics, vllm_zmq, test_push_once)`) {
+	if err == nil || !strings.Contains(err.Error(), `collectors[0].name: "os.system" (allowed: vllm_metrics, vllm_polling, sglang_metrics, vllm_zmq, test_push_once)`) {
 		t.Fatalf("unknown name: %v", err)
 	}
 	defer func() {
@@ -84,7 +84,7 @@ func TestRegistryNames(t *testing.T) {
 			t.Fatal("duplicate registration did not panic")
 		}
 	}()
-	Register(NameVLLMZMQ, nil)
+	Register(NameVLLMZMQ, nil, nil)
 }
 
 // TestTwoEndpointCollectors: only one collector may take per-server

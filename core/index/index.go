@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/kvc-router/kvc-router/core/memtrim"
 )
 
 // Tier is a storage tier of the KV cache. Lower is faster.
@@ -87,7 +89,8 @@ const (
 	DefaultApproxTTL  = 10 * time.Minute
 )
 
-func (c Config) withDefaults() Config {
+// WithDefaults fills the fields left zero with their defaults.
+func (c Config) WithDefaults() Config {
 	if c.MaxEntries <= 0 {
 		c.MaxEntries = DefaultMaxEntries
 	}
@@ -146,7 +149,7 @@ type Index struct {
 
 // New returns an empty index.
 func New(cfg Config) *Index {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &Index{
 		cfg:    cfg,
 		epoch:  cfg.Now(),
@@ -259,10 +262,19 @@ func (ix *Index) ClearAll() {
 }
 
 func (ix *Index) clearServer(id ServerID, s *server) {
+	freed := 0
 	for r := s.head; r != nilRec; {
 		next := ix.at(r).snext
 		ix.freeRec(r, s)
 		r = next
+		freed++
 	}
 	s.bridge.Reset()
+	// Clearing a large index leaves its bridges and keys to the GC; on
+	// an idle router no GC cycle would come to return that memory.
+	memtrim.Note(freed * bytesPerRecord)
 }
+
+// bytesPerRecord approximates a record's share of the index's memory
+// (record, key map and bridge entries; ~130 B measured per budgeted entry).
+const bytesPerRecord = 128

@@ -70,8 +70,8 @@ type entry struct {
 	errors     uint64
 }
 
-// New returns an empty store.
-func New(cfg Config) *Store {
+// WithDefaults fills the fields left zero with their defaults.
+func (cfg Config) WithDefaults() Config {
 	if cfg.StaleAfter <= 0 {
 		cfg.StaleAfter = DefaultStaleAfter
 	}
@@ -84,7 +84,12 @@ func New(cfg Config) *Store {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{cfg: cfg, servers: make(map[string]*entry)}
+	return cfg
+}
+
+// New returns an empty store.
+func New(cfg Config) *Store {
+	return &Store{cfg: cfg.WithDefaults(), servers: make(map[string]*entry)}
 }
 
 // Add registers a server with zero in-flight requests. Re-adding resets the

@@ -27,8 +27,12 @@ var ErrConfig = errors.New("router: invalid config")
 
 // StrategySpec names one strategy and its weight in the combination.
 type StrategySpec struct {
-	Name   string          `json:"name"`
-	Weight float64         `json:"weight"`
+	// Name of a registered strategy (kvc_aware, least_inflight).
+	Name string `json:"name"`
+	// Weight of the strategy's score in the weighted sum; must be > 0.
+	Weight float64 `json:"weight"`
+	// Params are the strategy's own parameters; unset ones take the
+	// strategy's defaults.
 	Params json.RawMessage `json:"params,omitempty"`
 }
 
@@ -45,41 +49,60 @@ type ServerSpec struct {
 
 // IndexSpec sizes the block index.
 type IndexSpec struct {
-	MaxEntries  int `json:"max_entries,omitempty"`
-	SpecTTLMS   int `json:"spec_ttl_ms,omitempty"`
+	// MaxEntries caps (server, block) records over all servers (40 bytes
+	// each); beyond it the least recently used are evicted (CLOCK).
+	MaxEntries int `json:"max_entries,omitempty"`
+	// SpecTTLMS is how long a speculative entry (a block presumed resident
+	// because a prompt was routed there) lives on an event-fed server.
+	SpecTTLMS int `json:"spec_ttl_ms,omitempty"`
+	// ApproxTTLMS is the same for a server without an event feed.
 	ApproxTTLMS int `json:"approx_ttl_ms,omitempty"`
 }
 
 // LoadSpec tunes the load store.
 type LoadSpec struct {
-	StaleAfterMS   int `json:"stale_after_ms,omitempty"`
-	MaxNumSeqs     int `json:"max_num_seqs,omitempty"`
+	// StaleAfterMS: metrics older than this are ignored and load falls
+	// back to in-flight counts.
+	StaleAfterMS int `json:"stale_after_ms,omitempty"`
+	// MaxNumSeqs is a server's batch capacity when its metrics do not say.
+	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
+	// UnhealthyAfter consecutive failed scrapes mark a server unhealthy.
 	UnhealthyAfter int `json:"unhealthy_after,omitempty"`
 }
 
 // Config is the router's configuration, as JSON crosses the C boundary.
 type Config struct {
-	Mode          string         `json:"mode"`
-	StickyMaxSize int            `json:"sticky_max_size"`
-	Strategies    []StrategySpec `json:"strategies,omitempty"`
+	// Mode is "default" (verl's GlobalRequestLoadBalancer exactly) or
+	// "kvc_aware" (prefix-cache hits and load).
+	Mode string `json:"mode"`
+	// StickyMaxSize bounds the sticky-session LRU (request id -> server).
+	StickyMaxSize int `json:"sticky_max_size"`
+	// Strategies are combined by weight; the default is the mode's own
+	// (least_inflight, or kvc_aware).
+	Strategies []StrategySpec `json:"strategies,omitempty"`
 	// LoadThreshold bounds sticky bindings in kvc_aware mode: a bound
 	// server above it is re-scored. 0 = the kvc_aware strategy's threshold.
 	LoadThreshold float64 `json:"load_threshold,omitempty"`
 	// StickyOverload enables the breakout (default true in kvc_aware
 	// mode; always false in default mode, as verl ignores load).
 	StickyOverload *bool `json:"sticky_overload,omitempty"`
-	BlockSize      int   `json:"block_size,omitempty"`
+	// BlockSize in tokens keys prompts for servers whose metrics report
+	// none.
+	BlockSize int `json:"block_size,omitempty"`
 	// Model and the request's LoRA name form the key namespace.
-	Model string `json:"model,omitempty"`
+	Model string `json:"model"`
 	// Speculate records routed prompts as presumed resident (default true
 	// in kvc_aware mode).
 	Speculate *bool `json:"speculate,omitempty"`
 	// EventsDefault says whether servers have KV-event feeds unless a
 	// ServerSpec says otherwise; without events the index is approximate.
-	EventsDefault bool                  `json:"events_default,omitempty"`
-	Servers       map[string]ServerSpec `json:"servers,omitempty"`
-	Index         IndexSpec             `json:"index"`
-	Load          LoadSpec              `json:"load"`
+	EventsDefault bool `json:"events_default"`
+	// Servers overrides settings per server id.
+	Servers map[string]ServerSpec `json:"servers,omitempty"`
+	// Index sizes the block index.
+	Index IndexSpec `json:"index"`
+	// Load tunes the load store.
+	Load LoadSpec `json:"load"`
 	// Admission holds requests while every server is full (admission.go).
 	Admission AdmissionSpec `json:"admission"`
 	// MaxPromptTokens bounds a request's prompt length.
@@ -112,6 +135,11 @@ func ParseConfig(data []byte) (Config, error) {
 func configErr(key, format string, args ...any) error {
 	return fmt.Errorf("%w: %w", ErrConfig, strictjson.Errorf(key, format, args...))
 }
+
+// Normalise validates c and fills in place the defaults New applies (mode,
+// sticky size, block size, prompt bound, strategies). Strategy parameters
+// are checked when the strategies are built (New, Effective).
+func (c *Config) Normalise() error { return c.normalise() }
 
 func (c *Config) normalise() error {
 	if c.Mode == "" {
@@ -262,3 +290,34 @@ func boolOr(p *bool, def bool) bool {
 	}
 	return *p
 }
+
+// Effective returns c, normalised, with every default the router would
+// apply filled in explicitly: strategies with all their parameters, the
+// sticky load threshold they imply, the mode's speculation and breakout
+// switches, and the index and load sizes. Building a router from the
+// result behaves exactly as building it from c.
+func (c Config) Effective() (Config, error) {
+	if err := c.normalise(); err != nil {
+		return c, err
+	}
+	strategies, err := c.ResolvedStrategies()
+	if err != nil {
+		return c, err
+	}
+	_, threshold, err := c.buildStrategy()
+	if err != nil {
+		return c, err
+	}
+	c.Strategies = strategies
+	c.LoadThreshold = threshold
+	kvc := c.Mode == ModeKVCAware
+	overload, speculate := kvc && boolOr(c.StickyOverload, true), kvc && boolOr(c.Speculate, true)
+	c.StickyOverload, c.Speculate = &overload, &speculate
+	ix := index.Config{MaxEntries: c.Index.MaxEntries, SpecTTL: ms(c.Index.SpecTTLMS), ApproxTTL: ms(c.Index.ApproxTTLMS)}.WithDefaults()
+	c.Index = IndexSpec{MaxEntries: ix.MaxEntries, SpecTTLMS: int(ix.SpecTTL / time.Millisecond), ApproxTTLMS: int(ix.ApproxTTL / time.Millisecond)}
+	ld := load.Config{StaleAfter: ms(c.Load.StaleAfterMS), MaxNumSeqs: c.Load.MaxNumSeqs, UnhealthyAfter: c.Load.UnhealthyAfter}.WithDefaults()
+	c.Load = LoadSpec{StaleAfterMS: int(ld.StaleAfter / time.Millisecond), MaxNumSeqs: ld.MaxNumSeqs, UnhealthyAfter: ld.UnhealthyAfter}
+	return c, nil
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }

@@ -1,0 +1,141 @@
+package kvcrouter
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+
+	"github.com/kvc-router/kvc-router/core/collector"
+	"github.com/kvc-router/kvc-router/core/metrics"
+	"github.com/kvc-router/kvc-router/core/router"
+)
+
+// Library is one router and the collectors that feed it, closed together.
+// Its methods are safe for concurrent use; after Close the push paths and
+// Close itself return ErrClosed.
+type Library struct {
+	cfg  Config
+	r    *router.Router
+	coll *collector.Manager
+	// fed records servers that received pushed KV events.
+	fed sync.Map
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// ErrClosed is returned by a closed Library.
+var ErrClosed = errors.New("kvcrouter: library is closed")
+
+// Options are what a Go caller may add to a Config.
+type Options struct {
+	// LogOutput receives the collectors' log; nil means os.Stderr.
+	LogOutput io.Writer
+}
+
+// New validates cfg, builds the router and starts the configured
+// collectors. Configuration errors are *FieldError.
+func New(cfg Config, opts Options) (*Library, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r, err := router.New(cfg.Router)
+	if err != nil {
+		return nil, fieldError("router", err)
+	}
+	if cfg.MaxProcs > 0 {
+		runtime.GOMAXPROCS(cfg.MaxProcs)
+	}
+	level, err := logLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	out := opts.LogOutput
+	if out == nil {
+		out = os.Stderr
+	}
+	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+	coll, err := collector.Start(r, cfg.Collectors, logger)
+	if err != nil {
+		return nil, fieldError("collectors", err)
+	}
+	return &Library{cfg: cfg, r: r, coll: coll}, nil
+}
+
+// Config returns the validated configuration the library runs with.
+func (l *Library) Config() Config { return l.cfg }
+
+// Router is the library's router (routing decisions and pool changes).
+func (l *Library) Router() *router.Router { return l.r }
+
+// PushMetrics parses Prometheus text for a server and stores it. The size
+// bound (push.max_metrics_bytes) is the caller's to apply before copying.
+// Errors name the server and wrap the cause.
+func (l *Library) PushMetrics(server string, text []byte, flavor metrics.Flavor) error {
+	if err := l.coll.PushMetrics(server, text, flavor); err != nil {
+		return fmt.Errorf("metrics for server %q: %w", server, err)
+	}
+	return nil
+}
+
+// PushEvents decodes and applies one raw KV-event payload for a server.
+// A server that pushes events has an authoritative feed from then on.
+func (l *Library) PushEvents(server string, payload []byte) error {
+	if err := l.coll.PushEvents(server, payload); err != nil {
+		return fmt.Errorf("KV events for server %q: %w", server, err)
+	}
+	if _, seen := l.fed.LoadOrStore(server, true); !seen {
+		l.r.SetEventFeed(server, true)
+	}
+	return nil
+}
+
+// AddServers adds servers to the pool.
+func (l *Library) AddServers(ids []string) error { return l.r.AddServers(ids) }
+
+// RemoveServers removes servers from the pool.
+func (l *Library) RemoveServers(ids []string) {
+	l.r.RemoveServers(ids)
+	for _, id := range ids {
+		l.fed.Delete(id)
+	}
+}
+
+// SetEndpoints (re)configures a server's KV-event publishers; it needs a
+// vllm_zmq collector.
+func (l *Library) SetEndpoints(server string, eps []collector.Endpoint) error {
+	return l.coll.SetEndpoints(server, eps)
+}
+
+// Status is the router's and the collectors' state.
+type Status struct {
+	Router     router.Status    `json:"router"`
+	Collectors collector.Status `json:"collectors"`
+}
+
+// Status reports the router and the collectors.
+func (l *Library) Status() Status {
+	st := Status{Router: l.r.Status(), Collectors: l.coll.Status()}
+	if st.Router.Servers == nil {
+		st.Router.Servers = []router.ServerStatus{}
+	}
+	return st
+}
+
+// Close stops the collectors. A second Close returns ErrClosed.
+func (l *Library) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	l.closed = true
+	if err := l.coll.Close(); err != nil {
+		return fmt.Errorf("closing collectors: %w", err)
+	}
+	return nil
+}
