@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/memtrim"
 	"github.com/kvc-router/kvc-router/core/sink"
 )
 
@@ -115,6 +116,9 @@ func applyTo(w sink.EventWriter, b *kvevents.Batch, st *EventStats) error {
 // ABI's push.max_event_bytes), so a limit configured above the decoder's
 // default is honoured; the per-event limits still apply.
 func ApplyPayload(r sink.Events, server string, payload []byte, st *EventStats) error {
+	// A large payload leaves its decode garbage and copies behind: have
+	// the memory returned once it is applied (or refused).
+	defer memtrim.Note(len(payload))
 	var b kvevents.Batch
 	if err := (kvevents.Limits{MaxPayloadBytes: len(payload)}).DecodeInto(payload, &b); err != nil {
 		st.DecodeErrors.Add(1)

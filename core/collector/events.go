@@ -15,8 +15,13 @@ import (
 
 	"github.com/kvc-router/kvc-router/core/collector/internal/zmtp"
 	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/kvc-router/kvc-router/core/memtrim"
 	"github.com/kvc-router/kvc-router/core/sink"
 )
+
+// maxRetainedBatch bounds the decode buffers a subscriber keeps between
+// batches (a typical batch needs a few KiB).
+const maxRetainedBatch = 1 << 20
 
 // endSeq marks the end of a replay (-1 as a signed 8-byte big-endian value).
 const endSeq = ^uint64(0)
@@ -470,6 +475,12 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 	} else if err := Apply(s.r, s.server, &s.batch, &s.stats); err != nil {
 		s.stats.ApplyErrors.Add(1)
 	}
+	events := len(s.batch.Events)
+	if s.batch.Retained() > maxRetainedBatch {
+		// Do not pin one giant batch's buffers for the connection's life.
+		s.batch = kvevents.Batch{}
+	}
+	memtrim.Note(len(payload))
 	now := time.Now()
 	s.mu.Lock()
 	if !s.seqSeen {
@@ -479,7 +490,7 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 	s.lastSeq, s.seqSeen = seq, true
 	s.lastHash = xxhash.Sum64(payload)
 	s.lastEvent = now
-	s.rateEvents += uint64(len(s.batch.Events))
+	s.rateEvents += uint64(events)
 	if s.rateStart.IsZero() {
 		s.rateStart = now
 	}

@@ -36,7 +36,7 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 		ix.mu.RUnlock()
 	}
 	kp := keyPool.Get().(*[]uint64)
-	defer keyPool.Put(kp)
+	defer putKeys(kp)
 	keys := chainKeys((*kp)[:0], start, tokens, blockSize, n)
 	*kp = keys
 
@@ -89,6 +89,16 @@ func (ix *Index) Stored(id ServerID, tier Tier, hasParent bool, parent uint64, e
 }
 
 var keyPool = sync.Pool{New: func() any { return new([]uint64) }}
+
+// maxPooledKeys: a giant event's key buffer (262,144 keys for a 4M-token
+// event) is left to the GC rather than pooled.
+const maxPooledKeys = 1 << 14
+
+func putKeys(kp *[]uint64) {
+	if cap(*kp) <= maxPooledKeys {
+		keyPool.Put(kp)
+	}
+}
 
 func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
 	dst = slices.Grow(dst, n)

@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/kvc-router/kvc-router/core/memtrim"
 )
 
 // Tier is a storage tier of the KV cache. Lower is faster.
@@ -260,10 +262,19 @@ func (ix *Index) ClearAll() {
 }
 
 func (ix *Index) clearServer(id ServerID, s *server) {
+	freed := 0
 	for r := s.head; r != nilRec; {
 		next := ix.at(r).snext
 		ix.freeRec(r, s)
 		r = next
+		freed++
 	}
 	s.bridge.Reset()
+	// Clearing a large index leaves its bridges and keys to the GC; on
+	// an idle router no GC cycle would come to return that memory.
+	memtrim.Note(freed * bytesPerRecord)
 }
+
+// bytesPerRecord approximates a record's share of the index's memory
+// (record, key map and bridge entries; ~130 B measured per budgeted entry).
+const bytesPerRecord = 128

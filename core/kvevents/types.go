@@ -5,6 +5,8 @@
 // positional in every known release; a map batch is accepted as well.
 package kvevents
 
+import "unsafe"
+
 // Kind names the event class carried on the wire.
 type Kind uint8
 
@@ -72,6 +74,20 @@ type Batch struct {
 	Events []Event
 	// DPRank is -1 when data_parallel_rank was absent or nil.
 	DPRank int
+}
+
+// Retained approximates the bytes b holds for reuse by DecodeInto: its
+// event array and the slices of the events in use. A caller that keeps one
+// Batch across payloads drops it when this grows large (one giant batch
+// would otherwise pin its buffers for the life of the connection); slices
+// of events beyond len were counted when they were in use.
+func (b *Batch) Retained() int {
+	n := cap(b.Events) * int(unsafe.Sizeof(Event{}))
+	for i := range b.Events {
+		e := &b.Events[i]
+		n += 8*cap(e.BlockHashes) + 4*cap(e.TokenIDs) + cap(e.ExtraKeys)
+	}
+	return n
 }
 
 // Layout selects the event encoding used by Encode.
