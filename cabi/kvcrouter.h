@@ -181,8 +181,11 @@ int32_t kvr_reset_cache(kvr_handle h, char **err);
 /* Only in the test build of the library (go build -tags kvrdebug; `make
  * testlib`); the release libkvcrouter.so does not export it. Panics inside Go
  * (kind 0 panic, 1 nil-map write, 2 nil dereference, 3 index out of range),
- * poisoning h when h is a live handle; any other kind is
- * KVR_INVALID_ARGUMENT. */
+ * poisoning h when h is a live handle. Kinds 4 and 5 return KVR_OK and arm a
+ * panic in a collector goroutine of the process instead: 4 in the next
+ * KV-event batch a subscriber applies, 5 in the next /metrics scrape (the
+ * collector recovers, counts it and restarts; nothing is poisoned). Any
+ * other kind is KVR_INVALID_ARGUMENT. */
 int32_t kvr_debug_panic(kvr_handle h, int32_t kind, char **err);
 #endif
 

@@ -315,11 +315,14 @@ type Status struct {
 	PushMetricErr uint64         `json:"push_metric_errors"`
 	// Memory counts large inputs and the memory returns they armed.
 	Memory memtrim.Stats `json:"memory"`
+	// Panics counts panics recovered in collector goroutines (process-wide;
+	// each collector's status names the server).
+	Panics uint64 `json:"panics"`
 }
 
 // Status reports the collectors.
 func (m *Manager) Status() Status {
-	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot()}
+	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot(), Panics: Panics()}
 	for _, c := range m.collectors {
 		st.Collectors[c.Name()] = c.Status()
 	}
@@ -395,7 +398,9 @@ func (e *EventsCollector) Start() {
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			e.sync()
+			if perr := guard(e.sync); perr != nil {
+				e.cfg.Logger.Error("kv events: subscription sync panicked; continuing", "panic", perr.Value, "stack", perr.Stack)
+			}
 			select {
 			case <-e.stop:
 				return
