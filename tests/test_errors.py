@@ -141,6 +141,45 @@ def test_bad_server_ids(lb):
     assert lb.get_all_servers() == ["s0"]
 
 
+def test_server_ids_checked_at_the_boundary(lb):
+    """Issue 20 D3/D4: ids that are not valid Unicode, hold NUL or exceed 64 KiB
+    are refused when added, with an error naming the problem (a lone surrogate
+    used to become U+FFFD in the library: the handle was lost, releases missed
+    and two ids merged); releases and lookups of such ids are counted no-ops."""
+    for bad, exc, match in (
+        ("a\udc80b", InvalidArgumentError, r"lone surrogate '\\udc80' at index 1"),
+        ("\ud800", InvalidArgumentError, r"lone surrogate '\\ud800' at index 0"),
+        ("a\x00b", InvalidArgumentError, "contains a NUL character at index 1"),
+        ("x" * (64 << 10) + "y", InvalidArgumentError, "65537 bytes as UTF-8, more than the limit of 65536"),
+        ("é" * (32 << 10) + "y", InvalidArgumentError, "65537 bytes as UTF-8"),
+    ):
+        with pytest.raises(exc, match=match):
+            lb.add_servers({"ok-first": "h", bad: "h"})
+        assert lb.get_all_servers() == ["s0", "s1"]
+    # Two ids that differ only in their invalid part stay apart (and are refused).
+    with pytest.raises(InvalidArgumentError):
+        lb.add_servers({"s\udc80": 1, "s\udc81": 2})
+    # Unusual but valid ids round-trip exactly, handle included.
+    odd = {"\U0001F600:8000": "emoji", "\ufffd:1": "replacement", "é:2": "accent"}
+    lb.add_servers(odd)
+    lb.remove_servers(["s0", "s1"])
+    picks = [lb.acquire_server(f"r{i}") for i in range(60)]
+    assert {h for _, h in picks} == set(odd.values()) and all(odd[sid] == h for sid, h in picks)
+    for sid, _ in picks:
+        lb.release_server(sid)
+    assert lb.get_total_inflight() == 0
+    # Releases and lookups of impossible ids: no-ops, counted (documented as no-ops for unknown ids).
+    before = lb.get_status()["router"]["ignored_invalid_ids"]
+    lb.release_server("x" * (70 << 10))
+    lb.release_server("bad\udcff")
+    lb.release_server("a\x00b")
+    lb.release_server(42)
+    assert lb.get_inflight_count("bad\udcff") == 0
+    lb.remove_servers(["bad\udcff", "a\x00b", "x" * (70 << 10)])  # unknown ids: ignored
+    assert lb.get_status()["router"]["ignored_invalid_ids"] == before + 5
+    assert sorted(lb.get_all_servers()) == sorted(odd)
+
+
 def test_malformed_pushes(lb):
     with pytest.raises(InvalidArgumentError, match='metrics for server "s0"'):
         lb.update_metrics("s0", "vllm:num_requests_running{ 1\n")
