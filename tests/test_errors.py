@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -401,3 +402,25 @@ def test_codes_and_abi_version_match_the_header():
 def test_unclassified_library_error_is_internal():
     e = errors.error_for(errors.KVR_INTERNAL, "internal error: something unexpected")
     assert isinstance(e, InternalError) and e.code == errors.KVR_INTERNAL
+
+
+def test_set_kv_endpoints_validated():
+    """Issue 20: a garbage replay address, ids not in the pool and 1,000
+    publishers for one server are refused (the last used to start 1,002
+    goroutines); the goroutine count does not move."""
+    from kvc_harness.balancer import kvc_config
+    from kvc_router.errors import NotFoundError
+
+    b = KVCAwareBalancer({"10.0.0.1:8000": None}, router_config=kvc_config(collectors=("vllm_zmq",)))
+    r = b._router
+    g0 = b.get_status()["router"]["goroutines"]
+    sid = "10.0.0.1:8000".encode()
+    with pytest.raises(NativeConfigError, match=r"endpoints\[0\]\.replay: .*scheme must be tcp or ipc"):
+        r.set_kv_endpoints(sid, [{"endpoint": "tcp://127.0.0.1:5557", "replay": "garbage!"}])
+    with pytest.raises(NativeConfigError, match="1000 endpoints, more than the limit of 64 per server"):
+        r.set_kv_endpoints(sid, [{"endpoint": f"tcp://127.0.0.1:{20000 + i}"} for i in range(1000)])
+    with pytest.raises(NotFoundError, match="not in the pool"):
+        r.set_kv_endpoints(b"10.0.0.9:8000", [{"endpoint": "tcp://127.0.0.1:5557"}])
+    time.sleep(0.4)  # a subscription sync pass
+    assert b.get_status()["router"]["goroutines"] <= g0 + 2
+    b.close()
