@@ -159,7 +159,7 @@ def test_server_ids_checked_at_the_boundary(lb):
         assert lb.get_all_servers() == ["s0", "s1"]
     # Two ids that differ only in their invalid part stay apart (and are refused).
     with pytest.raises(InvalidArgumentError):
-        lb.add_servers({"s\udc80": 1, "s\udc81": 2})
+        lb.add_servers(dict([("s\udc80", 1), ("s\udc81", 2)]))
     # Unusual but valid ids round-trip exactly, handle included.
     odd = {"\U0001F600:8000": "emoji", "\ufffd:1": "replacement", "é:2": "accent"}
     lb.add_servers(odd)
@@ -414,7 +414,7 @@ def test_set_kv_endpoints_validated():
     b = KVCAwareBalancer({"10.0.0.1:8000": None}, router_config=kvc_config(collectors=("vllm_zmq",)))
     r = b._router
     g0 = b.get_status()["router"]["goroutines"]
-    sid = "10.0.0.1:8000".encode()
+    sid = b"10.0.0.1:8000"
     with pytest.raises(NativeConfigError, match=r"endpoints\[0\]\.replay: .*scheme must be tcp or ipc"):
         r.set_kv_endpoints(sid, [{"endpoint": "tcp://127.0.0.1:5557", "replay": "garbage!"}])
     with pytest.raises(NativeConfigError, match="1000 endpoints, more than the limit of 64 per server"):

@@ -24,7 +24,14 @@ import re
 import time
 
 import pytest
-from kvc_harness.balancer import KVC_NO_COLLECTORS, index_server, kvc_config, poller_target, publisher_status, server_status
+from kvc_harness.balancer import (
+    KVC_NO_COLLECTORS,
+    index_server,
+    kvc_config,
+    poller_target,
+    publisher_status,
+    server_status,
+)
 from kvc_harness.fleet import Sim
 from kvc_harness.procs import Reaper, harness_env, wait_for
 from kvc_harness.report import percentiles
@@ -333,7 +340,10 @@ def test_impossible_metrics_are_rejected(reaper):
     a = MetricsStub(reaper, lambda: metrics_text(running=1))
     b = MetricsStub(reaper, lambda: metrics_text(running=1))
     cfg = kvc_config(
-        urls={"srv-a": a.url, "srv-b": b.url}, collectors=("vllm_metrics",), timeout_ms=300, load={"stale_after_ms": 400}
+        urls={"srv-a": a.url, "srv-b": b.url},
+        collectors=("vllm_metrics",),
+        timeout_ms=300,
+        load={"stale_after_ms": 400},
     )
     lb = KVCAwareBalancer({"srv-a": None, "srv-b": None}, router_config=cfg)
     reaper.add(lb.close)
@@ -476,12 +486,15 @@ def test_collector_panics_are_recovered(reaper):
               and st()["router"]["index"]["entries"] > 0 and server_status(st(), "sc")["load"]["has_metrics"])
         _native.debug_panic(4)
         _native.debug_panic(5)
-        until("both panics", lambda: publisher_status(st(), "ev")["panics"] == 1 and poller_target(st(), "sc")["panics"] == 1)
+        pub_st = lambda: publisher_status(st(), "ev")
+        tgt_st = lambda: poller_target(st(), "sc")
+        until("both panics", lambda: pub_st()["panics"] == 1 and tgt_st()["panics"] == 1)
         s = st()
         pubst, tg = publisher_status(s, "ev"), poller_target(s, "sc")
-        print("failed", pubst["failed"], tg["failed"], "injected" in pubst["last_panic"], "injected" in tg["last_error"])
+        print("failed", pubst["failed"], tg["failed"],
+              "injected" in pubst["last_panic"], "injected" in tg["last_error"])
         print("collector panics", s["router"]["collectors"]["panics"], "export panics", s["router"]["panics"])
-        until("recovered", lambda: not publisher_status(st(), "ev")["failed"] and not poller_target(st(), "sc")["failed"]
+        until("recovered", lambda: not pub_st()["failed"] and not tgt_st()["failed"]
               and st()["router"]["index"]["entries"] > 0)
         sid, _ = lb.acquire_server("after", list(range(64)))
         lb.release_server(sid)

@@ -20,9 +20,9 @@ import struct
 import sys
 import threading
 from array import array
-from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import (
@@ -302,7 +302,9 @@ def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Opti
 
 def _check_length(n: int, limit: Optional[int]) -> None:
     if limit is not None and n > limit:
-        raise InvalidArgumentError(f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT)
+        raise InvalidArgumentError(
+            f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT
+        )
 
 
 def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
@@ -371,7 +373,7 @@ def validate_config(config: dict) -> dict:
     lib = load()
     try:
         data = json.dumps(config, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise NativeConfigError(f"the configuration cannot be encoded as JSON: {e}") from None
     out, err = c_void_p(), c_void_p()
     _check(lib, lib.kvr_validate_config(data, len(data), byref(out), byref(err)), err)

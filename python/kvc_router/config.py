@@ -325,16 +325,40 @@ def _user_error(message: str, prefix: str, aliases: Mapping[str, str]) -> Config
 
 
 def _check_finite(value: Any, prefix: str, aliases: Mapping[str, str], path: str = "") -> None:
-    """JSON has no NaN or infinity: name the key instead of failing to encode."""
-    if isinstance(value, float) and not math.isfinite(value):
-        key = _join(prefix, _user_key(path, aliases))
-        raise ConfigError(f"{key}: must be a finite number, got {value}", key=key)
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _check_finite(v, prefix, aliases, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_finite(v, prefix, aliases, f"{path}[{i}]")
+    """JSON has no NaN or infinity: name the key instead of failing to encode.
+    Iterative: the document passed _check_depth, but no walk here recurses."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            key = _join(prefix, _user_key(p, aliases))
+            raise ConfigError(f"{key}: must be a finite number, got {v}", key=key)
+        if isinstance(v, Mapping):
+            stack.extend((x, f"{p}.{k}" if p else str(k)) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{p}[{i}]") for i, x in enumerate(v))
+
+
+#: Deepest nesting accepted in a router config (real ones are < 8 deep).
+MAX_CONFIG_DEPTH = 64
+
+
+def _check_depth(value: Any, key: str = "router_config") -> None:
+    """Refuses a config nested deeper than MAX_CONFIG_DEPTH (or holding a
+    cycle) with a ConfigError naming where, before anything recursive (JSON
+    encoding, OmegaConf, the parsers) walks it. Iterative, so it cannot hit
+    Python's recursion limit itself."""
+    stack = [(value, key, 0)]
+    while stack:
+        v, p, depth = stack.pop()
+        if isinstance(v, (Mapping, list, tuple)) and depth >= MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"{p}: nested more than {MAX_CONFIG_DEPTH} levels deep (or a mapping that contains itself)", key=p
+            )
+        if isinstance(v, Mapping):
+            stack.extend((x, f"{p}.{k}", depth + 1) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{p}[{i}]", depth + 1) for i, x in enumerate(v))
 
 
 # --------------------------------------------------------------------------
@@ -354,6 +378,11 @@ def _read_yaml(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
+    except RecursionError:
+        raise ConfigError(
+            f"router config {path!r} is nested too deeply to read (limit {MAX_CONFIG_DEPTH} levels)",
+            key="router_config",
+        ) from None
     except OSError as e:
         raise ConfigError(f"cannot read router config {path!r}: {e}", key="router_config") from e
     except yaml.YAMLError as e:
@@ -367,7 +396,12 @@ def _plain(obj: Any) -> Any:
     if mod.startswith("omegaconf") and type(obj).__name__ in ("DictConfig", "ListConfig"):
         from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(obj, resolve=True)
+        try:
+            return OmegaConf.to_container(obj, resolve=True)
+        except RecursionError:
+            raise ConfigError(
+                f"router_config: nested too deeply to convert (limit {MAX_CONFIG_DEPTH} levels)", key="router_config"
+            ) from None
     return obj
 
 
@@ -410,6 +444,7 @@ def _load(source: Any) -> RouterConfig:
 
 def _parse_any(data: Any) -> RouterConfig:
     data = _plain(data)
+    _check_depth(data)
     if not isinstance(data, Mapping):
         raise ConfigError(f"router config must be a mapping, got {type(data).__name__}", key="router_config")
     if "router_class" in data:
