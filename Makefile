@@ -22,15 +22,28 @@ PYLIB      := python/kvc_router/libkvcrouter.so
 PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
+# Portable wheels (manylinux_2_17, both architectures) are built from this
+# machine with pinned tools from PyPI in their own venv: Zig is cgo's C
+# compiler (cabi/build.sh), auditwheel checks the result.
+VENV_WHEEL ?= .venv-wheel
+WHEEL_TOOLS := ziglang==0.17.1 auditwheel==6.8.2 setuptools==84.2.1 wheel==0.48.0
+WHEEL_ARCHES := x86_64 aarch64
+VERSION    := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' python/kvc_router/__init__.py)
+wheel_file  = dist/kvc_router-$(VERSION)-py3-none-manylinux_2_17_$(1).manylinux2014_$(1).whl
+PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth' -o -name py.typed 2>/dev/null)
+# The x86_64 wheel's tests run in this venv, rebuilt clean each time.
+WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: help build lib testlib wheel test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
+.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
 	@echo "lib    - $(LIB) (cgo c-shared) and its header"
 	@echo "testlib - $(TESTLIB): the library built with -tags kvrdebug (tests only)"
-	@echo "wheel  - the kvc-router platform wheel into dist/"
-	@echo "test   - gofmt check, go vet, go test -race, pytest"
+	@echo "wheel  - portable manylinux_2_17 wheels for x86_64 and aarch64 into dist/ (Zig from PyPI as the C compiler)"
+	@echo "test   - gofmt check, go vet, go test -race, pytest, the x86_64 wheel checked and tested in a clean venv"
+	@echo "test-wheel          - the x86_64 wheel: symbol versions (auditwheel + cabi/elfcheck.py), tests/test_wheel.py in a clean venv"
+	@echo "check-wheel-aarch64 - the aarch64 wheel: symbol versions, architecture, libraries, tag and metadata"
 	@echo "test-verl    - tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
@@ -45,6 +58,7 @@ help:
 	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
 	@echo "actor-bench  - acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json"
 	@echo "lint   - gofmt, go vet, ruff"
+	@echo "docs   - regenerate docs/configuration.md from the Go configuration model (a test fails when it is stale)"
 
 build:
 	@mkdir -p $(BIN)
@@ -68,10 +82,57 @@ testlib: $(TESTLIB)
 $(TESTLIB): $(GO_SRC) cabi/build.sh cabi/kvcrouter.map
 	GO=$(GO) bash cabi/build.sh $@ kvrdebug
 
-wheel:
-	$(PYTHON) -m pip wheel --no-deps -w dist .
+# Pinned build tools: ziglang, auditwheel, setuptools, wheel.
+wheel-tools: $(VENV_WHEEL)/.stamp
 
-test: test-go test-py
+$(VENV_WHEEL)/.stamp:
+	$(PYTHON) -m venv $(VENV_WHEEL)
+	$(VENV_WHEEL)/bin/python -m pip install -q $(WHEEL_TOOLS)
+	@touch $@
+
+wheel: wheel-x86_64 wheel-aarch64
+
+wheel-x86_64: $(call wheel_file,x86_64)
+wheel-aarch64: $(call wheel_file,aarch64)
+
+# The portable library of one architecture (about 40 s cold each).
+build/portable/%/libkvcrouter.so: $(GO_SRC) cabi/build.sh cabi/kvcrouter.map $(VENV_WHEEL)/.stamp
+	KVC_ROUTER_TARGET=$* ZIG="$(abspath $(VENV_WHEEL))/bin/python -m ziglang" GO=$(GO) bash cabi/build.sh $@
+
+# setup.py packages the library above (KVC_ROUTER_TARGET) and tags the wheel
+# from its ELF; the old wheel of that architecture goes first.
+WHEEL_DEPS := $(PY_SRC) setup.py pyproject.toml MANIFEST.in LICENSE README.md cabi/elfcheck.py
+define wheel_rule
+$(call wheel_file,$(1)): build/portable/$(1)/libkvcrouter.so $(WHEEL_DEPS)
+	@mkdir -p dist && rm -f dist/kvc_router-*-manylinux*_$(1).whl
+	KVC_ROUTER_TARGET=$(1) KVC_ROUTER_SKIP_GO_BUILD=1 $(VENV_WHEEL)/bin/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	$(VENV_WHEEL)/bin/python cabi/elfcheck.py $$@ --arch $(1) --max-glibc 2.17
+endef
+$(foreach a,$(WHEEL_ARCHES),$(eval $(call wheel_rule,$(a))))
+
+# The x86_64 wheel: auditwheel's verdict, the ELF check against the tag, then
+# installed (with its dependencies) in a fresh venv that runs the wheel tests.
+test-wheel: $(call wheel_file,x86_64)
+	$(VENV_WHEEL)/bin/auditwheel show $<
+	$(VENV_WHEEL)/bin/python cabi/elfcheck.py $< --arch x86_64 --max-glibc 2.17
+	rm -rf $(WHEEL_TEST_VENV)
+	$(PYTHON) -m venv $(WHEEL_TEST_VENV)
+	$(WHEEL_TEST_VENV)/bin/python -m pip install -q $< pytest auditwheel==6.8.2
+	KVC_WHEEL=$(abspath $<) $(WHEEL_TEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_wheel.py
+
+# The aarch64 wheel cannot run here: its ELF, tag and metadata are checked.
+check-wheel-aarch64: $(call wheel_file,aarch64)
+	$(VENV_WHEEL)/bin/auditwheel show $<
+	$(VENV_WHEEL)/bin/python cabi/elfcheck.py $< --arch aarch64 --max-glibc 2.17
+	KVC_WHEEL=$(abspath $<) PATH=$(abspath $(VENV_WHEEL))/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/test_wheel.py
+
+test: test-go test-py test-wheel
+
+# docs/configuration.md is generated from core/kvcrouter.Config and the
+# strategy and collector registries; core/kvcrouter/refdoc's test fails
+# when the checked-in file is stale.
+docs:
+	$(GO) run ./cmd/kvctl config-doc > docs/configuration.md
 
 test-go:
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -89,12 +89,12 @@ func goExports(t *testing.T) (release, testOnly []string) {
 // codes, the ABI version and the exports; the Go side must agree with it.
 func TestHeaderMatchesGo(t *testing.T) {
 	defs, hRelease, hTest := headerDefines(t)
-	if defs["KVR_ABI_VERSION"] != abiVersion {
-		t.Errorf("KVR_ABI_VERSION %d in the header, abiVersion %d in Go", defs["KVR_ABI_VERSION"], abiVersion)
+	if defs["KVR_ABI_VERSION"] != abiVersion || defs["KVR_ABI_MINOR"] != abiMinor {
+		t.Errorf("KVR_ABI_VERSION.MINOR %d.%d in the header, %d.%d in Go", defs["KVR_ABI_VERSION"], defs["KVR_ABI_MINOR"], abiVersion, abiMinor)
 	}
 	codes := map[string]int{}
 	for name, v := range defs {
-		if name != "KVR_ABI_VERSION" && !strings.HasPrefix(name, "KVR_METRICS_") {
+		if !strings.HasPrefix(name, "KVR_ABI_") && !strings.HasPrefix(name, "KVR_METRICS_") {
 			codes[name] = v
 		}
 	}

@@ -1,5 +1,5 @@
 /*
- * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.
+ * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.1.
  *
  * Hand-maintained, and the one definition of the status codes and the ABI
  * version: cabi's Go constants and kvc_router's Python constants are checked
@@ -9,8 +9,19 @@
  * host. Background work (metrics polling, KV-event subscriptions) runs in
  * goroutines owned by the handle.
  *
+ * Versions
+ *   The ABI is major.minor: KVR_ABI_VERSION is the major, KVR_ABI_MINOR the
+ *   minor. A caller built against major M, minor m works with any library of
+ *   major M and minor >= m (check kvr_abi_version() == KVR_ABI_VERSION and
+ *   kvr_abi_minor() >= KVR_ABI_MINOR). A minor version only adds: new
+ *   functions, new fields at the end of kvr_acquire_opts (whose zero value
+ *   means "not used"), new keys in JSON outputs. Anything else is a new
+ *   major. kvr_version reports the build.
+ *   Minor 1 added kvr_abi_minor, kvr_version, kvr_config_schema, kvr_acquire_with and the
+ *   {"key", "reason"} error document of kvr_validate_config.
+ *
  * Conventions
- *   - Every function but kvr_abi_version and kvr_free returns a status code
+ *   - Every function but kvr_abi_version, kvr_abi_minor and kvr_free returns a status code
  *     (KVR_OK on success).
  *   - `err`: when non-NULL, *err is set to NULL on entry and, on failure, to
  *     a NUL-terminated UTF-8 message the caller frees with kvr_free.
@@ -35,7 +46,8 @@
 extern "C" {
 #endif
 
-#define KVR_ABI_VERSION 1
+#define KVR_ABI_VERSION 1 /* the major version */
+#define KVR_ABI_MINOR 1
 
 /* Status codes. */
 #define KVR_OK 0
@@ -55,8 +67,21 @@ extern "C" {
 /* A runtime/cgo.Handle value; 0 is never valid. */
 typedef uint64_t kvr_handle;
 
-/* ABI version of the loaded library (compare with KVR_ABI_VERSION). */
+/* ABI major version of the loaded library (compare with KVR_ABI_VERSION). */
 int32_t kvr_abi_version(void);
+
+/* ABI minor version of the loaded library (at least KVR_ABI_MINOR). */
+int32_t kvr_abi_minor(void);
+
+/* The build as JSON: {"version": "<package version>+<commit>",
+ * "abi_version": major, "abi_minor": minor, "go_version": "go1.x"}. */
+int32_t kvr_version(char **out_json, char **err);
+
+/* What a configuration may name, as JSON: {"router_modes": [...],
+ * "strategies": {name: {param: default}}, "targets": {"_target_ string":
+ * strategy name} (the allow-list of configuration class names),
+ * "collectors": [names], "log_levels": [...]}. */
+int32_t kvr_config_schema(char **out_json, char **err);
 
 /* Frees any string returned by the library. NULL is a no-op. */
 void kvr_free(void *p);
@@ -88,7 +113,9 @@ int32_t kvr_router_new(const char *cfg_json, int64_t cfg_len, kvr_handle *out_ha
  * path at fault, from the document's root, then ": " and the reason, e.g.
  *   router.strategies[0].params.alpha: must be in [0, 1], got 2
  *   collectors.collectors[1].interval_ms: must not be negative
- * (kvr_router_new reports configuration errors the same way.)
+ * (kvr_router_new reports configuration errors the same way.) Since ABI 1.1,
+ * a rejected configuration also sets *out_json, when out_json is non-NULL, to
+ * {"key": "<key path>", "reason": "<reason>"} (the one output set on failure).
  */
 int32_t kvr_validate_config(const char *cfg_json, int64_t cfg_len, char **out_json, char **err);
 
@@ -123,6 +150,31 @@ int32_t kvr_acquire(kvr_handle h, const char *request_id, int64_t request_id_len
                     const char *lora, int64_t lora_len, int64_t known_generation,
                     int32_t *out_index, int64_t *out_generation,
                     char **out_server, char **out_decision, char **err);
+
+/*
+ * kvr_acquire with its inputs in a struct that can grow (ABI 1.1). Set size
+ * to sizeof(kvr_acquire_opts) as compiled by the caller: the library reads
+ * that many bytes, fields past a smaller size take their defaults (pin -1,
+ * lora empty, known_generation -1), and bytes past the fields this library
+ * knows must be zero (else KVR_INVALID_ARGUMENT: a newer caller asked for
+ * something this library cannot do). size below offsetof(pin) is
+ * KVR_INVALID_ARGUMENT. The fields and outputs mean what kvr_acquire's do.
+ */
+typedef struct kvr_acquire_opts {
+  uint64_t size;
+  const char *request_id;
+  int64_t request_id_len;
+  const int32_t *tokens;
+  int64_t n_tokens;
+  int64_t pin;
+  const char *lora;
+  int64_t lora_len;
+  int64_t known_generation;
+} kvr_acquire_opts;
+
+int32_t kvr_acquire_with(kvr_handle h, const kvr_acquire_opts *opts,
+                         int32_t *out_index, int64_t *out_generation,
+                         char **out_server, char **out_decision, char **err);
 
 /* Counts one request finished on a server. Unknown ids and zero counts are
  * silent no-ops (*out_released = 0); otherwise *out_released = 1. An id no

@@ -32,6 +32,7 @@ import "C"
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
 	"runtime/cgo"
@@ -171,13 +172,20 @@ func kvr_validate_config(cfg *C.char, cfgLen C.int64_t, outJSON **C.char, errOut
 		return fail(errOut, err)
 	}
 	c, err := kvcrouter.Parse(data)
+	if err == nil {
+		c, err = c.Effective()
+	}
 	if err != nil {
+		// ABI 1.1: the error as {"key", "reason"} too.
+		var fe *kvcrouter.FieldError
+		if outJSON != nil && errors.As(err, &fe) {
+			if jerr := cJSON(outJSON, fe); jerr != nil {
+				return fail(errOut, jerr)
+			}
+		}
 		return fail(errOut, err)
 	}
-	doc, err := c.Effective()
-	if err != nil {
-		return fail(errOut, err)
-	}
+	doc := c
 	if outJSON == nil {
 		return codeOK
 	}

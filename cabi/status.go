@@ -35,9 +35,6 @@ const (
 	codeInvalidConfig   = 7
 )
 
-// abiVersion is bumped on any incompatible change to kvcrouter.h.
-const abiVersion = 1
-
 // kvrError carries a status code with its message.
 type kvrError struct {
 	code int32

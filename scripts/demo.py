@@ -25,8 +25,15 @@ Ctrl-C / SIGTERM. The run itself is kvc_harness.demo; run this with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
+
+# Ray >= 2.5x turns token authentication on for a new local cluster and says
+# so on every start unless the mode is chosen explicitly: choose it (the same
+# mode, token) so the demo's output is the comparison. An explicit
+# RAY_AUTH_MODE from the environment wins.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 try:
     from kvc_harness.demo import DemoOptions, run

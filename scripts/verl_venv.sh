@@ -41,7 +41,7 @@ PIP=("$VENV/bin/python" -m pip install -q)
   "transformers>=5.5.3,<5.11,!=5.6.0" \
   "ray>=2.41" "numpy>=2.0.0" omegaconf hydra-core cachetools pydantic fastapi uvicorn \
   pyyaml orjson codetiming "packaging>=20.0" \
-  pytest pyzmq msgpack "setuptools>=70.1" wheel
+  pytest pyzmq msgpack "setuptools>=77" wheel
 "${PIP[@]}" --no-deps "verl==${BASE_VERSION}"
 for v in "${versions[@]:1}" $VERL_UNSUPPORTED; do
   dir="$VENV/verl-overlays/$v"

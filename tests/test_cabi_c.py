@@ -15,6 +15,7 @@ from kvc_router import _native
 HEADER_DIR = os.path.join(REPO, "cabi")
 
 C_PROGRAM = r"""
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include "kvcrouter.h"
@@ -38,7 +39,10 @@ int main(void) {
     int32_t idx = -1, released = 0;
     int64_t gen = 0, n = 0;
 
-    CHECK(kvr_abi_version() == KVR_ABI_VERSION, "abi version");
+    CHECK(kvr_abi_version() == KVR_ABI_VERSION && kvr_abi_minor() >= KVR_ABI_MINOR, "abi version");
+    EXPECT(kvr_version(&json, &err), KVR_OK, err, NULL, "version");
+    CHECK(json && strstr(json, "\"abi_version\":1") && strstr(json, "\"version\":\"0."), "version json");
+    kvr_free(json); json = NULL;
     const char *bad = "{\"router\": {\"mode\": \"fast\"}}";
     EXPECT(kvr_router_new(bad, (int64_t)strlen(bad), &h, &err), KVR_INVALID_CONFIG, err, "allowed: default, kvc_aware", "bad mode");
     CHECK(h == 0, "no handle on error");
@@ -50,7 +54,9 @@ int main(void) {
     const char *badp = "{\"router\": {\"mode\": \"kvc_aware\", \"strategies\": [{\"name\": \"kvc_aware\", \"weight\": 1, \"params\": {\"alpha\": 2}}]}}";
     EXPECT(kvr_validate_config(badp, (int64_t)strlen(badp), &json, &err), KVR_INVALID_CONFIG, err,
            "router.strategies[0].params.alpha: must be in [0, 1]", "validate names the key");
-    CHECK(json == NULL, "no output on error");
+    CHECK(json && strcmp(json, "{\"key\":\"router.strategies[0].params.alpha\",\"reason\":\"must be in [0, 1], got 2\"}") == 0,
+          "the error as {key, reason}");
+    kvr_free(json); json = NULL;
     EXPECT(kvr_router_new(NULL, 4, &h, &err), KVR_INVALID_ARGUMENT, err, "NULL with length 4", "null config");
 
     const char *cfg = "{\"router\": {\"mode\": \"kvc_aware\", \"max_prompt_tokens\": 4096}}";
@@ -74,6 +80,19 @@ int main(void) {
     CHECK(server == NULL && idx == 0, "no string when generation is known");
     EXPECT(kvr_acquire(h, "p", 1, NULL, 0, 1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_OK, err, NULL, "pinned");
     CHECK(idx == 1, "pin selects index 1");
+    /* The growable form, compiled against the header's struct. */
+    kvr_acquire_opts o = {sizeof o, "p", 1, tokens, 64, 1, NULL, 0, -1}; /* "p" is bound to index 1 */
+    EXPECT(kvr_acquire_with(h, &o, &idx, NULL, &server, NULL, &err), KVR_OK, err, NULL, "acquire_with");
+    CHECK(idx == 1 && server && strcmp(server, "10.0.0.2:8000") == 0, "acquire_with pins");
+    EXPECT(kvr_release(h, server, (int64_t)strlen(server), &released, &err), KVR_OK, err, NULL, "release acquire_with");
+    kvr_free(server); server = NULL;
+    o.size = offsetof(kvr_acquire_opts, pin); /* a first-version caller: pin and the rest default */
+    EXPECT(kvr_acquire_with(h, &o, &idx, NULL, &server, NULL, &err), KVR_OK, err, NULL, "acquire_with short");
+    CHECK(server != NULL, "short opts: known_generation defaults to -1");
+    if (server) EXPECT(kvr_release(h, server, (int64_t)strlen(server), &released, &err), KVR_OK, err, NULL, "release short");
+    kvr_free(server); server = NULL;
+    o.size = 4;
+    EXPECT(kvr_acquire_with(h, &o, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "smaller", "acquire_with size");
 
     EXPECT(kvr_acquire(h, NULL, 3, tokens, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "request_id is NULL", "null id");
     EXPECT(kvr_acquire(h, "r", -1, tokens, 64, -1, NULL, 0, -1, &idx, NULL, NULL, NULL, &err), KVR_INVALID_ARGUMENT, err, "negative", "negative id length");

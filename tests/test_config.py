@@ -159,7 +159,13 @@ def test_packaged_yaml_is_the_library_defaults():
     # The collector entry shows the settings it runs with.
     assert effective["collectors"] == {
         "collectors": [
-            {"name": "vllm_metrics", "interval_ms": 100, "timeout_ms": 1000, "max_bytes": 8 << 20, "backoff_max_ms": 5000}
+            {
+                "name": "vllm_metrics",
+                "interval_ms": 100,
+                "timeout_ms": 1000,
+                "max_bytes": 8 << 20,
+                "backoff_max_ms": 5000,
+            }
         ]
     }
     assert {**effective, "collectors": lib["collectors"]} == lib

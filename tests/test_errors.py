@@ -389,11 +389,12 @@ def test_codes_and_abi_version_match_the_header():
 
     with open(os.path.join(REPO, "cabi", "kvcrouter.h"), encoding="utf-8") as f:
         defines = dict(re.findall(r"^#define (KVR_[A-Z_]+) (-?\d+)", f.read(), re.M))
-    codes = {k: int(v) for k, v in defines.items() if k != "KVR_ABI_VERSION" and not k.startswith("KVR_METRICS_")}
+    codes = {k: int(v) for k, v in defines.items() if not k.startswith(("KVR_ABI_", "KVR_METRICS_"))}
     python = {k: v for k, v in vars(errors).items() if re.fullmatch(r"KVR_[A-Z_]+", k)}
     assert python == codes
     assert set(errors.CODE_NAMES) == set(codes.values())
     assert int(defines["KVR_ABI_VERSION"]) == _native.ABI_VERSION == _native.load().kvr_abi_version()
+    assert int(defines["KVR_ABI_MINOR"]) == _native.ABI_MINOR == _native.load().kvr_abi_minor()
     assert {k: int(v) for k, v in defines.items() if k.startswith("KVR_METRICS_")} == {
         f"KVR_METRICS_{k.upper()}": v for k, v in _native.METRICS_FLAVORS.items()
     }

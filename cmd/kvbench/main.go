@@ -36,6 +36,7 @@ type config struct {
 	workload, trace, policies, jsonOut, csvOut, plotOut, kvcParams string
 	engines, gpuBlocks, cpuBlocks, blockSize, maxSeqs, maxBatched  int
 	seed                                                           uint64
+	oracleLPT                                                      bool
 	scrape, eventDelay, rateScale, jitter                          float64
 	limit, parallel                                                int
 	steps, grpoPrompts, grpoN, agentTasks, agentGroup              int
@@ -125,6 +126,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.sweepTiers, "sweep-tiers", "", "sensitivity: layer_weights variants as gpu/cpu pairs, e.g. 0.7/0.2,1/0.8")
 	fs.StringVar(&c.sweepSeeds, "sweep-seeds", "1", "sensitivity: seeds")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress bar")
+	fs.BoolVar(&c.oracleLPT, "oracle-longest-first", false, "reference only: submit each step's requests longest response first (length knowledge no router has)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -272,6 +274,7 @@ func (c *config) options(progress *atomic.Int64) bench.Options {
 		Engines: bench.EngineSpec{Engines: c.engines, GPUBlocks: c.gpuBlocks, CPUBlocks: c.cpuBlocks, BlockSize: c.blockSize,
 			MaxNumSeqs: c.maxSeqs, MaxBatchedTokens: c.maxBatched, Seed: c.seed},
 		ScrapeInterval: c.scrape, EventDelay: c.eventDelay, ArrivalSpread: c.spread, Progress: progress,
+		OracleLongestFirst: c.oracleLPT,
 	}
 }
 

@@ -34,6 +34,8 @@ Usage:
   kvctl scrape URL                fetch and parse a /metrics endpoint, print the load snapshot as JSON
   kvctl watch ENDPOINT            subscribe to a KV-event publisher and print decoded events live
   kvctl keys --block-size N       read token ids (a JSON array) on stdin, print the block keys
+  kvctl config-doc [--root DIR]   print the configuration reference (docs/configuration.md) from the
+                                  Go model; DIR is the source checkout (default .)
 
 Run 'kvctl COMMAND --help' for a command's flags.
 `
@@ -63,6 +65,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = watch(ctx, args[1:], stdout, stderr)
 	case "keys":
 		err = keys(args[1:], stdin, stdout, stderr)
+	case "config-doc":
+		err = configDoc(args[1:], stdout, stderr)
 	default:
 		err = fmt.Errorf("unknown command %q\n\n%s", args[0], usage)
 	}

@@ -144,23 +144,36 @@ var ErrConfig = errors.New("collector: invalid config")
 
 // Spec configures one collector.
 type Spec struct {
+	// Name of a registered collector (vllm_metrics, vllm_polling,
+	// sglang_metrics, vllm_zmq).
 	Name string `json:"name"`
-	// Metrics pollers.
-	IntervalMS   int               `json:"interval_ms,omitempty"`
-	TimeoutMS    int               `json:"timeout_ms,omitempty"`
-	MaxBytes     int64             `json:"max_bytes,omitempty"`
-	BackoffMaxMS int               `json:"backoff_max_ms,omitempty"`
-	URLs         map[string]string `json:"urls,omitempty"`
-	// KV-event subscriber.
-	Endpoints       map[string][]Endpoint `json:"endpoints,omitempty"`
-	ReplayTimeoutMS int                   `json:"replay_timeout_ms,omitempty"`
-	IdleRedialMS    int                   `json:"idle_redial_ms,omitempty"`
-	RetryMS         int                   `json:"retry_ms,omitempty"`
-	MaxPayloadBytes int                   `json:"max_payload_bytes,omitempty"`
+	// IntervalMS between scrapes of one server (metrics pollers).
+	IntervalMS int `json:"interval_ms,omitempty"`
+	// TimeoutMS bounds one scrape.
+	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// MaxBytes bounds one metrics response body.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// BackoffMaxMS caps the retry delay of a failing server.
+	BackoffMaxMS int `json:"backoff_max_ms,omitempty"`
+	// URLs overrides the metrics URL per server id (default
+	// http://<server id>/metrics).
+	URLs map[string]string `json:"urls,omitempty"`
+	// Endpoints lists each server's KV-event publishers (vllm_zmq).
+	Endpoints map[string][]Endpoint `json:"endpoints,omitempty"`
+	// ReplayTimeoutMS bounds one replay exchange with a publisher.
+	ReplayTimeoutMS int `json:"replay_timeout_ms,omitempty"`
+	// IdleRedialMS re-dials a publisher silent this long.
+	IdleRedialMS int `json:"idle_redial_ms,omitempty"`
+	// RetryMS is the wait between failed dials.
+	RetryMS int `json:"retry_ms,omitempty"`
+	// MaxPayloadBytes bounds one KV-event batch.
+	MaxPayloadBytes int `json:"max_payload_bytes,omitempty"`
 }
 
 // Config is the collectors section of the balancer configuration.
 type Config struct {
+	// Collectors to run, each fed by the pool; none by default (the router
+	// then knows only what callers push and what it routed).
 	Collectors []Spec `json:"collectors"`
 }
 

@@ -54,8 +54,10 @@ type Config struct {
 
 // PushConfig bounds pushed payloads; 0 means the default.
 type PushConfig struct {
+	// MaxMetricsBytes bounds one pushed Prometheus text (kvr_update_metrics).
 	MaxMetricsBytes int64 `json:"max_metrics_bytes"`
-	MaxEventBytes   int64 `json:"max_event_bytes"`
+	// MaxEventBytes bounds one pushed KV-event payload (kvr_update_events).
+	MaxEventBytes int64 `json:"max_event_bytes"`
 }
 
 // ErrConfig is matched (errors.Is) by every configuration error.

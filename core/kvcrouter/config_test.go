@@ -144,3 +144,27 @@ func lookup(doc map[string]any, path string) (any, bool) {
 	}
 	return cur, true
 }
+
+// TestSchema: the schema names every registered strategy and collector,
+// and every allowed _target_ resolves to a registered strategy.
+func TestSchema(t *testing.T) {
+	s, err := ConfigSchema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Strategies) < 2 || string(s.Strategies["least_inflight"]) != "{}" {
+		t.Fatalf("strategies %v", s.Strategies)
+	}
+	var kvc map[string]any
+	if err := json.Unmarshal(s.Strategies["kvc_aware"], &kvc); err != nil || kvc["alpha"] != 0.3 {
+		t.Fatalf("kvc_aware params %s", s.Strategies["kvc_aware"])
+	}
+	for target, name := range s.Targets {
+		if _, ok := s.Strategies[name]; !ok {
+			t.Errorf("target %s names unregistered strategy %s", target, name)
+		}
+	}
+	if strings.Join(s.Collectors, ",") != "vllm_metrics,vllm_polling,sglang_metrics,vllm_zmq" {
+		t.Fatalf("collectors %v", s.Collectors)
+	}
+}

@@ -26,7 +26,7 @@ type AdmissionSpec struct {
 	Enabled bool `json:"enabled"`
 	// MaxInflight is each server's in-flight cap; 0 = its max_num_seqs
 	// (from metrics, else load.max_num_seqs) times Headroom.
-	MaxInflight int `json:"max_inflight,omitempty"`
+	MaxInflight int `json:"max_inflight"`
 	// Headroom scales max_num_seqs into the cap (default 1).
 	Headroom float64 `json:"headroom,omitempty"`
 	// MaxQueue bounds held requests; beyond it Submit fails with

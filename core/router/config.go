@@ -27,8 +27,12 @@ var ErrConfig = errors.New("router: invalid config")
 
 // StrategySpec names one strategy and its weight in the combination.
 type StrategySpec struct {
-	Name   string          `json:"name"`
-	Weight float64         `json:"weight"`
+	// Name of a registered strategy (kvc_aware, least_inflight).
+	Name string `json:"name"`
+	// Weight of the strategy's score in the weighted sum; must be > 0.
+	Weight float64 `json:"weight"`
+	// Params are the strategy's own parameters; unset ones take the
+	// strategy's defaults.
 	Params json.RawMessage `json:"params,omitempty"`
 }
 
@@ -45,41 +49,60 @@ type ServerSpec struct {
 
 // IndexSpec sizes the block index.
 type IndexSpec struct {
-	MaxEntries  int `json:"max_entries,omitempty"`
-	SpecTTLMS   int `json:"spec_ttl_ms,omitempty"`
+	// MaxEntries caps (server, block) records over all servers (40 bytes
+	// each); beyond it the least recently used are evicted (CLOCK).
+	MaxEntries int `json:"max_entries,omitempty"`
+	// SpecTTLMS is how long a speculative entry (a block presumed resident
+	// because a prompt was routed there) lives on an event-fed server.
+	SpecTTLMS int `json:"spec_ttl_ms,omitempty"`
+	// ApproxTTLMS is the same for a server without an event feed.
 	ApproxTTLMS int `json:"approx_ttl_ms,omitempty"`
 }
 
 // LoadSpec tunes the load store.
 type LoadSpec struct {
-	StaleAfterMS   int `json:"stale_after_ms,omitempty"`
-	MaxNumSeqs     int `json:"max_num_seqs,omitempty"`
+	// StaleAfterMS: metrics older than this are ignored and load falls
+	// back to in-flight counts.
+	StaleAfterMS int `json:"stale_after_ms,omitempty"`
+	// MaxNumSeqs is a server's batch capacity when its metrics do not say.
+	MaxNumSeqs int `json:"max_num_seqs,omitempty"`
+	// UnhealthyAfter consecutive failed scrapes mark a server unhealthy.
 	UnhealthyAfter int `json:"unhealthy_after,omitempty"`
 }
 
 // Config is the router's configuration, as JSON crosses the C boundary.
 type Config struct {
-	Mode          string         `json:"mode"`
-	StickyMaxSize int            `json:"sticky_max_size"`
-	Strategies    []StrategySpec `json:"strategies,omitempty"`
+	// Mode is "default" (verl's GlobalRequestLoadBalancer exactly) or
+	// "kvc_aware" (prefix-cache hits and load).
+	Mode string `json:"mode"`
+	// StickyMaxSize bounds the sticky-session LRU (request id -> server).
+	StickyMaxSize int `json:"sticky_max_size"`
+	// Strategies are combined by weight; the default is the mode's own
+	// (least_inflight, or kvc_aware).
+	Strategies []StrategySpec `json:"strategies,omitempty"`
 	// LoadThreshold bounds sticky bindings in kvc_aware mode: a bound
 	// server above it is re-scored. 0 = the kvc_aware strategy's threshold.
 	LoadThreshold float64 `json:"load_threshold,omitempty"`
 	// StickyOverload enables the breakout (default true in kvc_aware
 	// mode; always false in default mode, as verl ignores load).
 	StickyOverload *bool `json:"sticky_overload,omitempty"`
-	BlockSize      int   `json:"block_size,omitempty"`
+	// BlockSize in tokens keys prompts for servers whose metrics report
+	// none.
+	BlockSize int `json:"block_size,omitempty"`
 	// Model and the request's LoRA name form the key namespace.
-	Model string `json:"model,omitempty"`
+	Model string `json:"model"`
 	// Speculate records routed prompts as presumed resident (default true
 	// in kvc_aware mode).
 	Speculate *bool `json:"speculate,omitempty"`
 	// EventsDefault says whether servers have KV-event feeds unless a
 	// ServerSpec says otherwise; without events the index is approximate.
-	EventsDefault bool                  `json:"events_default,omitempty"`
-	Servers       map[string]ServerSpec `json:"servers,omitempty"`
-	Index         IndexSpec             `json:"index"`
-	Load          LoadSpec              `json:"load"`
+	EventsDefault bool `json:"events_default"`
+	// Servers overrides settings per server id.
+	Servers map[string]ServerSpec `json:"servers,omitempty"`
+	// Index sizes the block index.
+	Index IndexSpec `json:"index"`
+	// Load tunes the load store.
+	Load LoadSpec `json:"load"`
 	// Admission holds requests while every server is full (admission.go).
 	Admission AdmissionSpec `json:"admission"`
 	// MaxPromptTokens bounds a request's prompt length.

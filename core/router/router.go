@@ -126,6 +126,8 @@ type Router struct {
 	queue    []held
 	adm      AdmissionStatus
 	pickMemo map[uint64]uint8
+
+	latency latencyHist // acquireLocked's duration (latency.go)
 }
 
 // Counters are cumulative decision statistics.
@@ -141,6 +143,10 @@ type Counters struct {
 	Rejected      uint64 `json:"rejected"`
 	PromptTokens  uint64 `json:"prompt_tokens"`
 	PredictedHits uint64 `json:"predicted_hit_tokens"`
+	// The predicted hit per tier (their sum is PredictedHits).
+	PredictedHitsGPU uint64 `json:"predicted_hit_tokens_gpu"`
+	PredictedHitsCPU uint64 `json:"predicted_hit_tokens_cpu"`
+	PredictedHitsSSD uint64 `json:"predicted_hit_tokens_ssd"`
 }
 
 // New builds a router from a normalised or raw config.
@@ -395,14 +401,23 @@ func (r *Router) Acquire(req Request) (Decision, error) {
 
 // acquireLocked is Acquire under r.mu.
 func (r *Router) acquireLocked(req *Request) (Decision, error) {
+	start := time.Now()
 	r.counters.Acquires++
 	d, err := r.decide(req)
 	if err != nil {
+		r.latency.observe(time.Since(start))
 		return d, err
 	}
 	r.ld.Acquire(d.Server, len(req.Tokens))
-	r.counters.PromptTokens += uint64(len(req.Tokens))
-	r.counters.PredictedHits += uint64((d.HitBlocks[0] + d.HitBlocks[1] + d.HitBlocks[2]) * d.BlockSize)
+	c := &r.counters
+	c.PromptTokens += uint64(len(req.Tokens))
+	gpu, cpu, ssd := uint64(d.HitBlocks[index.GPU]*d.BlockSize), uint64(d.HitBlocks[index.CPU]*d.BlockSize),
+		uint64(d.HitBlocks[index.SSD]*d.BlockSize)
+	c.PredictedHits += gpu + cpu + ssd
+	c.PredictedHitsGPU += gpu
+	c.PredictedHitsCPU += cpu
+	c.PredictedHitsSSD += ssd
+	r.latency.observe(time.Since(start))
 	return d, nil
 }
 

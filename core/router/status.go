@@ -36,6 +36,8 @@ type Status struct {
 	Counters      Counters        `json:"counters"`
 	Index         index.Status    `json:"index"`
 	Admission     AdmissionStatus `json:"admission"`
+	// DecisionSeconds is the histogram of the decisions' duration.
+	DecisionSeconds LatencyStatus `json:"decision_seconds"`
 }
 
 // Status summarises the router; Approximate is true when any pool member
@@ -46,6 +48,7 @@ func (r *Router) Status() Status {
 		Mode: r.cfg.Mode, Strategy: r.strat.Name(), LoadThreshold: r.threshold,
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
 		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters, Admission: r.adm,
+		DecisionSeconds: r.latency.status(),
 	}
 	st.Admission.Enabled, st.Admission.Held = r.admit, len(r.queue)
 	for _, s := range r.pool {

@@ -40,8 +40,11 @@ from .errors import (
 
 LIB_ENV = "KVC_ROUTER_LIB"
 LIB_NAME = "libkvcrouter.so"
-# KVR_ABI_VERSION of cabi/kvcrouter.h (tests/test_errors.py checks it).
+# KVR_ABI_VERSION (the major) and KVR_ABI_MINOR of cabi/kvcrouter.h
+# (tests/test_errors.py checks them). A library of the same major and a minor
+# at least ABI_MINOR is accepted.
 ABI_VERSION = 1
+ABI_MINOR = 1
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -78,10 +81,41 @@ def _fork_error() -> ForkError:
     )
 
 
+class AcquireOpts(ctypes.Structure):
+    """kvr_acquire_opts (ABI 1.1); ``size`` must be ``ctypes.sizeof(AcquireOpts)``."""
+
+    _fields_ = [
+        ("size", c_uint64),
+        ("request_id", c_char_p),
+        ("request_id_len", c_int64),
+        ("tokens", c_void_p),
+        ("n_tokens", c_int64),
+        ("pin", c_int64),
+        ("lora", c_char_p),
+        ("lora_len", c_int64),
+        ("known_generation", c_int64),
+    ]
+
+
+_ERR = POINTER(c_void_p)
+#: Every export's ctypes (argtypes, restype); tests/test_abi_header.py holds
+#: them to cabi/kvcrouter.h.
+SIGNATURES: dict = {
+    "kvr_abi_version": ([], c_int32),
+    "kvr_abi_minor": ([], c_int32),
+    "kvr_version": ([_ERR, _ERR], c_int32),
+    "kvr_config_schema": ([_ERR, _ERR], c_int32),
+    "kvr_acquire_with": (
+        [c_uint64, POINTER(AcquireOpts), POINTER(c_int32), POINTER(c_int64), _ERR, _ERR, _ERR],
+        c_int32,
+    ),
+}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    err = POINTER(c_void_p)
+    err = _ERR
     sig = {
-        "kvr_abi_version": ([], c_int32),
+        **SIGNATURES,
         "kvr_free": ([c_void_p], None),
         "kvr_router_new": ([c_char_p, c_int64, POINTER(c_uint64), err], c_int32),
         "kvr_validate_config": ([c_char_p, c_int64, err, err], c_int32),
@@ -118,6 +152,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvr_clear_sticky": ([c_uint64, err, err], c_int32),
         "kvr_reset_cache": ([c_uint64, err], c_int32),
     }
+    SIGNATURES.update(sig)
     for name, (args, res) in sig.items():
         fn = getattr(lib, name)
         fn.argtypes = args
@@ -150,13 +185,17 @@ def _load_locked() -> ctypes.CDLL:
             lib = ctypes.CDLL(path)
         except OSError as e:
             raise NativeError(f"cannot load {path}: {e}") from e
+        major = lib.kvr_abi_version() if hasattr(lib, "kvr_abi_version") else None
+        minor = lib.kvr_abi_minor() if hasattr(lib, "kvr_abi_minor") else 0
+        if major != ABI_VERSION or minor < ABI_MINOR:
+            raise NativeError(
+                f"{path} has ABI version {major}.{minor}; this package needs {ABI_VERSION}.{ABI_MINOR} or a later "
+                f"{ABI_VERSION}.x (rebuild the library from this checkout: make {LIB_NAME})"
+            )
         try:
             _declare(lib)
         except AttributeError as e:
             raise NativeError(f"{path} is not a compatible libkvcrouter: {e}") from e
-        version = lib.kvr_abi_version()
-        if version != ABI_VERSION:
-            raise NativeError(f"{path} has ABI version {version}; this package needs {ABI_VERSION}")
         _lib, _lib_path, _pid = lib, path, os.getpid()
         return lib
 
@@ -376,8 +415,36 @@ def validate_config(config: dict) -> dict:
     except (TypeError, ValueError, RecursionError) as e:
         raise NativeConfigError(f"the configuration cannot be encoded as JSON: {e}") from None
     out, err = c_void_p(), c_void_p()
-    _check(lib, lib.kvr_validate_config(data, len(data), byref(out), byref(err)), err)
+    code = lib.kvr_validate_config(data, len(data), byref(out), byref(err))
+    doc = json.loads(take_string(lib, out) or "{}")
+    if code != KVR_OK:
+        e = error_for(code, take_string(lib, err) or "")
+        if isinstance(e, NativeConfigError):
+            # The library's key path and reason, structured (ABI 1.1).
+            e.key, e.reason = doc.get("key"), doc.get("reason")
+        raise e
+    return doc
+
+
+def _json_call(name: str) -> dict:
+    lib = load()
+    out, err = c_void_p(), c_void_p()
+    _check(lib, getattr(lib, name)(byref(out), byref(err)), err)
     return json.loads(take_string(lib, out) or "{}")
+
+
+def library_version() -> dict:
+    """The loaded library's build: ``{"version", "abi_version", "abi_minor",
+    "go_version"}``."""
+    return _json_call("kvr_version")
+
+
+@functools.lru_cache(maxsize=1)
+def config_schema() -> dict:
+    """What a configuration may name (kvr_config_schema): router modes,
+    strategies with their default parameters, the ``_target_`` allow-list,
+    collector names, log levels."""
+    return _json_call("kvr_config_schema")
 
 
 class Router:

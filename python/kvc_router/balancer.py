@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import _native
+from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
 from .errors import ConfigError, NativeError, NoServerError
 
@@ -102,6 +102,9 @@ class KVCAwareBalancer:
         self._refresh()
         if servers:
             self.add_servers(servers)
+        # Ray metrics from periodic get_status() snapshots (a daemon thread;
+        # nothing on the acquire path). On by default inside Ray actors.
+        self._metrics = metrics.start_for(self, self._config.metrics)
 
     # -- verl's interface ----------------------------------------------------
 
@@ -325,6 +328,8 @@ class KVCAwareBalancer:
     def close(self) -> None:
         """Stops the collectors and frees the native router. Idempotent."""
         self._finalizer.detach()
+        if self._metrics is not None:
+            self._metrics.stop()
         if self._router.closed:
             return
         self._router.close()

@@ -107,7 +107,10 @@ class NativeConfigError(NativeError, ConfigError):
 
     def __init__(self, message: str, code: int = KVR_INVALID_CONFIG) -> None:
         NativeError.__init__(self, message, code)
-        self.key = None
+        # kvr_validate_config's {"key", "reason"}: the native key path and
+        # the reason, when the error came from it.
+        self.key: Optional[str] = None
+        self.reason: Optional[str] = None
         self.allowed = None
 
     def __reduce__(self) -> Any:

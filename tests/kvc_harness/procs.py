@@ -231,16 +231,25 @@ def harness_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return out
 
 
+#: The port of the node's Prometheus metrics export (Ray's metrics agent)
+#: of the cluster start_ray started last.
+RAY_METRICS_PORT: Optional[int] = None
+
+
 def start_ray(num_cpus: int, namespace: Optional[str] = None) -> Any:
     """``ray.init`` for every run here: a private local cluster (never one
     RAY_ADDRESS points at), no dashboard, no usage stats, workers that can
     import kvc_harness (module-level actor classes such as RolloutWorker are
-    pickled by reference). Returns the ray module; the caller shuts it down."""
+    pickled by reference), the metrics agent's Prometheus export on a free
+    port (:data:`RAY_METRICS_PORT`). Returns the ray module; the caller shuts
+    it down."""
+    global RAY_METRICS_PORT
     # Ray's raylet and workers inherit this process's environment.
     os.environ["PYTHONPATH"] = harness_env()["PYTHONPATH"]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    (port,) = free_ports(1)
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -248,5 +257,7 @@ def start_ray(num_cpus: int, namespace: Optional[str] = None) -> Any:
         log_to_driver=False,
         configure_logging=False,
         namespace=namespace,
+        _metrics_export_port=port,
     )
+    RAY_METRICS_PORT = port
     return ray

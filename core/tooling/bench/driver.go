@@ -52,6 +52,11 @@ type Options struct {
 	// [0, ArrivalSpread) virtual seconds, as a rollout client submitting
 	// them one by one does; 0 = all at the phase start.
 	ArrivalSpread float64
+	// OracleLongestFirst submits each phase's initial arrivals in order of
+	// their true response length, longest first: a reference for what
+	// length knowledge (which no router has: verl sends one max_tokens for
+	// every sample) would buy, not a policy.
+	OracleLongestFirst bool
 	// Record keeps per-request block chains for the bounds.
 	Record bool
 	// Progress, when set, is incremented once per completed request.
@@ -299,7 +304,11 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 			}
 		}
 		ps := d.now
-		for _, it := range wl.Start(p, ps) {
+		items := wl.Start(p, ps)
+		if opt.OracleLongestFirst {
+			sort.SliceStable(items, func(a, b int) bool { return items[a].MaxTokens > items[b].MaxTokens })
+		}
+		for _, it := range items {
 			if opt.ArrivalSpread > 0 {
 				it.At += spread.Float64() * opt.ArrivalSpread
 			}
@@ -379,6 +388,12 @@ func (d *driver) scrape() {
 			At: d.epoch.Add(time.Duration(d.now * float64(time.Second)))}
 		e.metrics, e.scraped = m, true
 		d.r.UpdateMetrics(e.id, m)
+	}
+	d.admitted = d.r.Pump(d.admitted[:0])
+	for _, a := range d.admitted {
+		it := d.held[a.Ticket]
+		delete(d.held, a.Ticket)
+		_ = d.place(it, d.wl.Prompt(it, d.buf), a.Decision)
 	}
 }
 

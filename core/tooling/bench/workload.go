@@ -519,13 +519,14 @@ func (a *Agent) Done(it *Item, output []int32, now float64) []*Item {
 		chained: true, think: tr.lat[it.turn], first: it.first}}
 }
 
-// DefaultAgentScale is an agentic RL step at scale: 1 step of 512 tasks ×
-// 8 trajectories (4,096 multi-turn sessions for 2,048 slots on 8 engines),
-// 4–12 turns each with tool latency lognormal(median 1 s): at any time
-// many sessions wait on tools while more than the fleet can run wait on it.
+// DefaultAgentScale is an agentic RL step at scale: 1 step of 256 tasks ×
+// 8 trajectories (2,048 multi-turn sessions; kvbench runs it at
+// max_num_seqs 128, 2× the fleet's 1,024 slots), 4–8 turns each with tool
+// latency lognormal(median 1 s): at any time many sessions wait on tools
+// while more than the fleet can run wait on it.
 func DefaultAgentScale() AgentConfig {
 	a := DefaultAgent()
-	a.Steps, a.Tasks, a.Group = 1, 512, 8
+	a.Steps, a.Tasks, a.Group, a.MaxTurns = 1, 256, 8, 8
 	a.ToolLatencyMedian = 1
 	a.Name = "agent_scale"
 	return a
