@@ -171,12 +171,13 @@ def expected(status: Dict[str, Any]) -> Dict[Tuple[str, Tuple[Tuple[str, str], .
     """What the export must show for this status: every sample but the
     VOLATILE ones, with counters that never moved absent (Ray exports a
     counter on its first increment)."""
-    exp = {}
-    for (name, labels), v in km.merge(km.samples(status, lambda s: s)).items():
-        if name in VOLATILE or (km.spec_of(name).kind == "counter" and v == 0):
-            continue
-        exp[(name, labels)] = v
-    return exp
+    exp: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+    for (name, labels), v in km.merge(km.samples(status)).items():
+        key = (name, tuple(kv for kv in labels if not kv[0].startswith("_")))
+        exp[key] = exp.get(key, 0.0) + v
+    return {
+        k: v for k, v in exp.items() if k[0] not in VOLATILE and not (km.spec_of(k[0]).kind == "counter" and v == 0)
+    }
 
 
 def _close(a: float, b: float) -> bool:
@@ -241,6 +242,26 @@ def test_ray_prometheus_export_matches_status(ray_cluster, make_actor):
     got2 = wait_matching(port, worker, want2)
     assert got2[("acquires_total", ())] == 13
     assert "s2" not in st2["servers"]
+
+
+def test_folded_servers_count_once_when_one_leaves(ray_cluster, make_actor):
+    """With one own server label, s1 and s2 share _other; s2 leaving must
+    not make s1's scrapes look new (increases are taken per server)."""
+    ray = ray_cluster
+    port = procs.RAY_METRICS_PORT
+    lb = make_actor(servers={"s0": None, "s1": None, "s2": None}, router_config=_cfg(period_s=0.2, max_server_labels=1))
+    worker = _actor_attr(ray, lb, lambda self: __import__("ray").get_runtime_context().get_worker_id())
+    text = wire.metrics_text(running=1)
+    for sid, n in (("s0", 1), ("s1", 2), ("s2", 3)):
+        for _ in range(n):
+            assert ray.get(lb.update_metrics.remote(sid, text))
+    other = ("server_scrapes_total", (("server", km.OTHER),))
+    wait_matching(port, worker, {other: 5.0, ("server_scrapes_total", (("server", "s0"),)): 1.0})
+    ray.get(lb.remove_servers.remote(["s2"]))
+    assert ray.get(lb.update_metrics.remote("s1", text))
+    time.sleep(1.0)  # several export periods after the removal
+    got = wait_matching(port, worker, {other: 6.0})
+    assert ("server_scrapes_total", (("server", "s2"),)) not in got
 
 
 def test_metrics_off_switch(ray_cluster, make_actor):
