@@ -36,6 +36,23 @@ def _interpolate(s: Sequence[float], p: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+#: Student's t, two-sided 95%, by degrees of freedom (1..30; 1.96 beyond).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def mean_ci(samples: Sequence[float]) -> List[float]:
+    """[mean, half-width of its 95% confidence interval (t distribution)]."""
+    n = len(samples)
+    m = sum(samples) / n
+    if n < 2:
+        return [m, float("nan")]
+    sd = (sum((x - m) ** 2 for x in samples) / (n - 1)) ** 0.5
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return [round(m, 1), round(t * sd / n**0.5, 1)]
+
+
 def format_rows(head: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     """A plain-text table: a header line, a rule, one line per row; the
     columns listed in `right` are right-aligned, the others left-aligned."""
