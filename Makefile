@@ -34,7 +34,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short peers-venv
+.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short arena-full render freeze-kvc-aware peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -47,9 +47,12 @@ help:
 	@echo "test-verl    - tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
-	@echo "kvbench-heldout - tune each policy's main knob on seeds 101,102, report seeds 1-5 (mean, SD)"
+	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 301-310 (mean ± 95% CI), kvc_aware frozen"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
-	@echo "arena  - real sglang-router/vllm-router vs kvc-router on vllm-sim fleets, 5 workloads x 3 seeds (~15 min)"
+	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
+	@echo "arena-full   - every arena workload and policy (~25 min)"
+	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
+	@echo "freeze-kvc-aware - write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit"
 	@echo "arena-short  - the same at a small size, one seed (ARENA_ARGS=... passes options to scripts/arena.py)"
 	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
 	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
@@ -168,7 +171,9 @@ bench:
 # KVBENCH_TRACE: the Mooncake trace (default: the full public trace beside
 # the repository; cmd/kvbench/testdata/conversation_trace_1000.jsonl ships in it).
 KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
-KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 1,2,3,4,5
+# Reported seeds 301-310: never run before kvc_aware's configuration was frozen
+# (docs/frozen-kvc-aware.json, `make freeze-kvc-aware`); tuning only on 101-102.
+KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 301,302,303,304,305,306,307,308,309,310 --kvc-frozen docs/frozen-kvc-aware.json
 
 kvbench:
 	@mkdir -p build
@@ -180,10 +185,12 @@ kvbench:
 # The held-out evaluation behind docs/kvbench.md (tune on some seeds, report others).
 kvbench-heldout:
 	@mkdir -p build
+	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware,kvc_aware+admit --json build/heldout-grpo_sat.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_scale.json
 	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,llmd_precise+spec,dynamo_cost,kvc_aware --json build/heldout-grpo.json
 	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-grpo-spread.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent_long.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_long.json
 	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-mooncake.json
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
@@ -197,8 +204,26 @@ peers-venv: $(VENV_PEERS)/.stamp
 $(VENV_PEERS)/.stamp: scripts/peers_venv.sh
 	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
 
+# `make arena`: the RL-scale workloads, 7 policies, fresh seeds 301-305
+# (scripts/arena.py's defaults; ~170 s per seed measured, ~14 min). arena-full
+# adds mooncake, grpo, agent, agent_open and round_robin (~300 s per seed, ~25 min).
 arena: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py $(ARENA_ARGS)
+
+arena-full: venv build $(PYLIB) peers-venv
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --workloads all --policies all $(ARENA_ARGS)
+
+# Copies the last arena / held-out JSON into docs/results/ and renders the
+# tables of docs/arena.md, docs/kvbench.md and README.md from it.
+render: venv
+	@mkdir -p docs/results
+	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
+	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
+	$(PYH) scripts/render_results.py
+
+# Freezes kvc_aware's whole configuration at the current commit (clean tree).
+freeze-kvc-aware: venv $(PYLIB)
+	$(PYH) scripts/freeze_kvc_aware.py
 
 arena-short: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)

@@ -60,11 +60,15 @@ func kvr_release_admit(h C.uint64_t, server *C.char, serverLen C.int64_t, outRel
 		// release it.
 		return fail(errOut, errf(codeInvalidArgument, "out_admitted is NULL"))
 	}
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
+		if !valid {
+			inst.ignoredIDs.Add(1) // as kvr_release: no pool member has it
+			return nil
+		}
 		admitted, ok := inst.lib.ReleaseAdmit(id, nil)
 		if outReleased != nil && ok {
 			*outReleased = 1

@@ -143,7 +143,9 @@ int32_t kvr_router_close(kvr_handle h, char **err);
  * Outputs (each optional, NULL = not wanted):
  *   out_index       position of the chosen server in the pool order
  *   out_generation  pool generation the index refers to (see kvr_servers)
- *   out_server      the chosen server id (caller frees); set only when
+ *   out_server      the chosen server id, NUL-terminated (caller frees):
+ *                   ids never contain NUL (kvr_add_servers refuses them),
+ *                   so strlen gives the whole id; set only when
  *                   known_generation is -1 or differs from the generation,
  *                   so a caller mirroring the pool pays for no string on
  *                   the hot path and is never confused by a concurrent change
@@ -198,7 +200,9 @@ int32_t kvr_acquire_with(kvr_handle h, const kvr_acquire_opts *opts,
                          char **out_server, char **out_decision, char **err);
 
 /* Counts one request finished on a server. Unknown ids and zero counts are
- * silent no-ops (*out_released = 0); otherwise *out_released = 1. */
+ * silent no-ops (*out_released = 0); otherwise *out_released = 1. An id no
+ * server can have (over 64 KiB, invalid UTF-8, NUL, empty) is unknown too:
+ * a no-op counted in kvr_status's "ignored_invalid_ids". */
 int32_t kvr_release(kvr_handle h, const char *server_id, int64_t server_id_len,
                     int32_t *out_released, char **err);
 
@@ -212,8 +216,9 @@ int32_t kvr_release(kvr_handle h, const char *server_id, int64_t server_id_len,
  *   {"ticket": T, "index": I, "generation": G, "server": "id"}
  * where index is the server's position in the pool of generation G (as
  * kvr_acquire's out_index and out_generation) and server its id. Each is a
- * request now in flight that its caller must release. With admission off it
- * is kvr_release.
+ * request now in flight that its caller must release. server_id is read as
+ * kvr_release reads it (an id no server can have is an unknown id). With
+ * admission off it is kvr_release.
  */
 int32_t kvr_release_admit(kvr_handle h, const char *server_id, int64_t server_id_len,
                           int32_t *out_released, char **out_admitted, char **err);
@@ -229,8 +234,12 @@ int32_t kvr_pump(kvr_handle h, char **out_admitted, char **err);
  * it -- already cancelled, or never held). */
 int32_t kvr_cancel(kvr_handle h, uint64_t ticket, int32_t *out_cancelled, char **err);
 
-/* Adds servers (JSON array of non-empty id strings). New ids go to the end of
- * the pool; re-added ids keep their place and their count resets to 0. */
+/* Adds servers (JSON array of id strings). New ids go to the end of the
+ * pool; re-added ids keep their place and their count resets to 0. Every id
+ * must be non-empty, at most 64 KiB, valid UTF-8 and free of NUL; the JSON
+ * text itself must be valid UTF-8 with no \u escape of an unpaired UTF-16
+ * surrogate (a decoder would turn both into U+FFFD, renaming the server).
+ * Otherwise KVR_INVALID_ARGUMENT naming the id, and nothing is added. */
 int32_t kvr_add_servers(kvr_handle h, const char *ids_json, int64_t len,
                         int64_t *out_generation, char **err);
 
@@ -242,7 +251,8 @@ int32_t kvr_remove_servers(kvr_handle h, const char *ids_json, int64_t len,
  * every add/remove). */
 int32_t kvr_servers(kvr_handle h, char **out_json, int64_t *out_generation, char **err);
 
-/* In-flight count of one server (0 if unknown). */
+/* In-flight count of one server (0 if unknown; an id no server can have
+ * is unknown and counted as in kvr_release). */
 int32_t kvr_inflight(kvr_handle h, const char *server_id, int64_t server_id_len,
                      int64_t *out, char **err);
 
@@ -283,8 +293,11 @@ int32_t kvr_reset_cache(kvr_handle h, char **err);
 /* Only in the test build of the library (go build -tags kvrdebug; `make
  * testlib`); the release libkvcrouter.so does not export it. Panics inside Go
  * (kind 0 panic, 1 nil-map write, 2 nil dereference, 3 index out of range),
- * poisoning h when h is a live handle; any other kind is
- * KVR_INVALID_ARGUMENT. */
+ * poisoning h when h is a live handle. Kinds 4 and 5 return KVR_OK and arm a
+ * panic in a collector goroutine of the process instead: 4 in the next
+ * KV-event batch a subscriber applies, 5 in the next /metrics scrape (the
+ * collector recovers, counts it and restarts; nothing is poisoned). Any
+ * other kind is KVR_INVALID_ARGUMENT. */
 int32_t kvr_debug_panic(kvr_handle h, int32_t kind, char **err);
 #endif
 

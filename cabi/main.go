@@ -302,12 +302,17 @@ func acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int32_t,
 func kvr_release(h C.uint64_t, server *C.char, serverLen C.int64_t, outReleased *C.int32_t, errOut **C.char) (code C.int32_t) {
 	defer recoverExport("kvr_release", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
-		ok := inst.r.Release(id)
+		ok := false
+		if valid {
+			ok = inst.r.Release(id)
+		} else {
+			inst.ignoredIDs.Add(1) // no pool member has it: a no-op, counted
+		}
 		if outReleased != nil {
 			*outReleased = 0
 			if ok {
@@ -316,29 +321,6 @@ func kvr_release(h C.uint64_t, server *C.char, serverLen C.int64_t, outReleased 
 		}
 		return nil
 	}))
-}
-
-// parseIDs decodes a JSON array of server ids.
-func parseIDs(p *C.char, n C.int64_t) ([]string, error) {
-	data, err := goBytes(unsafe.Pointer(p), n, "server id list JSON", maxJSONBytes)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	if err := json.Unmarshal(data, &ids); err != nil {
-		return nil, errf(codeInvalidArgument, "server id list must be a JSON array of strings: %v", err)
-	}
-	for i, id := range ids {
-		switch {
-		case id == "":
-			return nil, errf(codeInvalidArgument, "server id %d is empty", i)
-		case len(id) > maxIDBytes:
-			return nil, errf(codeInvalidArgument, "server id %d is %d bytes, more than the limit of %d", i, len(id), maxIDBytes)
-		case !utf8.ValidString(id):
-			return nil, errf(codeInvalidArgument, "server id %d is not valid UTF-8", i)
-		}
-	}
-	return ids, nil
 }
 
 //export kvr_add_servers
@@ -404,11 +386,16 @@ func kvr_inflight(h C.uint64_t, server *C.char, serverLen C.int64_t, out *C.int6
 	if out == nil {
 		return fail(errOut, errf(codeInvalidArgument, "out is NULL"))
 	}
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
+		*out = 0
+		if !valid {
+			inst.ignoredIDs.Add(1)
+			return nil
+		}
 		*out = C.int64_t(inst.r.Inflight(id))
 		return nil
 	}))
@@ -433,7 +420,7 @@ func kvr_update_metrics(h C.uint64_t, server *C.char, serverLen C.int64_t, text 
 ) (code C.int32_t) {
 	defer recoverExport("kvr_update_metrics", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -461,7 +448,7 @@ func kvr_update_events(h C.uint64_t, server *C.char, serverLen C.int64_t, payloa
 ) (code C.int32_t) {
 	defer recoverExport("kvr_update_events", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -480,7 +467,7 @@ func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, eps
 ) (code C.int32_t) {
 	defer recoverExport("kvr_set_kv_endpoints", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -508,6 +495,9 @@ type statusDoc struct {
 	Router     router.Status    `json:"router"`
 	Collectors collector.Status `json:"collectors"`
 	Panics     uint64           `json:"panics"`
+	// IgnoredIDs counts releases and in-flight lookups of ids no server
+	// can have (over the length limit, invalid UTF-8, NUL): no-ops.
+	IgnoredIDs uint64 `json:"ignored_invalid_ids"`
 	// Goroutines is the process's goroutine count (leak checks).
 	Goroutines int `json:"goroutines"`
 }
@@ -524,7 +514,7 @@ func kvr_status(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.int32_t
 		st := inst.lib.Status()
 		doc := statusDoc{
 			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.pool,
-			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(),
+			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(), IgnoredIDs: inst.ignoredIDs.Load(),
 			Goroutines: runtime.NumGoroutine(),
 		}
 		if doc.Pool == nil {

@@ -57,6 +57,8 @@ func codeOf(err error) int32 {
 		return codeOK
 	case errors.As(err, &ke):
 		return ke.code
+	case errors.Is(err, router.ErrBadServerID):
+		return codeInvalidArgument
 	case errors.Is(err, router.ErrNoServers):
 		return codeNoServers
 	case errors.Is(err, router.ErrQueueFull):

@@ -67,6 +67,7 @@ type options struct {
 	ec                        sim.Config
 	hashSeed                  string
 	speed                     float64
+	clock                     string
 	eventsEP, replayEP, topic string
 	encoding                  string
 	bufferSteps, replayLayout int
@@ -91,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.hashSeed, "hash-seed", "", "engine-hash salt (uint64); empty = random per server, like vLLM without PYTHONHASHSEED")
 	fs.IntVar(&o.ec.VocabSize, "vocab-size", sim.DefaultVocabSize, "vocabulary size")
 	fs.Float64Var(&o.speed, "speed", 1, "simulated seconds per wall second; 0 = as fast as possible")
+	fs.StringVar(&o.clock, "clock", "wall", "simulated clock with --speed > 0: wall (wall time x speed) or paced (a busy engine's clock advances by step durations only; host stalls add no simulated time)")
 	fs.Float64Var(&o.ec.StepBase, "step-base", sim.DefaultStepBase, "step time constant a (s); 0 = default, negative = zero")
 	fs.Float64Var(&o.ec.PrefillPerToken, "prefill-per-token", sim.DefaultPrefillPerToken, "step time per uncached prefill token b (s); negative = zero")
 	fs.Float64Var(&o.ec.DecodePerContextToken, "decode-per-context-token", 0, "step time per decode context token c (s); 0 = derive from --decode-full-kv, negative = zero")
@@ -123,6 +125,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.fleet < 1 || o.dp < 1 {
 		return nil, errors.New("--fleet and --data-parallel-size must be >= 1")
+	}
+	if o.clock != "wall" && o.clock != "paced" {
+		return nil, fmt.Errorf("--clock %q: want wall or paced", o.clock)
 	}
 	if o.encoding != "array" && o.encoding != "map" {
 		return nil, fmt.Errorf("--kv-events-encoding %q: want array or map", o.encoding)
@@ -165,6 +170,7 @@ func serverConfig(o *options, i int, log *slog.Logger) (server.Config, error) {
 		DataParallelSize:      o.dp,
 		Addr:                  net.JoinHostPort(o.host, strconv.Itoa(port)),
 		Speed:                 o.speed,
+		PacedClock:            o.clock == "paced",
 		KVEventsBufferSteps:   o.bufferSteps,
 		KVEventsReplayLayout:  o.replayLayout,
 		KVEventsDropEvery:     o.dropEvery,

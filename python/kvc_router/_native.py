@@ -227,13 +227,53 @@ def _check(lib: ctypes.CDLL, code: int, err: c_void_p) -> None:
     raise error_for(code, msg)
 
 
+#: router.MaxServerIDBytes: the longest server id (UTF-8 bytes).
+MAX_ID_BYTES = 64 << 10
+
+
 def _utf8(value: str, what: str) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not encodable as UTF-8: {e}") from None
+        raise InvalidArgumentError(
+            f"{what} is not valid Unicode (not encodable as UTF-8): lone surrogate "
+            f"{value[e.start]!r} at index {e.start}",
+            KVR_INVALID_ARGUMENT,
+        ) from None
+
+
+def check_server_id(sid: Any) -> bytes:
+    """UTF-8 bytes of a server id, after the library's rules (router.CheckServerID):
+    a non-empty str, valid Unicode (no lone surrogates), no NUL, at most
+    64 KiB as UTF-8. Raises TypeError or InvalidArgumentError (a ValueError)
+    naming what is wrong."""
+    if not isinstance(sid, str):
+        raise TypeError(f"server ids must be str, got {type(sid).__name__} {sid!r:.80}")
+    if not sid:
+        raise InvalidArgumentError("server ids must be non-empty strings", KVR_INVALID_ARGUMENT)
+    b = _utf8(sid, f"server id {sid!r:.80}")
+    if len(b) > MAX_ID_BYTES:
+        raise InvalidArgumentError(
+            f"server id {sid!r:.40}... is {len(b)} bytes as UTF-8, more than the limit of {MAX_ID_BYTES}",
+            KVR_INVALID_ARGUMENT,
+        )
+    if "\x00" in sid:
+        raise InvalidArgumentError(
+            f"server id {sid!r:.80} contains a NUL character at index {sid.index(chr(0))}", KVR_INVALID_ARGUMENT
+        )
+    return b
+
+
+def lookup_id(sid: Any) -> Optional[bytes]:
+    """Bytes to look a server up by (release, in-flight count): a str that
+    cannot be encoded keeps its lone surrogates (``surrogatepass``), so the
+    library sees an id no server can have and counts the no-op; None for
+    non-str values."""
+    if not isinstance(sid, str):
+        return None
+    return sid.encode("utf-8", "surrogatepass")
 
 
 def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Optional[int], int]:
@@ -307,7 +347,9 @@ def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Opti
 
 def _check_length(n: int, limit: Optional[int]) -> None:
     if limit is not None and n > limit:
-        raise InvalidArgumentError(f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT)
+        raise InvalidArgumentError(
+            f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT
+        )
 
 
 def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
@@ -376,7 +418,7 @@ def validate_config(config: dict) -> dict:
     lib = load()
     try:
         data = json.dumps(config, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise NativeConfigError(f"the configuration cannot be encoded as JSON: {e}") from None
     out, err = c_void_p(), c_void_p()
     code = lib.kvr_validate_config(data, len(data), byref(out), byref(err))
@@ -546,13 +588,14 @@ class Router:
     # -- control plane -----------------------------------------------------
 
     def add_servers(self, ids: Sequence[str]) -> int:
-        data = json.dumps(list(ids)).encode("utf-8")
+        # Raw UTF-8 (ids passed check_server_id): no \u escapes to reinterpret.
+        data = json.dumps(list(ids), ensure_ascii=False).encode("utf-8")
         gen, err = c_int64(0), c_void_p()
         _check(self._lib, self._lib.kvr_add_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
         return gen.value
 
     def remove_servers(self, ids: Sequence[str]) -> int:
-        data = json.dumps(list(ids)).encode("utf-8")
+        data = json.dumps(list(ids), ensure_ascii=False).encode("utf-8")
         gen, err = c_int64(0), c_void_p()
         _check(self._lib, self._lib.kvr_remove_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
         return gen.value

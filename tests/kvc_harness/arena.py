@@ -35,7 +35,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from kvc_harness import HOST, REPO
 from kvc_harness.balancer import router_config
@@ -43,6 +43,7 @@ from kvc_harness.client import COUNTERS, cached_tokens, http_request, reset_pref
 from kvc_harness.fleet import Server, start_sim_fleet
 from kvc_harness.procs import Cleanup, die_with_parent
 from kvc_harness.report import percentile
+from kvc_harness.stats import MeanCI, mean_ci, verdict
 
 MODEL = "sim/arena-8b"
 
@@ -69,8 +70,14 @@ PEERS = {
     "vllm_router_kv_aware_session": ("vllm", "kv_aware",
                                      ("--kv-aware-session-affinity-ttl-secs", str(SESSION_TTL_S))),
 }
-# The default table: launcher-default peers plus the session variant.
-DEFAULT_POLICIES = POLICIES
+# `make arena`: every real peer (launcher defaults, plus vllm-router's session
+# variant) against verl's balancer and kvc_aware; round_robin only in arena-full.
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p != "round_robin")
+# The RL-scale workloads (issue 18); `--workloads all` adds mooncake, grpo, agent
+# and agent_open (make arena-full). Measured: ~170 s per seed for these three.
+DEFAULT_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
+# Reported seeds: never run before kvc_aware's configuration was frozen.
+DEFAULT_SEEDS = "301,302,303,304,305"
 BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
 RESULT_KEYS = (
     "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
@@ -295,16 +302,19 @@ def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
 # HTTP client
 
 
-def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0,
+def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max_tokens: int, seed: int,
+                           timeout: float = 600.0,
                            headers: Optional[Dict[str, str]] = None,
-                           on_first_token: Optional[Callable[[], None]] = None, stream: bool = True) -> dict:
+                           on_first_token: Optional[Callable[[], None]] = None, stream: bool = True,
+                           model: str = MODEL) -> dict:
     """Completion of a text prompt, streamed (TTFT = first chunk with a
     choice) or not (TTFT = e2e; the engines' clock still has the real TTFT);
     returns TTFT, e2e, the generated text and usage (wall seconds).
     ``on_first_token`` runs once when the first token is back (streamed) or
-    with the response (non-streamed)."""
+    with the response (non-streamed). ``prompt`` may also be token ids
+    (vLLM accepts either); ``model`` is the served model's name."""
     body: Dict[str, Any] = {
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
         "seed": seed, "stream": stream,
     }
     t0 = time.perf_counter()
@@ -565,6 +575,27 @@ class PeerRouter(Route):
     def acquire(self, rid, prompt_ids):
         return self.url, "", None
 
+    def decision_metrics(self) -> Dict[str, float]:
+        """The router's own Prometheus counters about its routing decisions
+        (why it chose what it chose), e.g. vllm-router's cache_aware
+        decision kinds and per-worker picks."""
+        try:
+            status, body = http_request(f"http://{HOST}:{self.prom_port}/metrics", timeout=10.0)
+        except OSError:
+            return {}
+        out: Dict[str, float] = {}
+        if status != 200:
+            return out
+        for line in body.decode("utf-8", "replace").splitlines():
+            if line.startswith("#") or not any(k in line for k in ("decision", "processed", "load_balancing")):
+                continue
+            name, _, val = line.rpartition(" ")
+            try:
+                out[name] = float(val)
+            except ValueError:
+                pass
+        return out
+
     def close(self) -> None:
         self.cleanup.stop_process(self.proc)
 
@@ -585,13 +616,34 @@ class ArenaConfig:
     # kvc_aware's strategy configuration: the frozen one (docs/frozen-kvc-aware.json)
     # with any --kvc-knob applied on top (tuning seeds only).
     kvc_knobs: Dict[str, Any] = field(default_factory=dict)
+    # Where kvc_knobs' frozen part came from, and its commit (recorded in the outputs).
+    kvc_frozen: str = ""
+    kvc_frozen_commit: str = ""
     # Streamed requests measure client TTFT; non-streamed ones cut the
     # client's per-chunk work (the engines' clock has TTFT either way).
     stream: bool = True
+    # vllm-sim's clock: "paced" (a busy engine advances by step durations only,
+    # so this shared machine's stalls add no simulated time) or "wall".
+    clock: str = "paced"
     # Workloads that also get the prefill-free bound: verl_default on a fleet
     # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
     bound_workloads: Tuple[str, ...] = ("long_agent",)
     overhead_probes: int = 20
+
+
+FROZEN_DEFAULT = os.path.join(REPO, "docs", "frozen-kvc-aware.json")
+
+
+def load_frozen(path: str) -> Tuple[Dict[str, Any], str]:
+    """kvc_aware's frozen strategy configuration and its commit (with its
+    status when it is not "frozen"), from scripts/freeze_kvc_aware.py's file."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    strategy, commit = doc.get("strategy"), doc.get("commit")
+    if not isinstance(strategy, dict) or not commit:
+        raise ValueError(f"{path}: needs \"commit\" and a \"strategy\" object")
+    status = doc.get("status") or "frozen"
+    return dict(strategy), commit if status == "frozen" else f"{commit} ({status})"
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
@@ -714,7 +766,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                  "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
                  # vLLM >= 0.24 tagged-map events: vllm-router 0.1.17 rejects the
                  # positional form ("KV event must be a tagged map"); see docs/arena.md.
-                 "--kv-events-encoding", "map", *sim_extra]
+                 "--kv-events-encoding", "map", "--clock", cfg.clock, *sim_extra]
         _, servers, _ = start_sim_fleet(sim_binary(), cfg.servers, cleanup, extra,
                                         os.path.join(cfg.out_dir, "vllm-sim.log"))
         if policy == "round_robin":
@@ -748,6 +800,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         router_status = route.status() if isinstance(route, Balancer) else None
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
+        peer_decisions = route.decision_metrics() if isinstance(route, PeerRouter) else None
     finally:
         if route is not None:
             route.close()
@@ -763,6 +816,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         res["details"]["router_config"] = router_config_used
     if dynamo_overlap is not None:
         res["details"]["dynamo_overlap_blocks"] = dynamo_overlap
+    if peer_decisions:
+        res["details"]["router_decisions"] = peer_decisions
     return res
 
 
@@ -952,12 +1007,49 @@ def write_outputs(results: List[dict], out_dir: str, cfg: ArenaConfig) -> Dict[s
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump({"results": [{k: r["row"][k] for k in RESULT_KEYS} for r in results
                                if r["row"]["policy"] != BOUND]}, f, indent=1)
+    summary = [{"workload": a["workload"], "policy": a["policy"], "seeds": a["seeds"],
+                **{k: v.as_dict() for k, v in a["ci"].items()}, "errors": a["errors"],
+                "overhead_ms": a["overhead_ms"]} for a in aggregate(results)]
     with open(paths["details"], "w", encoding="utf-8") as f:
-        json.dump({"config": asdict(cfg), "runs": results, "gain_shares": gain_shares(results)}, f, indent=1)
+        json.dump({"config": asdict(cfg), "runs": results, "gain_shares": gain_shares(results), "summary": summary,
+                   "verdicts": verdicts(results)}, f, indent=1)
     png = plot([r for r in results if r["row"]["policy"] != BOUND], os.path.join(out_dir, "arena.png"))
     if png:
         paths["png"] = png
     return paths
+
+
+# Metrics with a 95% CI in the summary, and whether lower is better.
+CI_METRICS = (("makespan_s", "row", True), ("ttft_p99_s", "row", True), ("ttft_p50_s", "row", True),
+              ("hit_rate", "row", False), ("engine_makespan_s", "details", True), ("busy_makespan_s", "details", True),
+              ("imbalance", "row", True))
+
+
+def ci_stats(results: List[dict]) -> Dict[Tuple[str, str], Dict[str, MeanCI]]:
+    """Per (workload, policy): mean ± 95% CI (t) over seeds of CI_METRICS."""
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for r in results:
+        groups.setdefault((r["row"]["workload"], r["row"]["policy"]), []).append(r)
+    return {k: {m: mean_ci([x[src].get(m, float("nan")) for x in rs]) for m, src, _ in CI_METRICS}
+            for k, rs in groups.items()}
+
+
+def verdicts(results: List[dict],
+             metrics: Sequence[str] = ("engine_makespan_s", "makespan_s", "ttft_p99_s", "hit_rate")) -> List[dict]:
+    """Per workload and metric, who wins: "best" only when its 95% interval
+    overlaps no other policy's, else the tie (the prefill-free bound is not a
+    policy and takes no part)."""
+    st = ci_stats([r for r in results if r["row"]["policy"] != BOUND])
+    lower = {m: lo for m, _, lo in CI_METRICS}
+    out = []
+    for w in dict.fromkeys(k[0] for k in st):
+        for m in metrics:
+            v = verdict(m, {p: s[m] for (ww, p), s in st.items() if ww == w}, lower[m])
+            if v is not None:
+                out.append({"workload": w, "metric": m, "winner": v.winner, "tied": v.tied, "best_mean": v.best,
+                            "text": v.text({p: s[m] for (ww, p), s in st.items() if ww == w},
+                                           1 if m.endswith("makespan_s") else 3)})
+    return out
 
 
 def aggregate(results: List[dict]) -> List[dict]:
@@ -971,7 +1063,8 @@ def aggregate(results: List[dict]) -> List[dict]:
             vals = [x[src][key] for x in rs if not (isinstance(x[src][key], float) and math.isnan(x[src][key]))]
             return sum(vals) / len(vals) if vals else float("nan")
         hits = [x["row"]["hit_rate"] for x in rs]
-        out.append({"workload": w, "policy": p, "seeds": len(rs), "hit_rate": m("hit_rate"),
+        cis = {k: mean_ci([x[src].get(k, float("nan")) for x in rs]) for k, src, _ in CI_METRICS}
+        out.append({"ci": cis, "workload": w, "policy": p, "seeds": len(rs), "hit_rate": m("hit_rate"),
                     "hit_min": min(hits), "hit_max": max(hits), "ttft_p50_s": m("ttft_p50_s"),
                     "ttft_p99_s": m("ttft_p99_s"), "e2e_p99_s": m("e2e_p99_s", "details"),
                     "client_ttft_p50_s": m("client_ttft_p50_s", "details"),
@@ -987,13 +1080,12 @@ def aggregate(results: List[dict]) -> List[dict]:
 
 def format_table(results: List[dict]) -> str:
     rows = aggregate(results)
-    hdr = (f"{'workload':<11} {'policy':<26} {'seeds':>5} {'hit rate':>15} {'TTFT p50':>9} {'TTFT p99':>9} "
-           f"{'e2e p99':>9} {'cl p50':>8} {'cl p99':>8} {'makespan':>9} {'eng mk':>8} {'busy':>8} {'imbal':>6} "
-           f"{'err':>4} "
-           f"{'ovh ms':>7}")
-    lines = ["arena: mean over seeds; hit rate [min,max] from the servers' counters; TTFT/e2e on the engines' "
+    hdr = (f"{'workload':<11} {'policy':<28} {'seeds':>5} {'hit rate':>15} {'TTFT p50':>15} {'TTFT p99':>15} "
+           f"{'makespan':>13} {'eng mk':>13} {'busy':>8} {'e2e p99':>8} {'cl p99':>7} {'imbal':>5} "
+           f"{'err':>4} {'ovh ms':>7}")
+    lines = ["arena: mean ± 95% CI (t) over seeds; hit rate from the servers' counters; TTFT/e2e on the engines' "
              "simulated clock (GET /sim/requests); cl = client-side TTFT (wall x speed, includes proxy hops); "
-             "makespan client-side (sim s); eng mk = engine-clock makespan (longest job's summed engine latencies); "
+             "makespan client-side (sim s); eng mk = engine-clock makespan; "
              "busy = busiest server's simulated compute time (sim s); "
              "router overhead in wall ms", hdr, "-" * len(hdr)]
     last = None
@@ -1001,14 +1093,18 @@ def format_table(results: List[dict]) -> str:
         if last is not None and a["workload"] != last:
             lines.append("")
         last = a["workload"]
+        c = a["ci"]
         lines.append(
-            f"{a['workload']:<11} {a['policy']:<26} {a['seeds']:>5} "
-            f"{a['hit_rate']:>6.3f} [{a['hit_min']:.2f},{a['hit_max']:.2f}] {a['ttft_p50_s']:>9.3f} "
-            f"{a['ttft_p99_s']:>9.3f} {a['e2e_p99_s']:>9.2f} {a['client_ttft_p50_s']:>8.3f} "
-            f"{a['client_ttft_p99_s']:>8.3f} {a['makespan_s']:>9.1f} {a['engine_makespan_s']:>8.1f} "
-            f"{a['busy_s']:>8.1f} "
-            f"{a['imbalance']:>6.2f} "
+            f"{a['workload']:<11} {a['policy']:<28} {a['seeds']:>5} "
+            f"{c['hit_rate'].fmt(3):>15} {c['ttft_p50_s'].fmt(3):>15} {c['ttft_p99_s'].fmt(3):>15} "
+            f"{c['makespan_s'].fmt(1):>13} {c['engine_makespan_s'].fmt(1):>13} {a['busy_s']:>8.1f} "
+            f"{a['e2e_p99_s']:>8.2f} {a['client_ttft_p99_s']:>7.3f} {a['imbalance']:>5.2f} "
             f"{a['errors']:>4d} {a['overhead_ms']:>7.2f}")
+    vs = verdicts(results)
+    if vs:
+        lines += ["", "who wins (\"best\" only where the 95% intervals do not overlap; else the tie):"]
+        for v in vs:
+            lines.append(f"  {v['workload']:<11} {v['metric']:<11} {v['text']}")
     shares = gain_shares(results)
     if shares:
         lines += ["", "share of the achievable makespan gain over verl_default "

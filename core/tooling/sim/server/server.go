@@ -37,6 +37,14 @@ type Config struct {
 	// Duration/Speed. 0, negative or +Inf runs as fast as possible
 	// (simulated time then advances only by step durations).
 	Speed float64
+	// PacedClock (with Speed > 0): steps are still paced at Speed, but a
+	// busy engine's clock advances only by its step durations, and catches
+	// up with wall time x Speed only while the engine is idle. A stall of
+	// the host (a shared machine's other jobs) then no longer adds
+	// simulated time to the requests being served; idle gaps (a client's
+	// think or tool time) still count as wall time. Without it the clock
+	// is wall time x Speed throughout.
+	PacedClock bool
 
 	// KVEventsEndpoint enables KV events on this PUB endpoint (bound).
 	KVEventsEndpoint string
@@ -105,6 +113,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		c := newCore(r, eng, cfg.Speed, s.created)
+		c.paced = cfg.PacedClock && c.speed > 0
 		if cfg.KVEventsEndpoint != "" {
 			pc := PublisherConfig{
 				Endpoint: offsetEndpoint(cfg.KVEventsEndpoint, r), Topic: cfg.KVEventsTopic,
@@ -279,6 +288,7 @@ type core struct {
 	rank     int
 	eng      *sim.Engine
 	speed    float64
+	paced    bool
 	cmds     chan func()
 	quit     chan struct{}
 	exited   chan struct{}
@@ -364,10 +374,18 @@ func (c *core) do(f func(*sim.Engine)) error {
 
 // now is the simulated clock.
 func (c *core) now() float64 {
-	if c.speed == 0 {
+	if c.speed == 0 || c.paced {
 		return c.virt
 	}
 	return time.Since(c.wall0).Seconds() * c.speed
+}
+
+// syncIdle lets a paced clock catch up with wall time while the engine has
+// nothing to do.
+func (c *core) syncIdle() {
+	if c.paced && !c.eng.HasWork() {
+		c.virt = max(c.virt, time.Since(c.wall0).Seconds()*c.speed)
+	}
 }
 
 func (c *core) loop() {
@@ -377,6 +395,7 @@ func (c *core) loop() {
 		if !c.eng.HasWork() {
 			select {
 			case f := <-c.cmds:
+				c.syncIdle()
 				f()
 			case <-c.quit:
 				return
@@ -417,9 +436,10 @@ func (c *core) loop() {
 		// Copy what the handlers need before the next Step reuses it.
 		toks := append([]sim.TokenOut(nil), res.Tokens...)
 		fins := append([]sim.Completion(nil), res.Finished...)
-		if c.speed == 0 {
+		if c.speed == 0 || c.paced {
 			c.virt += res.Duration
-		} else if res.Duration > 0 {
+		}
+		if c.speed > 0 && res.Duration > 0 {
 			deadline := start.Add(time.Duration(res.Duration / c.speed * float64(time.Second)))
 			if !c.sleepServing(deadline) {
 				return

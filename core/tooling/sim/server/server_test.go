@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"strings"
@@ -454,6 +455,43 @@ func TestSpeedPacing(t *testing.T) {
 	if !strings.Contains(string(b), `vllm:time_to_first_token_seconds_bucket{engine="0",le="0.04",model_name="test/model"} 1.0`) ||
 		!strings.Contains(string(b), `vllm:time_to_first_token_seconds_bucket{engine="0",le="0.01",model_name="test/model"} 0.0`) {
 		t.Fatalf("ttft buckets wrong:\n%s", b)
+	}
+}
+
+// A paced clock advances a busy engine by its step durations only (a host
+// stall adds no simulated time), and catches up with wall time x speed
+// while the engine is idle.
+func TestPacedClock(t *testing.T) {
+	s := startServer(t, Config{Speed: 2, PacedClock: true,
+		Engine: sim.Config{StepBase: 0.02, PrefillPerToken: -1, DecodePerContextToken: -1}})
+	timings := func() []RequestTiming {
+		_, b := get(t, s.URL()+"/sim/requests")
+		var ts []RequestTiming
+		if err := json.Unmarshal(b, &ts); err != nil {
+			t.Fatalf("%v: %s", err, b)
+		}
+		return ts
+	}
+	for i := range 2 {
+		if code, b := post(t, s.URL()+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":10}`); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		if i == 0 {
+			time.Sleep(150 * time.Millisecond) // idle: 0.3 simulated seconds at speed 2
+		}
+	}
+	ts := timings()
+	if len(ts) != 2 {
+		t.Fatalf("timings %+v", ts)
+	}
+	for _, r := range ts {
+		// Exactly ten 20 ms steps, whatever the host's scheduling did.
+		if d := r.Finish - r.Arrival; math.Abs(d-0.2) > 1e-9 {
+			t.Fatalf("e2e %v on the paced clock, want exactly 0.2 (10 steps x 20 ms): %+v", d, r)
+		}
+	}
+	if gap := ts[1].Arrival - ts[0].Finish; gap < 0.28 {
+		t.Fatalf("idle gap %v simulated seconds, want >= 0.3 (150 ms wall at speed 2)", gap)
 	}
 }
 

@@ -1,0 +1,273 @@
+"""Renders the result tables of docs/arena.md, docs/kvbench.md and README.md
+from the JSON the benchmarks wrote; no figure is copied by hand.
+
+Each document holds generated blocks between markers
+
+    <!-- BEGIN RENDERED: NAME -->
+    ...
+    <!-- END RENDERED: NAME -->
+
+and this script rewrites what is between them (a block's markers stay where
+the author put them). Blocks:
+
+* ``arena`` (docs/arena.md): per workload, every policy's mean ± 95% CI
+  (Student's t over seeds) and who wins each metric, from the arena's
+  ``arena-details.json``;
+* ``kvbench`` (docs/kvbench.md): the held-out tables (``kvbench --heldout
+  --json``), launcher-default and tuned rows side by side;
+* ``headline`` (README.md): step time per RL workload, kvc_aware against
+  verl_default and the best peer, with hit rate and TTFT p99 beside it.
+
+"best"/"better" is written only where the 95% intervals do not overlap;
+otherwise the row says "tie" (tests/kvc_harness/stats.py).
+
+  PYTHONPATH=tests python scripts/render_results.py \\
+      --arena docs/results/arena-details.json --kvbench docs/results/kvbench-*.json
+  ... --check   # exit 1 if a document is not what the JSON renders to
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+try:
+    from kvc_harness.stats import MeanCI, mean_ci, verdict
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=tests")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOUND = "prefill_free_bound"
+BLOCK = re.compile(r"(<!-- BEGIN RENDERED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END RENDERED: (?P=name) -->)",
+                   re.S)
+
+# Arena metrics: (key, where, label, digits, lower is better)
+ARENA_METRICS = (
+    ("engine_makespan_s", "details", "step time (engine clock) s", 1, True),
+    ("makespan_s", "row", "client makespan s", 1, True),
+    ("ttft_p99_s", "row", "TTFT p99 s", 3, True),
+    ("ttft_p50_s", "row", "TTFT p50 s", 3, True),
+    ("hit_rate", "row", "hit rate", 3, False),
+    ("imbalance", "row", "imbalance", 2, True),
+)
+VERDICT_METRICS = ("engine_makespan_s", "ttft_p99_s", "hit_rate")
+RL_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
+
+
+def replace_blocks(text: str, blocks: Dict[str, str], path: str) -> str:
+    seen = set()
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            return m.group(0)
+        seen.add(name)
+        return m.group(1) + blocks[name].rstrip("\n") + "\n" + m.group(4)
+
+    out = BLOCK.sub(sub, text)
+    missing = set(blocks) - seen
+    if missing:
+        raise SystemExit(f"{path}: no <!-- BEGIN RENDERED: {sorted(missing)[0]} --> block")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Arena
+
+
+def arena_stats(runs: List[dict]) -> Tuple[List[str], Dict[str, List[str]], Dict[Tuple[str, str], Dict[str, MeanCI]],
+                                           Dict[Tuple[str, str], List[int]]]:
+    workloads: List[str] = []
+    policies: Dict[str, List[str]] = {}
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for r in runs:
+        w, p = r["row"]["workload"], r["row"]["policy"]
+        if w not in workloads:
+            workloads.append(w)
+        if p not in policies.setdefault(w, []):
+            policies[w].append(p)
+        groups.setdefault((w, p), []).append(r)
+    stats = {k: {m: mean_ci([x[src].get(m, float("nan")) for x in rs]) for m, src, *_ in ARENA_METRICS}
+             for k, rs in groups.items()}
+    errors = {k: [x["row"]["errors"] for x in rs] for k, rs in groups.items()}
+    return workloads, policies, stats, errors
+
+
+def arena_verdicts(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str], Dict[str, MeanCI]]) -> List[str]:
+    lines = []
+    for key, _src, label, digits, lower in ARENA_METRICS:
+        if key not in VERDICT_METRICS:
+            continue
+        st = {p: stats[(w, p)][key] for p in policies if p != BOUND}
+        v = verdict(key, st, lower)
+        if v is not None:
+            lines.append(f"- {label}: {v.text(st, digits)}")
+    return lines
+
+
+def render_arena(doc: dict, source: str) -> str:
+    runs = doc["runs"]
+    cfg = doc.get("config") or {}
+    workloads, policies, stats, errors = arena_stats(runs)
+    seeds = sorted({r["row"]["seed"] for r in runs})
+    out = [f"Rendered by `scripts/render_results.py` from `{source}`: seeds {', '.join(map(str, seeds))}; "
+           f"vllm-sim `--speed {cfg.get('speed')}`, `--clock {cfg.get('clock', 'wall')}`, "
+           f"{'streamed' if cfg.get('stream', True) else 'non-streamed'} requests; kvc_aware's configuration: "
+           f"`{os.path.relpath(cfg['kvc_frozen'], REPO) if cfg.get('kvc_frozen') else 'library defaults'}`"
+           + (f" at commit `{cfg['kvc_frozen_commit']}`" if cfg.get("kvc_frozen_commit") else "") + ".",
+           "", "Every cell is the mean ± the 95% confidence interval of the mean over the seeds (Student's t). "
+           "Step time is the engine-clock makespan (grpo: last finish − first arrival over the fleet; agents: the "
+           "longest trajectory's summed engine latencies); the client makespan adds the client's and proxies' time.",
+           ""]
+    for w in workloads:
+        ps = policies[w]
+        out.append(f"#### {w}")
+        out.append("")
+        hdr = "| policy | " + " | ".join(label for _, _, label, *_ in ARENA_METRICS) + " | errors |"
+        out += [hdr, "|" + "---|" * (len(ARENA_METRICS) + 2)]
+        for p in ps:
+            cells = [stats[(w, p)][m].fmt(d) for m, _s, _l, d, _lo in ARENA_METRICS]
+            name = f"{p} (bound: free prefill)" if p == BOUND else p
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {sum(errors[(w, p)])} |")
+        out.append("")
+        out.append(f"Who wins on {w} (\"best\" only where the 95% intervals do not overlap):")
+        out += arena_verdicts(w, ps, stats)
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# kvbench held-out
+
+
+def _ci(s: dict) -> MeanCI:
+    return MeanCI(float(s.get("Mean", float("nan"))), float(s.get("CI95", float("nan"))) if s.get("N", 0) > 1
+                  else float("nan"), int(s.get("N", 0)), float(s.get("SD", float("nan"))))
+
+
+def row_name(r: dict) -> str:
+    if r.get("frozen_commit"):
+        return f"{r['policy']} (frozen)"
+    return f"{r['policy']} (tuned)" if r.get("tuned") else r["policy"]
+
+
+def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
+    out = ["Rendered by `scripts/render_results.py` from `kvbench --heldout --json` outputs. Each peer has its "
+           "launcher-default row and, below it, its row tuned on seeds "
+           "101–102; cells are mean ± 95% CI over the reported seeds (Student's t).", ""]
+    for path, d in docs:
+        rows = d["rows"]
+        frozen = d.get("kvc_frozen") or {}
+        out.append(f"#### {d['workload']} (`{os.path.relpath(path, REPO)}`)")
+        out.append("")
+        seeds = ", ".join(map(str, d["report_seeds"]))
+        tuned_on = ", ".join(map(str, d["tune_seeds"]))
+        out.append(f"Reported seeds {seeds}; tuned on {tuned_on}"
+                   + (f"; kvc_aware frozen at `{frozen.get('commit')}`" if frozen.get("commit") else "") + ".")
+        out.append("")
+        out += ["| policy | knob | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl_default |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            knob = "launcher defaults"
+            if r.get("frozen_commit"):
+                knob = f"frozen at `{r['frozen_commit']}`"
+            elif r.get("tuned"):
+                knob = "`" + json.dumps(r.get("params"), separators=(",", ":")) + "`"
+            out.append(f"| {row_name(r)} | {knob} | {_ci(r['hit_rate']).fmt(1, 100)} | {_ci(r['ttft_p50_s']).fmt(3)} | "
+                       f"{_ci(r['ttft_p99_s']).fmt(3)} | {_ci(r['makespan_s']).fmt(1)} | "
+                       f"{_ci(r['makespan_over_verl']).fmt(3)} |")
+        out.append("")
+        out.append(f"Who wins on {d['workload']} (\"best\" only where the 95% intervals do not overlap):")
+        for key, label, lower, digits, scale in (("makespan_s", "makespan s", True, 1, 1.0),
+                                                 ("ttft_p99_s", "TTFT p99 s", True, 3, 1.0),
+                                                 ("hit_rate", "hit rate %", False, 1, 100.0)):
+            st = {row_name(r): _ci(r[key]) for r in rows}
+            v = verdict(key, st, lower)
+            if v is not None:
+                out.append(f"- {label}: {v.text(st, digits, scale)}")
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# README headline
+
+
+def render_headline(arena: Optional[dict], source: str) -> str:
+    if arena is None:
+        return "(no arena results rendered yet)"
+    workloads, policies, stats, _ = arena_stats(arena["runs"])
+    out = [f"Step time on the RL workloads (`make arena`: real routers, vllm-sim fleets; rendered from `{source}`; "
+           "mean ± 95% CI over seeds; \"best\" only where the intervals do not overlap):", "",
+           "| workload | verl_default | kvc_aware | best peer (by mean) | hit rate kvc_aware / peer "
+           "| TTFT p99 s kvc_aware / peer | who wins step time |",
+           "|---|---|---|---|---|---|---|"]
+    for w in workloads:
+        if w not in RL_WORKLOADS:
+            continue
+        ps = [p for p in policies[w] if p != BOUND]
+        peers = [p for p in ps if p not in ("verl_default", "kvc_aware", "round_robin")]
+        if "kvc_aware" not in ps or not peers:
+            continue
+        key = "engine_makespan_s"
+        best_peer = min(peers, key=lambda p: stats[(w, p)][key].mean)
+        st = {p: stats[(w, p)][key] for p in ps}
+        v = verdict(key, st, True)
+        base = stats[(w, "verl_default")][key].fmt(1) if (w, "verl_default") in stats else "n/a"
+        k, b = stats[(w, "kvc_aware")], stats[(w, best_peer)]
+        out.append(f"| {w} | {base} | {k[key].fmt(1)} | {best_peer} {b[key].fmt(1)} | "
+                   f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
+                   f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
+                   f"{v.text(st, 1) if v else 'n/a'} |")
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arena", default=os.path.join(REPO, "docs", "results", "arena-details.json"))
+    ap.add_argument("--kvbench", nargs="*", default=None,
+                    help="held-out JSONs (default docs/results/kvbench-*.json)")
+    ap.add_argument("--docs", default=REPO, help="repository root holding README.md and docs/")
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a document would change")
+    a = ap.parse_args(argv)
+    kv_paths = a.kvbench if a.kvbench is not None else sorted(glob.glob(os.path.join(REPO, "docs", "results",
+                                                                                        "kvbench-*.json")))
+    arena = None
+    if os.path.isfile(a.arena):
+        with open(a.arena, encoding="utf-8") as f:
+            arena = json.load(f)
+    kv = []
+    for p in kv_paths:
+        with open(p, encoding="utf-8") as f:
+            kv.append((p, json.load(f)))
+    rel = os.path.relpath(a.arena, REPO)
+    targets = {}
+    if arena is not None:
+        targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel)}
+        targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel)}
+    if kv:
+        targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
+    changed = []
+    for path, blocks in targets.items():
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        new = replace_blocks(old, blocks, path)
+        if new != old:
+            changed.append(path)
+            if not a.check:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+    for p in changed:
+        print(f"{'stale' if a.check else 'rendered'}: {os.path.relpath(p, a.docs)}")
+    return 1 if (a.check and changed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

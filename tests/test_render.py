@@ -1,0 +1,73 @@
+"""scripts/render_results.py: tables rendered from the benchmarks' JSON
+into marked blocks, with 95% CIs and "best" only without overlap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "render_results.py")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests"))
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def _arena_run(w: str, p: str, seed: int, mk: float, hit: float) -> dict:
+    return {"row": {"workload": w, "policy": p, "seed": seed, "hit_rate": hit, "ttft_p50_s": 0.01, "ttft_p99_s": 0.1,
+                    "makespan_s": mk + 5, "imbalance": 1.1, "errors": 0},
+            "details": {"engine_makespan_s": mk}}
+
+
+def _docs(tmp) -> None:
+    (tmp / "docs").mkdir()
+    for name, block in (("docs/arena.md", "arena"), ("README.md", "headline"), ("docs/kvbench.md", "kvbench")):
+        (tmp / name).write_text(f"# t\n\nintro\n\n<!-- BEGIN RENDERED: {block} -->\nold text\n"
+                                f"<!-- END RENDERED: {block} -->\n\noutro\n")
+
+
+def test_render_blocks_with_intervals(tmp_path):
+    _docs(tmp_path)
+    runs = []
+    # grpo_sat: kvc_aware clearly faster (non-overlapping); long_agent: overlapping -> tie.
+    for seed, j in zip((301, 302, 303), (0.0, 0.5, -0.5)):
+        runs += [_arena_run("grpo_sat", "verl_default", seed, 50 + j, 0.5), _arena_run("grpo_sat", "kvc_aware", seed,
+                                                                                         30 + j, 0.8),
+                 _arena_run("grpo_sat", "sglang_router_cache_aware", seed, 40 + j, 0.8),
+                 _arena_run("long_agent", "verl_default", seed, 100 + 10 * j, 0.9),
+                 _arena_run("long_agent", "kvc_aware", seed, 101 - 10 * j, 0.9),
+                 _arena_run("long_agent", "sglang_router_cache_aware", seed, 99 + 10 * j, 0.9)]
+    arena = tmp_path / "arena-details.json"
+    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
+    stat = {"Mean": 10.0, "SD": 1.0, "N": 10, "CI95": 0.7}
+    rows = [{"policy": "verl_default", "tuned": False, "hit_rate": stat, "ttft_p50_s": stat, "ttft_p99_s": stat,
+             "makespan_s": stat, "makespan_over_verl": stat},
+            {"policy": "sglang_cache_aware", "tuned": False, "hit_rate": stat, "ttft_p50_s": stat,
+             "ttft_p99_s": stat, "makespan_s": stat, "makespan_over_verl": stat},
+            {"policy": "sglang_cache_aware", "tuned": True, "params": {"balance_abs_threshold": 8}, "hit_rate": stat,
+             "ttft_p50_s": stat, "ttft_p99_s": stat, "makespan_s": dict(stat, Mean=5.0), "makespan_over_verl": stat}]
+    kv = tmp_path / "kvbench-grpo.json"
+    kv.write_text(json.dumps({"workload": "grpo", "report_seeds": list(range(301, 311)), "tune_seeds": [101, 102],
+                              "rows": rows, "kvc_frozen": {"commit": "abc"}}))
+    r = _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "docs" / "arena.md").read_text()
+    assert "old text" not in a and a.startswith("# t\n\nintro") and a.rstrip().endswith("outro")
+    assert "30.0 ± 1.2" in a  # t(0.975, 2) = 4.303 x SD 0.5 / sqrt 3
+    grpo = a.split("#### grpo_sat")[1].split("####")[0]
+    assert "**kvc_aware** best (30.0 ± 1.2" in grpo
+    long = a.split("#### long_agent")[1]
+    assert "step time (engine clock) s: tie:" in long and "best (" not in long.split("step time")[-1].split("\n")[0]
+    k = (tmp_path / "docs" / "kvbench.md").read_text()
+    assert "| sglang_cache_aware | launcher defaults |" in k and "| sglang_cache_aware (tuned) |" in k
+    assert "**sglang_cache_aware (tuned)** best (5.0 ± 0.7" in k
+    h = (tmp_path / "README.md").read_text()
+    assert "| grpo_sat |" in h and "| long_agent |" in h
+    # --check: up to date now; stale after a hand edit.
+    assert _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path), "--check").returncode == 0
+    (tmp_path / "README.md").write_text(h.replace("| grpo_sat |", "| grpo_sat (hand-edited) |"))
+    assert _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path), "--check").returncode == 1
