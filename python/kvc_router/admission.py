@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _native
-from .balancer import _ACQUIRE_ATTEMPTS, _MISSING, KVCAwareBalancer, _id_bytes
+from .balancer import _ACQUIRE_ATTEMPTS, _MISSING, KVCAwareBalancer
 from .errors import NoServerError
 
 logger = logging.getLogger("kvc_router")
@@ -215,8 +215,9 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
         return Held(ticket)
 
     def _release(self, server_id: Any) -> None:
-        sid = _id_bytes(server_id)
+        sid = _native.lookup_id(server_id)
         if sid is None:
+            self._ignored_ids += 1  # not a str: no server has it (as release_server)
             return
         _, admitted = self._router.release_admit(sid)
         if admitted:
