@@ -30,7 +30,7 @@ class ChaosOptions:
 
 FIGURES = re.compile(
     r"(kill/restart cycles|replay:|no replay:|failure episodes|goroutines \d+ with|slow /metrics|ALL OK|"
-    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|pool churn:|hostile metrics:|retained heap|"
+    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|pool churn:|hostile metrics:|retained heap|memory after|"
     r"passed|failed|^ok|^FAIL)"
 )
 
@@ -65,7 +65,7 @@ def run_chaos(o: ChaosOptions) -> bool:
     ok &= run_step(
         "hostile input",
         [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_hostile.py"],
-        {"KVR_C_HOSTILE_ITERS": str(o.c_iters), "KVR_PY_FLOOD_BLOCKS": str(o.py_flood_blocks)},
+        {"KVR_C_HOSTILE_ITERS": str(o.c_iters), "KVR_PY_FLOOD_BLOCKS": str(o.py_flood_blocks), "KVR_CHAOS_MEMORY": "1"},
         timeout=3600,
     )
     ok &= run_step(
