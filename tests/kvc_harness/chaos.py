@@ -30,7 +30,8 @@ class ChaosOptions:
 
 FIGURES = re.compile(
     r"(kill/restart cycles|replay:|no replay:|failure episodes|goroutines \d+ with|slow /metrics|ALL OK|"
-    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|pool churn:|hostile metrics:|retained heap|memory after|"
+    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|pool churn:|hostile metrics:|retained heap|"
+    r"memory after|"
     r"passed|failed|^ok|^FAIL)"
 )
 
