@@ -112,6 +112,50 @@ def test_server_labels_are_bounded():
     assert sum(v for (n, _), v in got.items() if n == "server_inflight") == st["total_inflight"] == 10
 
 
+def test_samples_of_a_live_kv_event_subscription():
+    """A real vllm_zmq subscription (pyzmq publishing vLLM's frames on
+    loopback): batches, events, gaps and connected per server, from the
+    collector's own status shape."""
+    import struct
+
+    import zmq
+    from kvc_harness.balancer import kvc_config, publisher_status
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port(f"tcp://{HOST}")
+    topic = b"kv@model"
+    ep = f"tcp://{HOST}:{port}"
+    cfg = kvc_config(endpoints={"s0": [{"endpoint": ep}]}, collectors=("vllm_zmq",))
+    try:
+        with KVCAwareBalancer({"s0": None, "s1": None}, router_config=cfg) as lb:
+
+            def send(seq: int, first: int) -> None:
+                payload = wire.event_batch(wire.block_stored(list(range(first, first + 64))))
+                pub.send_multipart([topic, struct.pack(">Q", seq), payload])
+
+            # The subscription joins asynchronously: publish until one lands.
+            procs.wait_for(lambda: send(0, 1) or publisher_status(lb.get_status(), "s0").get("events", {}).get(
+                "batches"), 10, "first KV-event batch applied", interval=0.1)
+            st = lb.get_status()
+            seq0 = publisher_status(st, "s0")["last_seq"]
+            send(seq0 + 2, 5000)  # seq0 + 1 never sent: a gap
+            procs.wait_for(lambda: publisher_status(lb.get_status(), "s0").get("gaps"), 10, "the gap seen", 0.05)
+            st = lb.get_status()
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    p = publisher_status(st, "s0")
+    got = _by_key(km.samples(st))
+    labels = (("_pub", ep), ("server", "s0"), ("source", "zmq"))
+    assert got[("kv_event_batches_total", labels)] == p["events"]["batches"] >= 2
+    assert got[("kv_events_total", labels)] == p["events"]["events"]
+    assert got[("kv_event_decode_errors_total", labels)] == p["events"]["decode_errors"] == 0
+    assert got[("kv_event_gaps_total", (("_pub", ep), ("server", "s0")))] == p["gaps"] >= 1
+    assert got[("kv_event_connected", (("server", "s0"),))] == 1.0
+    assert not [k for k in got if k[0].startswith("kv_event") and ("server", "s1") in k[1]]
+
+
 def test_admission_queue_is_exported_when_status_has_one():
     with KVCAwareBalancer({"s0": None}, router_config="kvc_aware") as lb:
         lb.acquire_server("r", PROMPT)

@@ -143,6 +143,9 @@ def run(a: DemoOptions) -> int:
             extra = [
                 "--speed",
                 str(speed),
+                # Host stalls (a shared machine) add no simulated time to busy engines.
+                "--clock",
+                "paced",
                 "--num-gpu-blocks",
                 str(a.gpu_blocks),
                 "--seed",
