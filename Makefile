@@ -48,7 +48,7 @@ help:
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 301-310 (mean ± 95% CI), kvc_aware frozen"
-	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware"
+	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png"
 	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
 	@echo "arena-full   - every arena workload and policy (~25 min)"
 	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
