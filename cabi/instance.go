@@ -11,7 +11,7 @@ import (
 
 // Limits on borrowed inputs, checked before any copy.
 const (
-	maxIDBytes   = 64 << 10
+	maxIDBytes   = router.MaxServerIDBytes
 	maxJSONBytes = 64 << 20
 )
 
@@ -36,6 +36,8 @@ type instance struct {
 	pos  map[string]int32
 
 	poisoned atomic.Pointer[string]
+	// ignoredIDs counts lookups of ids no server can have (see lookupID).
+	ignoredIDs atomic.Uint64
 }
 
 func newInstance(data []byte) (*instance, error) {

@@ -211,6 +211,21 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	outIndex *C.int32_t, outGen *C.int64_t, outServer **C.char, outDecision **C.char, errOut **C.char,
 ) (code C.int32_t) {
 	defer recoverExport("kvr_acquire", h, &code, errOut)
+	return acquire(h, reqID, reqIDLen, tokens, nTokens, pin, lora, loraLen, knownGen, nil,
+		outIndex, outGen, outServer, outDecision, errOut)
+}
+
+// submission asks acquire to go through admission (kvr_acquire_with with
+// submit set): the request may be held under ticket instead of routed.
+type submission struct{ ticket uint64 }
+
+// acquire is kvr_acquire and kvr_acquire_with; the export's deferred
+// recoverExport covers it. With sub, a held request returns codeHeld with
+// every output unset.
+func acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int32_t, nTokens C.int64_t,
+	pin C.int64_t, lora *C.char, loraLen C.int64_t, knownGen C.int64_t, sub *submission,
+	outIndex *C.int32_t, outGen *C.int64_t, outServer **C.char, outDecision **C.char, errOut **C.char,
+) C.int32_t {
 	clearOut(errOut)
 	clearOut(outServer)
 	clearOut(outDecision)
@@ -241,8 +256,8 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	}
 	var toks []int32
 	if nTokens > 0 {
-		// Borrowed: read during Acquire only (the router keeps block keys,
-		// never the token slice).
+		// Borrowed: read during the call only (the router keeps block keys,
+		// and a held request a copy, never the caller's array).
 		toks = unsafe.Slice((*int32)(unsafe.Pointer(tokens)), int(nTokens))
 	}
 	inst.mu.RLock()
@@ -250,7 +265,17 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	if err := inst.usable(); err != nil {
 		return fail(errOut, err)
 	}
-	d, err := inst.r.Acquire(router.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter})
+	req := router.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter}
+	var d router.Decision
+	if sub != nil {
+		var queued bool
+		d, queued, err = inst.lib.Submit(req, sub.ticket)
+		if err == nil && queued {
+			return codeHeld
+		}
+	} else {
+		d, err = inst.r.Acquire(req)
+	}
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -277,12 +302,17 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 func kvr_release(h C.uint64_t, server *C.char, serverLen C.int64_t, outReleased *C.int32_t, errOut **C.char) (code C.int32_t) {
 	defer recoverExport("kvr_release", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
-		ok := inst.r.Release(id)
+		ok := false
+		if valid {
+			ok = inst.r.Release(id)
+		} else {
+			inst.ignoredIDs.Add(1) // no pool member has it: a no-op, counted
+		}
 		if outReleased != nil {
 			*outReleased = 0
 			if ok {
@@ -291,29 +321,6 @@ func kvr_release(h C.uint64_t, server *C.char, serverLen C.int64_t, outReleased 
 		}
 		return nil
 	}))
-}
-
-// parseIDs decodes a JSON array of server ids.
-func parseIDs(p *C.char, n C.int64_t) ([]string, error) {
-	data, err := goBytes(unsafe.Pointer(p), n, "server id list JSON", maxJSONBytes)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	if err := json.Unmarshal(data, &ids); err != nil {
-		return nil, errf(codeInvalidArgument, "server id list must be a JSON array of strings: %v", err)
-	}
-	for i, id := range ids {
-		switch {
-		case id == "":
-			return nil, errf(codeInvalidArgument, "server id %d is empty", i)
-		case len(id) > maxIDBytes:
-			return nil, errf(codeInvalidArgument, "server id %d is %d bytes, more than the limit of %d", i, len(id), maxIDBytes)
-		case !utf8.ValidString(id):
-			return nil, errf(codeInvalidArgument, "server id %d is not valid UTF-8", i)
-		}
-	}
-	return ids, nil
 }
 
 //export kvr_add_servers
@@ -379,11 +386,16 @@ func kvr_inflight(h C.uint64_t, server *C.char, serverLen C.int64_t, out *C.int6
 	if out == nil {
 		return fail(errOut, errf(codeInvalidArgument, "out is NULL"))
 	}
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
 	return result(errOut, reader(h, func(inst *instance) error {
+		*out = 0
+		if !valid {
+			inst.ignoredIDs.Add(1)
+			return nil
+		}
 		*out = C.int64_t(inst.r.Inflight(id))
 		return nil
 	}))
@@ -408,7 +420,7 @@ func kvr_update_metrics(h C.uint64_t, server *C.char, serverLen C.int64_t, text 
 ) (code C.int32_t) {
 	defer recoverExport("kvr_update_metrics", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -436,7 +448,7 @@ func kvr_update_events(h C.uint64_t, server *C.char, serverLen C.int64_t, payloa
 ) (code C.int32_t) {
 	defer recoverExport("kvr_update_events", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -455,7 +467,7 @@ func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, eps
 ) (code C.int32_t) {
 	defer recoverExport("kvr_set_kv_endpoints", h, &code, errOut)
 	clearOut(errOut)
-	id, err := goString(server, serverLen, "server_id", maxIDBytes)
+	id, err := serverID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
 	}
@@ -483,6 +495,9 @@ type statusDoc struct {
 	Router     router.Status    `json:"router"`
 	Collectors collector.Status `json:"collectors"`
 	Panics     uint64           `json:"panics"`
+	// IgnoredIDs counts releases and in-flight lookups of ids no server
+	// can have (over the length limit, invalid UTF-8, NUL): no-ops.
+	IgnoredIDs uint64 `json:"ignored_invalid_ids"`
 	// Goroutines is the process's goroutine count (leak checks).
 	Goroutines int `json:"goroutines"`
 }
@@ -499,7 +514,7 @@ func kvr_status(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.int32_t
 		st := inst.lib.Status()
 		doc := statusDoc{
 			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.pool,
-			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(),
+			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(), IgnoredIDs: inst.ignoredIDs.Load(),
 			Goroutines: runtime.NumGoroutine(),
 		}
 		if doc.Pool == nil {

@@ -30,6 +30,12 @@ def main() -> None:
         "--kvc-variant", default="kvc", help="variant reported as kvc_pairs_per_s (kvc: as the verl hook runs it)"
     )
     ap.add_argument("--extra", action="store_true", help="also the unshipped async and threaded actors")
+    ap.add_argument(
+        "--metrics-cost",
+        action="store_true",
+        help="only the Ray metrics exporter's cost: kvc with the exporter off, on (5 s) and at 0.5 s;"
+        " every round's figure, mean and 95%% CI -> build/overhead/actor-metrics.json",
+    )
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "overhead", "actor.json"))
     a = ap.parse_args()
     import ray
@@ -41,11 +47,38 @@ def main() -> None:
     pypath = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")])
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pypath}})
+    every: dict = {}
     try:
-        variants = actor_bench.default_variants() + (actor_bench.extra_variants() if a.extra else [])
-        res = actor_bench.run(ray, cfg, variants)
+        if a.metrics_cost:
+            variants = actor_bench.metrics_variants()
+        else:
+            variants = actor_bench.default_variants() + (actor_bench.extra_variants() if a.extra else [])
+        res = actor_bench.run(ray, cfg, variants, every=every)
     finally:
         ray.shutdown()
+    if a.metrics_cost:
+        from kvc_harness.report import mean_ci
+
+        # Rounds interleave the variants, so each round's difference from the
+        # exporter-off actor is a paired sample (machine noise largely cancels).
+        off = every["kvc_metrics_off"]
+        table = {
+            v: {
+                n: {
+                    "rounds": [round(x, 1) for x in xs],
+                    "mean_ci95": mean_ci(xs),
+                    "minus_off_mean_ci95": mean_ci([x - o for x, o in zip(xs, off[n])]),
+                }
+                for n, xs in per.items()
+            }
+            for v, per in every.items()
+        }
+        out = os.path.join(os.path.dirname(a.out), "actor-metrics.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(table, f, indent=1)
+        print(json.dumps(table))
+        return
     rows = actor_bench.rows(res, a.kvc_variant, cfg.callers)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:

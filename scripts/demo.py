@@ -1,7 +1,16 @@
 #!/usr/bin/env python3
-"""kvc-router demo: default (verl's balancer) vs kvc_aware on a rollout workload.
+"""kvc-router demo: default (verl's balancer) vs kvc_aware, step time first.
 
-Starts a small simulated vLLM fleet (bin/vllm-sim, KV events on, prefix caching,
+The headline is one oversubscribed GRPO step: prompts x samples (default 128 x 8
+= 1,024 sequences, 4x the 256 running slots of 4 servers x max_num_seqs 64)
+submitted at once by Ray agent-loop worker actors, each sample acquiring a
+server through the balancer actor, sending one non-streamed /v1/completions
+with token ids and releasing it, with the long response tail of reasoning RL.
+It reports step time (first submission to last completion), prefix-cache hit
+rate and preemptions from the servers' /metrics, and TTFT (submission to first
+token). ``--no-sat`` skips it.
+
+Then it starts a small simulated vLLM fleet (bin/vllm-sim, KV events on, prefix caching,
 a GPU KV capacity small enough that cache affinity matters), starts Ray locally,
 creates the balancer exactly as verl does (``ray.remote(KVCAwareBalancer)``),
 and drives a GRPO workload (prompts x samples per step, a weight update =
@@ -25,15 +34,8 @@ Ctrl-C / SIGTERM. The run itself is kvc_harness.demo; run this with
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import List, Optional
-
-# Ray >= 2.5x turns token authentication on for a new local cluster and says
-# so on every start unless the mode is chosen explicitly: choose it (the same
-# mode, token) so the demo's output is the comparison. An explicit
-# RAY_AUTH_MODE from the environment wins.
-os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 try:
     from kvc_harness.demo import DemoOptions, run
@@ -68,6 +70,12 @@ def parse_args(argv: Optional[List[str]] = None) -> DemoOptions:
         default=64,
         help="running-set capacity per simulated server, also given to the router (default 64)",
     )
+    ap.add_argument("--no-sat", dest="sat", action="store_false", help="skip the oversubscribed GRPO step")
+    ap.add_argument("--sat-prompts", type=int, help="oversubscribed step: prompts (default 128, quick 16)")
+    ap.add_argument("--sat-samples", type=int, help="oversubscribed step: samples per prompt (default 8)")
+    ap.add_argument("--sat-max-num-seqs", type=int, help="oversubscribed step's fleet: running slots per server (64)")
+    ap.add_argument("--sat-gpu-blocks", type=int, help="oversubscribed step's fleet: KV blocks per server (3072)")
+    ap.add_argument("--sat-speed", type=float, help="oversubscribed step's fleet: vllm-sim --speed (default 6)")
     ap.add_argument("--sim-binary", default=DemoOptions.sim_binary)
     ap.add_argument("--servers-file", help="attach to running servers listed in FILE (JSON lines) instead")
     ap.add_argument("--out", default=DemoOptions.out, help="output directory")

@@ -470,3 +470,49 @@ def test_strategy_dataclass_covers_the_library_params_and_sends_only_what_is_set
     assert eff == {**params, "alpha": 0.6}
     with pytest.raises(ConfigError, match=r"strategies\[0\]\.alpha"):
         load_router_config({"type": "kvc_aware", "config": {"strategies": [KVCAwareStrategyConfig(alpha=7)]}})
+
+
+def _nested(depth: int, leaf: object = 1) -> object:
+    v = leaf
+    for i in range(depth):
+        v = {"k": v} if i % 2 else [v]
+    return v
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["index", "strategies", "collector", "top", "yaml", "dictconfig", "cycle"],
+)
+def test_deep_configs_raise_config_error(where, tmp_path):
+    """Issue 20 D6: a config nested ~1,000 levels deep raised a bare
+    RecursionError from the Python walk; every shape now gets a ConfigError
+    naming where it is too deep (limit MAX_CONFIG_DEPTH)."""
+    from kvc_router.config import MAX_CONFIG_DEPTH
+
+    deep = _nested(1000)
+    cfg = {"type": "kvc_aware", "config": {"index": {"max_entries": deep}}}
+    if where == "strategies":
+        cfg = {"type": "kvc_aware", "config": {"strategies": [{"name": "kvc_aware", "params": deep}]}}
+    elif where == "collector":
+        cfg = {"type": "kvc_aware", "config": {"collector": {"endpoints": {"s": deep}}}}
+    elif where == "top":
+        cfg = _nested(1000, {"type": "kvc_aware"})
+    elif where == "cycle":
+        loop: dict = {"type": "kvc_aware", "config": {}}
+        loop["config"]["index"] = loop
+        cfg = loop
+    elif where == "yaml":
+        path = tmp_path / "deep.yaml"
+        path.write_text("type: kvc_aware\nconfig:\n  index: " + "[" * 3000 + "]" * 3000 + "\n")
+        cfg = str(path)
+    elif where == "dictconfig":
+        omegaconf = pytest.importorskip("omegaconf")
+        # ~80 levels already fail inside OmegaConf.create().
+        cfg = omegaconf.OmegaConf.create({"type": "kvc_aware", "config": {"index": _nested(70)}})
+    with pytest.raises(ConfigError, match="nested"):
+        load_router_config(cfg)
+    # Below the limit the walk completes and the usual key check answers.
+    ok_depth = {"type": "kvc_aware", "config": {"index": {"max_entries": _nested(MAX_CONFIG_DEPTH - 6)}}}
+    with pytest.raises(ConfigError) as info:
+        load_router_config(ok_depth)
+    assert "nested" not in str(info.value)

@@ -8,6 +8,7 @@ scripts start must be gone afterwards, also after Ctrl-C."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shlex
@@ -47,6 +48,8 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "prefix-cache hit rate" in proc.stdout
+    # A new user sees the demo's output, not Ray's start-up notices.
+    assert "Token authentication" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     res = json.loads((out / "demo.json").read_text())
     by = {s["policy"]: s for s in res["summaries"]}
     d, k = by["default"], by["kvc_aware"]
@@ -57,6 +60,87 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert k["router"]["event_stored_blocks"] > 0  # the KV-event subscription was live
     assert (out / "demo.png").stat().st_size > 10_000
     assert not [p for p in res["pids"] if alive(p)], "vllm-sim fleet left running"
+
+    # The headline: one oversubscribed GRPO step, printed first, step time first.
+    sat = res["sat"]
+    o = sat["options"]
+    n = o["prompts"] * o["samples"]
+    assert n >= 4 * o["servers"] * o["max_num_seqs"], o  # at least 4x the fleet's running slots
+    head = proc.stdout.index("HEADLINE")
+    assert head < proc.stdout.index("rollout steps on")
+    table = proc.stdout[head:].splitlines()
+    assert table[4].startswith("STEP TIME"), table[:6]
+    assert table[5].startswith("prefix-cache hit rate") and table[6].startswith("TTFT p50"), table[:8]
+    sby = {s["policy"]: s for s in sat["summaries"]}
+    assert set(sby) == {"default", "kvc_aware"}
+    for s in sby.values():
+        assert s["requests"] == s["completed"] == n and s["errors"] == 0, s["first_error"]
+        assert len(sat["requests"][s["policy"]]) == n
+        assert sum(s["requests_by_server"].values()) == n
+        assert 0.0 <= s["hit_rate"] <= 1.0
+        assert s["step_time_clock"] == "engines" and s["step_time_s"] == s["engine_span_s"] > 0
+        assert s["client_step_time_s"] > 0 and s["busiest_server_busy_s"] > 0
+        # Every completion matched to its engine timing: TTFT from submission to first token.
+        assert s["ttft_matched"] == n
+        # Submission to first token comes before the last completion (a paced
+        # engine clock never runs ahead of wall time x speed).
+        assert 0 < s["ttft_p50_s"] <= s["ttft_p99_s"] <= s["client_step_time_s"]
+        assert s["preemptions"] >= 0
+    # Siblings co-located: the servers' own counters show the extra prefix hits.
+    assert sby["kvc_aware"]["hit_rate"] > sby["default"]["hit_rate"], (sby["default"]["hit_rate"],
+                                                                    sby["kvc_aware"]["hit_rate"])
+    assert sby["kvc_aware"]["router"]["event_stored_blocks"] > 0
+
+
+def test_sat_summary_and_table():
+    """satstep.summarize: step time on the engines' clock (first arrival to
+    last finish of this step's requests, matched by completion id), TTFT =
+    acquire wait + the engine's arrival-to-first-token; without engine timings
+    (real vLLM) step time is the clients' span and TTFT percentiles are n/a."""
+    from kvc_harness import satstep
+
+    counters = {
+        "a": {"queries": 100.0, "hits": 75.0, "ttft_sum": 2.0, "ttft_count": 4.0, "preemptions": 3.0,
+              "prompt_tokens": 100.0},
+        "b": {"queries": 100.0, "hits": 25.0, "ttft_sum": 2.0, "ttft_count": 4.0, "preemptions": 0.0,
+              "prompt_tokens": 100.0},
+    }
+    recs = [
+        {"rid": "r0", "server": "a", "error": None, "submit": 100.0, "done": 104.0, "acquire_s": 0.5, "id": "x0"},
+        {"rid": "r1", "server": "b", "error": None, "submit": 100.5, "done": 110.0, "acquire_s": 0.25, "id": "x1"},
+        {"rid": "r2", "server": "", "error": "RuntimeError: HTTP 503", "submit": 101.0, "done": 101.0,
+         "acquire_s": 0.0},
+    ]
+    timings = [
+        {"server": "a", "engine": 0, "id": "x0", "arrival": 10.0, "first_token": 11.0, "finish": 30.0},
+        {"server": "b", "engine": 0, "id": "x1", "arrival": 11.0, "first_token": 14.0, "finish": 50.0},
+        {"server": "b", "engine": 0, "id": "other", "arrival": 0.0, "first_token": 0.0, "finish": 99.0},
+    ]
+    run = {"policy": "kvc_aware", "records": recs, "counters": counters, "timings": timings, "busy": [20.0, 35.0],
+           "router": {"event_stored_blocks": 7}}
+    s = satstep.summarize(run, speed=2.0)
+    assert (s["requests"], s["completed"], s["errors"]) == (3, 2, 1)
+    assert s["first_error"] == "RuntimeError: HTTP 503"
+    assert s["client_step_time_s"] == pytest.approx((110.0 - 100.0) * 2.0)
+    assert s["step_time_clock"] == "engines" and s["step_time_s"] == s["engine_span_s"]
+    assert s["hit_rate"] == pytest.approx(0.5)
+    assert s["hit_rate_by_server"] == {"a": 0.75, "b": 0.25}
+    assert s["preemptions"] == 3 and s["server_ttft_mean_s"] == pytest.approx(0.5)
+    assert s["busiest_server_busy_s"] == 35.0
+    assert s["engine_span_s"] == pytest.approx(50.0 - 10.0)  # the unmatched timing is not this step's
+    assert s["ttft_matched"] == 2 and s["ttft_samples_s"] == pytest.approx([0.5 * 2 + 1.0, 0.25 * 2 + 3.0])
+    assert s["ttft_p50_s"] == pytest.approx(2.75) and s["ttft_p99_s"] == pytest.approx(2.0 + 0.99 * 1.5)
+    assert s["engine_ttft_p50_s"] == pytest.approx(2.0)
+
+    base = satstep.summarize(dict(run, policy="default", timings=None, busy=None), speed=2.0)
+    assert math.isnan(base["ttft_p50_s"]) and math.isnan(base["engine_span_s"]) and base["ttft_samples_s"] == []
+    assert base["step_time_clock"] == "clients" and base["step_time_s"] == pytest.approx(20.0)
+    lines = satstep.format_table([base, s], "t", "sim s").splitlines()
+    assert lines[4].startswith("STEP TIME (clients' clock") and lines[4].rstrip().endswith("+100%")
+    assert satstep.format_table([s, s], "t", "sim s").splitlines()[4].startswith("STEP TIME (engines' clock")
+    ttft = next(ln for ln in lines if ln.startswith("TTFT p50"))
+    assert "n/a" in ttft and "2.750s" in ttft
+    assert "2 / 1" in next(ln for ln in lines if ln.startswith("samples completed"))
 
 
 @needs_sim

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -139,6 +140,45 @@ def test_bad_server_ids(lb):
     assert lb.get_inflight_count(None) == 0
     lb.remove_servers("s1")  # a bare id
     assert lb.get_all_servers() == ["s0"]
+
+
+def test_server_ids_checked_at_the_boundary(lb):
+    """Issue 20 D3/D4: ids that are not valid Unicode, hold NUL or exceed 64 KiB
+    are refused when added, with an error naming the problem (a lone surrogate
+    used to become U+FFFD in the library: the handle was lost, releases missed
+    and two ids merged); releases and lookups of such ids are counted no-ops."""
+    for bad, exc, match in (
+        ("a\udc80b", InvalidArgumentError, r"lone surrogate '\\udc80' at index 1"),
+        ("\ud800", InvalidArgumentError, r"lone surrogate '\\ud800' at index 0"),
+        ("a\x00b", InvalidArgumentError, "contains a NUL character at index 1"),
+        ("x" * (64 << 10) + "y", InvalidArgumentError, "65537 bytes as UTF-8, more than the limit of 65536"),
+        ("é" * (32 << 10) + "y", InvalidArgumentError, "65537 bytes as UTF-8"),
+    ):
+        with pytest.raises(exc, match=match):
+            lb.add_servers({"ok-first": "h", bad: "h"})
+        assert lb.get_all_servers() == ["s0", "s1"]
+    # Two ids that differ only in their invalid part stay apart (and are refused).
+    with pytest.raises(InvalidArgumentError):
+        lb.add_servers(dict([("s\udc80", 1), ("s\udc81", 2)]))
+    # Unusual but valid ids round-trip exactly, handle included.
+    odd = {"\U0001F600:8000": "emoji", "\ufffd:1": "replacement", "é:2": "accent"}
+    lb.add_servers(odd)
+    lb.remove_servers(["s0", "s1"])
+    picks = [lb.acquire_server(f"r{i}") for i in range(60)]
+    assert {h for _, h in picks} == set(odd.values()) and all(odd[sid] == h for sid, h in picks)
+    for sid, _ in picks:
+        lb.release_server(sid)
+    assert lb.get_total_inflight() == 0
+    # Releases and lookups of impossible ids: no-ops, counted (documented as no-ops for unknown ids).
+    before = lb.get_status()["router"]["ignored_invalid_ids"]
+    lb.release_server("x" * (70 << 10))
+    lb.release_server("bad\udcff")
+    lb.release_server("a\x00b")
+    lb.release_server(42)
+    assert lb.get_inflight_count("bad\udcff") == 0
+    lb.remove_servers(["bad\udcff", "a\x00b", "x" * (70 << 10)])  # unknown ids: ignored
+    assert lb.get_status()["router"]["ignored_invalid_ids"] == before + 5
+    assert sorted(lb.get_all_servers()) == sorted(odd)
 
 
 def test_malformed_pushes(lb):
@@ -363,3 +403,25 @@ def test_codes_and_abi_version_match_the_header():
 def test_unclassified_library_error_is_internal():
     e = errors.error_for(errors.KVR_INTERNAL, "internal error: something unexpected")
     assert isinstance(e, InternalError) and e.code == errors.KVR_INTERNAL
+
+
+def test_set_kv_endpoints_validated():
+    """Issue 20: a garbage replay address, ids not in the pool and 1,000
+    publishers for one server are refused (the last used to start 1,002
+    goroutines); the goroutine count does not move."""
+    from kvc_harness.balancer import kvc_config
+    from kvc_router.errors import NotFoundError
+
+    b = KVCAwareBalancer({"10.0.0.1:8000": None}, router_config=kvc_config(collectors=("vllm_zmq",)))
+    r = b._router
+    g0 = b.get_status()["router"]["goroutines"]
+    sid = b"10.0.0.1:8000"
+    with pytest.raises(NativeConfigError, match=r"endpoints\[0\]\.replay: .*scheme must be tcp or ipc"):
+        r.set_kv_endpoints(sid, [{"endpoint": "tcp://127.0.0.1:5557", "replay": "garbage!"}])
+    with pytest.raises(NativeConfigError, match="1000 endpoints, more than the limit of 64 per server"):
+        r.set_kv_endpoints(sid, [{"endpoint": f"tcp://127.0.0.1:{20000 + i}"} for i in range(1000)])
+    with pytest.raises(NotFoundError, match="not in the pool"):
+        r.set_kv_endpoints(b"10.0.0.9:8000", [{"endpoint": "tcp://127.0.0.1:5557"}])
+    time.sleep(0.4)  # a subscription sync pass
+    assert b.get_status()["router"]["goroutines"] <= g0 + 2
+    b.close()

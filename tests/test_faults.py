@@ -24,9 +24,16 @@ import re
 import time
 
 import pytest
-from kvc_harness.balancer import KVC_NO_COLLECTORS, index_server, kvc_config, poller_target, publisher_status, server_status
+from kvc_harness.balancer import (
+    KVC_NO_COLLECTORS,
+    index_server,
+    kvc_config,
+    poller_target,
+    publisher_status,
+    server_status,
+)
 from kvc_harness.fleet import Sim
-from kvc_harness.procs import Reaper, wait_for
+from kvc_harness.procs import Reaper, harness_env, wait_for
 from kvc_harness.report import percentiles
 from kvc_harness.wire import MetricsStub, metrics_text
 from kvc_harness.workloads import seeded_prompt as prompt
@@ -333,7 +340,10 @@ def test_impossible_metrics_are_rejected(reaper):
     a = MetricsStub(reaper, lambda: metrics_text(running=1))
     b = MetricsStub(reaper, lambda: metrics_text(running=1))
     cfg = kvc_config(
-        urls={"srv-a": a.url, "srv-b": b.url}, collectors=("vllm_metrics",), timeout_ms=300, load={"stale_after_ms": 400}
+        urls={"srv-a": a.url, "srv-b": b.url},
+        collectors=("vllm_metrics",),
+        timeout_ms=300,
+        load={"stale_after_ms": 400},
     )
     lb = KVCAwareBalancer({"srv-a": None, "srv-b": None}, router_config=cfg)
     reaper.add(lb.close)
@@ -370,6 +380,57 @@ def test_impossible_metrics_are_rejected(reaper):
         st = server_status(push.get_status(), "p")
         assert reason in st["load"]["last_error"], st
         assert st["running"] == 2  # the previous snapshot is kept
+
+
+# Requests routed while one of three servers reports impossible metrics
+# (make chaos: KVR_CHAOS_HOSTILE_REQUESTS=20000).
+HOSTILE_REQUESTS = int(os.environ.get("KVR_CHAOS_HOSTILE_REQUESTS", "600"))
+
+
+def test_hostile_metrics_server_takes_no_traffic(reaper):
+    """The issue-20 scenario at scale: one of three servers serves a different
+    impossible /metrics body on every scrape (NaN, negative counts, +Inf, usage
+    above 1, a mix with good samples). Before the fix the all-NaN server looked
+    idle and took 9,450 of 11,184 requests; now it is unhealthy after its first
+    scrapes and takes none while it stays hostile."""
+    import random
+
+    rng = random.Random(20)
+    bodies = [body for body, _ in IMPOSSIBLE_METRICS.values()]
+    bodies.append(metrics_text(running=1) + "vllm:num_requests_waiting{engine=\"1\"} -1\n")
+
+    def hostile_body() -> str:
+        return rng.choice(bodies)
+
+    good = [MetricsStub(reaper, lambda r=r: metrics_text(running=r)) for r in (2, 3)]
+    bad = MetricsStub(reaper, hostile_body)
+    urls = {"good-0": good[0].url, "good-1": good[1].url, "hostile": bad.url}
+    lb = KVCAwareBalancer(
+        {sid: sid for sid in urls},
+        router_config=kvc_config(urls=urls, collectors=("vllm_metrics",), timeout_ms=300, load={"stale_after_ms": 400}),
+    )
+    reaper.add(lb.close)
+    wait_for(lambda: not server_status(lb.get_status(), "hostile")["load"]["healthy"], 10, "hostile unhealthy")
+    picks = {sid: 0 for sid in urls}
+    t0 = time.monotonic()
+    for i in range(HOSTILE_REQUESTS):
+        sid, handle = lb.acquire_server(f"conv-{i % 97}", prompt(i, 64))
+        assert handle == sid
+        picks[sid] += 1
+        lb.release_server(sid)
+        if i % 10 == 0:
+            time.sleep(0.01)  # spread over many scrapes
+    st = lb.get_status()
+    t = poller_target(st, "hostile")
+    print(
+        f"\nhostile metrics: {HOSTILE_REQUESTS:,} requests in {time.monotonic() - t0:.1f}s, "
+        f"{picks['hostile']} to the hostile server; {t['malformed']} malformed scrapes; "
+        f"last error: {t['last_error'][:100]}"
+    )
+    assert picks["hostile"] == 0, picks
+    assert t["malformed"] >= 3 and "impossible value" in t["last_error"]
+    assert not server_status(st, "hostile")["load"]["healthy"]
+    assert lb.get_total_inflight() == 0
 
 
 def test_remove_all_then_readd(reaper):
@@ -422,3 +483,82 @@ def test_remove_all_then_readd(reaper):
     assert sid in ids
     base.release_server(sid)
     assert base.get_total_inflight() == 0
+
+
+def test_collector_panics_are_recovered(reaper):
+    """Issue 20: a panic in a collector goroutine (armed through the kvrdebug
+    test library: kind 4 in the next KV-event batch applied, kind 5 in the next
+    /metrics scrape) is recovered there: counted, the collector marked failed
+    in status and restarted; the process lives, nothing is poisoned, and
+    routing serves throughout."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from kvc_harness import debuglib
+
+    m = MetricsStub(reaper, lambda: metrics_text(running=1))
+    code = textwrap.dedent(
+        f"""
+        import time, msgpack, zmq
+        from kvc_harness.balancer import kvc_config, poller_target, publisher_status, server_status
+        from kvc_router import KVCAwareBalancer, _native
+
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        cfg = kvc_config(
+            endpoints={{"ev": [{{"endpoint": f"tcp://127.0.0.1:{{port}}"}}]}},
+            urls={{"sc": {m.url!r}}},
+            collectors=("vllm_metrics", "vllm_zmq"),
+            log_level="error",
+        )
+        lb = KVCAwareBalancer({{"ev": None, "sc": None}}, router_config=cfg)
+        seq = [0]
+
+        def publish(base):
+            toks = [base + i for i in range(32)]
+            batch = [time.time(), [["BlockStored", [base, base + 1], None, toks, 16, None, "GPU"]], None]
+            pub.send_multipart([b"", seq[0].to_bytes(8, "big"), msgpack.packb(batch)])
+            seq[0] += 1
+
+        def until(what, cond, timeout=20):
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                if cond():
+                    return
+                publish(1000 + seq[0] * 64)
+                lb.release_server(lb.acquire_server(f"r{{seq[0]}}", list(range(64)))[0])
+                time.sleep(0.05)
+            raise SystemExit("timed out: " + what)
+
+        st = lambda: lb.get_status()
+        until("connected and scraped", lambda: publisher_status(st(), "ev").get("connected")
+              and st()["router"]["index"]["entries"] > 0 and server_status(st(), "sc")["load"]["has_metrics"])
+        _native.debug_panic(4)
+        _native.debug_panic(5)
+        pub_st = lambda: publisher_status(st(), "ev")
+        tgt_st = lambda: poller_target(st(), "sc")
+        until("both panics", lambda: pub_st()["panics"] == 1 and tgt_st()["panics"] == 1)
+        s = st()
+        pubst, tg = publisher_status(s, "ev"), poller_target(s, "sc")
+        print("failed", pubst["failed"], tg["failed"],
+              "injected" in pubst["last_panic"], "injected" in tg["last_error"])
+        print("collector panics", s["router"]["collectors"]["panics"], "export panics", s["router"]["panics"])
+        until("recovered", lambda: not pub_st()["failed"] and not tgt_st()["failed"]
+              and st()["router"]["index"]["entries"] > 0)
+        sid, _ = lb.acquire_server("after", list(range(64)))
+        lb.release_server(sid)
+        print("serving", sid in ("ev", "sc"), lb.get_total_inflight())
+        lb.close()
+        """
+    )
+    env = harness_env(dict(os.environ, KVC_ROUTER_LIB=debuglib.path()))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.stdout, out.stderr[-4000:])
+    assert out.stdout.splitlines() == [
+        "failed True True True True",
+        "collector panics 2 export panics 0",
+        "serving True 0",
+    ], (out.stdout, out.stderr[-3000:])
+    assert out.stderr.count("panicked") >= 2  # one log line each, with its stack

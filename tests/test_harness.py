@@ -229,3 +229,13 @@ def test_scripts_say_how_to_find_the_harness(script):
     )
     assert ok.returncode == 0, ok.stderr
     assert "usage:" in ok.stdout
+
+
+def test_mean_ci_uses_students_t():
+    from kvc_harness.report import mean_ci
+
+    # sd of 1..4 is 1.291; t(0.975, 3) = 3.182 -> half-width 3.182 * 1.291 / 2 = 2.05.
+    assert mean_ci([1.0, 2.0, 3.0, 4.0]) == [2.5, 2.1]
+    assert mean_ci([5.0, 5.0, 5.0]) == [5.0, 0.0]
+    m, h = mean_ci([7.0])
+    assert m == 7.0 and h != h  # one sample: no interval (NaN)

@@ -112,6 +112,50 @@ def test_server_labels_are_bounded():
     assert sum(v for (n, _), v in got.items() if n == "server_inflight") == st["total_inflight"] == 10
 
 
+def test_samples_of_a_live_kv_event_subscription():
+    """A real vllm_zmq subscription (pyzmq publishing vLLM's frames on
+    loopback): batches, events, gaps and connected per server, from the
+    collector's own status shape."""
+    import struct
+
+    import zmq
+    from kvc_harness.balancer import kvc_config, publisher_status
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port(f"tcp://{HOST}")
+    topic = b"kv@model"
+    ep = f"tcp://{HOST}:{port}"
+    cfg = kvc_config(endpoints={"s0": [{"endpoint": ep}]}, collectors=("vllm_zmq",))
+    try:
+        with KVCAwareBalancer({"s0": None, "s1": None}, router_config=cfg) as lb:
+
+            def send(seq: int, first: int) -> None:
+                payload = wire.event_batch(wire.block_stored(list(range(first, first + 64))))
+                pub.send_multipart([topic, struct.pack(">Q", seq), payload])
+
+            # The subscription joins asynchronously: publish until one lands.
+            procs.wait_for(lambda: send(0, 1) or publisher_status(lb.get_status(), "s0").get("events", {}).get(
+                "batches"), 10, "first KV-event batch applied", interval=0.1)
+            st = lb.get_status()
+            seq0 = publisher_status(st, "s0")["last_seq"]
+            send(seq0 + 2, 5000)  # seq0 + 1 never sent: a gap
+            procs.wait_for(lambda: publisher_status(lb.get_status(), "s0").get("gaps"), 10, "the gap seen", 0.05)
+            st = lb.get_status()
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    p = publisher_status(st, "s0")
+    got = _by_key(km.samples(st))
+    labels = (("_pub", ep), ("server", "s0"), ("source", "zmq"))
+    assert got[("kv_event_batches_total", labels)] == p["events"]["batches"] >= 2
+    assert got[("kv_events_total", labels)] == p["events"]["events"]
+    assert got[("kv_event_decode_errors_total", labels)] == p["events"]["decode_errors"] == 0
+    assert got[("kv_event_gaps_total", (("_pub", ep), ("server", "s0")))] == p["gaps"] >= 1
+    assert got[("kv_event_connected", (("server", "s0"),))] == 1.0
+    assert not [k for k in got if k[0].startswith("kv_event") and ("server", "s1") in k[1]]
+
+
 def test_admission_queue_is_exported_when_status_has_one():
     with KVCAwareBalancer({"s0": None}, router_config="kvc_aware") as lb:
         lb.acquire_server("r", PROMPT)
@@ -171,12 +215,13 @@ def expected(status: Dict[str, Any]) -> Dict[Tuple[str, Tuple[Tuple[str, str], .
     """What the export must show for this status: every sample but the
     VOLATILE ones, with counters that never moved absent (Ray exports a
     counter on its first increment)."""
-    exp = {}
-    for (name, labels), v in km.merge(km.samples(status, lambda s: s)).items():
-        if name in VOLATILE or (km.spec_of(name).kind == "counter" and v == 0):
-            continue
-        exp[(name, labels)] = v
-    return exp
+    exp: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+    for (name, labels), v in km.merge(km.samples(status)).items():
+        key = (name, tuple(kv for kv in labels if not kv[0].startswith("_")))
+        exp[key] = exp.get(key, 0.0) + v
+    return {
+        k: v for k, v in exp.items() if k[0] not in VOLATILE and not (km.spec_of(k[0]).kind == "counter" and v == 0)
+    }
 
 
 def _close(a: float, b: float) -> bool:
@@ -241,6 +286,26 @@ def test_ray_prometheus_export_matches_status(ray_cluster, make_actor):
     got2 = wait_matching(port, worker, want2)
     assert got2[("acquires_total", ())] == 13
     assert "s2" not in st2["servers"]
+
+
+def test_folded_servers_count_once_when_one_leaves(ray_cluster, make_actor):
+    """With one own server label, s1 and s2 share _other; s2 leaving must
+    not make s1's scrapes look new (increases are taken per server)."""
+    ray = ray_cluster
+    port = procs.RAY_METRICS_PORT
+    lb = make_actor(servers={"s0": None, "s1": None, "s2": None}, router_config=_cfg(period_s=0.2, max_server_labels=1))
+    worker = _actor_attr(ray, lb, lambda self: __import__("ray").get_runtime_context().get_worker_id())
+    text = wire.metrics_text(running=1)
+    for sid, n in (("s0", 1), ("s1", 2), ("s2", 3)):
+        for _ in range(n):
+            assert ray.get(lb.update_metrics.remote(sid, text))
+    other = ("server_scrapes_total", (("server", km.OTHER),))
+    wait_matching(port, worker, {other: 5.0, ("server_scrapes_total", (("server", "s0"),)): 1.0})
+    ray.get(lb.remove_servers.remote(["s2"]))
+    assert ray.get(lb.update_metrics.remote("s1", text))
+    time.sleep(1.0)  # several export periods after the removal
+    got = wait_matching(port, worker, {other: 6.0})
+    assert ("server_scrapes_total", (("server", "s2"),)) not in got
 
 
 def test_metrics_off_switch(ray_cluster, make_actor):

@@ -12,6 +12,7 @@ import (
 	json "github.com/goccy/go-json"
 
 	"github.com/kvc-router/kvc-router/core/tooling/bench"
+	"github.com/kvc-router/kvc-router/core/tooling/sim"
 )
 
 // tuneGrid is each tunable policy's main knob, four points each (the same
@@ -36,7 +37,11 @@ type runJob struct {
 }
 
 // runJobs replays every job, c.parallel at a time, and summarises each.
-func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]float64, error) {
+//
+// A prefill-free job (the bound) also records its requests, and lower[i]
+// is then the workload's makespan lower bound (bench.LowerBound, at the
+// real engines' costs); 0 for every other job.
+func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, lower []float64, err error) {
 	mks := map[uint64]func() bench.Workload{}
 	total := 0
 	for _, j := range jobs {
@@ -56,8 +61,8 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]f
 	var progress atomic.Int64
 	stop := startProgress(stderr, &progress, total, c.quiet)
 	defer stop()
-	sums := make([]bench.Summary, len(jobs))
-	steps := make([][]float64, len(jobs))
+	sums = make([]bench.Summary, len(jobs))
+	lower = make([]float64, len(jobs))
 	errs := make([]error, len(jobs))
 	sem := make(chan struct{}, max(1, c.parallel))
 	var wg sync.WaitGroup
@@ -77,6 +82,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]f
 			o := cc.options(&progress)
 			if j.free {
 				o.Engines.PrefillPerToken = 1e-12
+				o.Record = true
 			}
 			res, err := bench.Run(mks[j.seed](), pol, o)
 			if err != nil {
@@ -84,7 +90,10 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]f
 				return
 			}
 			sums[i] = bench.Summarise(res, 0)
-			steps[i] = res.Makespans
+			if j.free {
+				lower[i], _ = bench.LowerBound(res.Records, sim.Config{BlockSize: c.blockSize, NumGPUBlocks: c.gpuBlocks,
+					MaxNumSeqs: c.maxSeqs, MaxNumBatchedTokens: c.maxBatched}, c.engines)
+			}
 		}(i, j)
 	}
 	wg.Wait()
@@ -93,7 +102,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) ([]bench.Summary, [][]f
 			return nil, nil, err
 		}
 	}
-	return sums, steps, nil
+	return sums, lower, nil
 }
 
 func parseSeeds(s string) ([]uint64, error) {
@@ -193,7 +202,10 @@ type heldoutRow struct {
 	MakespanR      stat `json:"makespan_over_verl"`
 	// GainShare is Σ(verl − policy) / Σ(verl − bound) over the seeds.
 	GainShare float64 `json:"makespan_gain_share"`
-	Imbalance stat    `json:"imbalance"`
+	// BoundShare is Σ(verl − policy) / Σ(verl − lower bound) over the
+	// seeds: the share of verl_default's gap to bench.LowerBound closed.
+	BoundShare float64 `json:"makespan_bound_share"`
+	Imbalance  stat    `json:"imbalance"`
 }
 
 // heldout tunes each tunable policy in --policies on --tune-seeds (the grid
@@ -302,15 +314,17 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			jv = append(jv, vi)
 		}
 	}
-	sums, _, err = runJobs(c, jobs, stderr)
+	sums, lowers, err := runJobs(c, jobs, stderr)
 	if err != nil {
 		return err
 	}
 	bound := map[uint64]float64{}
+	lower := map[uint64]float64{}
 	verl := map[uint64]float64{}
 	for i, j := range jobs {
 		if j.free {
 			bound[j.seed] = sums[i].Makespan
+			lower[j.seed] = lowers[i]
 		} else if j.policy == "verl_default" {
 			verl[j.seed] = sums[i].Makespan
 		}
@@ -319,7 +333,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	for vi, v := range variants {
 		n := v.policy
 		var hit, p50, p99, mk, mr, imb []float64
-		var gained, gap float64
+		var gained, gap, lgap float64
 		for i, j := range jobs {
 			if jv[i] != vi {
 				continue
@@ -329,11 +343,15 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			mr = append(mr, s.Makespan/verl[j.seed])
 			gained += verl[j.seed] - s.Makespan
 			gap += verl[j.seed] - bound[j.seed]
+			lgap += verl[j.seed] - lower[j.seed]
 		}
 		r := heldoutRow{Policy: n, HitRate: statOf(hit), TTFTP50: statOf(p50), TTFTP99: statOf(p99), Makespan: statOf(mk),
 			MakespanR: statOf(mr), Imbalance: statOf(imb)}
 		if gap > 0 {
 			r.GainShare = gained / gap
+		}
+		if lgap > 0 {
+			r.BoundShare = gained / lgap
 		}
 		if v.raw != "" {
 			r.Params, r.Tuned = json.RawMessage(v.raw), true
@@ -345,17 +363,26 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		}
 		rows = append(rows, r)
 	}
-	var bs, gaps []float64
+	var bs, gaps, lbs, best []float64
 	for _, s := range report {
 		bs = append(bs, bound[s])
+		lbs = append(lbs, lower[s])
+		m := math.Inf(1)
+		for i, j := range jobs {
+			if j.seed == s && !j.free {
+				m = math.Min(m, sums[i].Makespan)
+			}
+		}
+		best = append(best, m/lower[s])
 		gaps = append(gaps, (verl[s]-bound[s])/verl[s])
 	}
 	fmt.Fprintf(stdout, "held-out: workload %s, %d engines, arrival spread %.3gs; tuned on seeds %s, reported seeds %s (mean ± 95%% CI, t-distribution)\n\n",
 		c.workload, c.engines, c.spread, c.tuneSeeds, c.reportSeeds)
-	writeHeldoutTable(stdout, rows, statOf(bs), statOf(gaps))
+	writeHeldoutTable(stdout, rows, statOf(bs), statOf(gaps), statOf(lbs), statOf(best))
 	if c.jsonOut != "" {
 		doc := map[string]any{"workload": c.workload, "tune_seeds": tune, "report_seeds": report, "arrival_spread_s": c.spread,
-			"engines": c.engines, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps), "rows": rows,
+			"engines": c.engines, "max_num_seqs": c.maxSeqs, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps),
+			"makespan_lower_bound_s": statOf(lbs), "best_over_lower_bound": statOf(best), "rows": rows,
 			"kvc_frozen": map[string]string{"path": c.kvcFrozen, "commit": c.frozenCommit}}
 		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
@@ -372,9 +399,9 @@ func pm(s stat, scale float64, f string) string {
 }
 
 // writeHeldoutTable prints a Markdown table (it pastes into docs/kvbench.md).
-func writeHeldoutTable(w io.Writer, rows []heldoutRow, bound, gap stat) {
-	fmt.Fprintln(w, "| policy | knob (chosen on tuning seeds) | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl | gain share % | imbalance |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+func writeHeldoutTable(w io.Writer, rows []heldoutRow, bound, gap, lower, best stat) {
+	fmt.Fprintln(w, "| policy | knob (chosen on tuning seeds) | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl | gain share % | bound share % | imbalance |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		knob := "launcher defaults"
 		switch {
@@ -385,10 +412,12 @@ func writeHeldoutTable(w io.Writer, rows []heldoutRow, bound, gap stat) {
 		case r.DefaultIsTuned:
 			knob = "launcher defaults (also the tuning choice)"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n", r.Policy, knob, pm(r.HitRate, 100, "%.1f"),
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %s |\n", r.Policy, knob, pm(r.HitRate, 100, "%.1f"),
 			pm(r.TTFTP50, 1, "%.3f"), pm(r.TTFTP99, 1, "%.3f"), pm(r.Makespan, 1, "%.1f"), pm(r.MakespanR, 1, "%.3f"),
-			100*r.GainShare, pm(r.Imbalance, 1, "%.2f"))
+			100*r.GainShare, 100*r.BoundShare, pm(r.Imbalance, 1, "%.2f"))
 	}
+	fmt.Fprintf(w, "\nmakespan lower bound (engine model: least work spread evenly, or the longest request chain alone): %s s; the best policy's makespan is %s × the bound (how loose it is at most); bound share = share of verl_default's gap to it closed\n",
+		pm(lower, 1, "%.1f"), pm(best, 1, "%.3f"))
 	fmt.Fprintf(w, "\nprefill-free makespan (verl_default routing, every prompt as if cached): %s s; achievable gain over verl_default: %s %% of its makespan\n",
 		pm(bound, 1, "%.1f"), pm(gap, 100, "%.1f"))
 }

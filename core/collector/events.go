@@ -100,7 +100,12 @@ type PublisherStatus struct {
 	StartupUnreplayed uint64 `json:"startup_unreplayed"`
 	// Duplicates counts live batches skipped because a replay in the same
 	// connection had already applied them.
-	Duplicates    uint64      `json:"duplicates"`
+	Duplicates uint64 `json:"duplicates"`
+	// Panics counts panics this subscription recovered from; Failed is
+	// set by one and cleared by the next batch applied after the restart.
+	Panics        uint64      `json:"panics"`
+	Failed        bool        `json:"failed"`
+	LastPanic     string      `json:"last_panic,omitempty"`
 	LastEventUnix float64     `json:"last_event_unix"`
 	EventsPerSec  float64     `json:"events_per_sec"`
 	Events        EventCounts `json:"events"`
@@ -132,6 +137,10 @@ type Subscriber struct {
 	badFrames   uint64
 	unreplayed  uint64
 	duplicates  uint64
+	panics      uint64
+	panicStreak int // consecutive panics without a batch applied between
+	failed      bool
+	lastPanic   string
 
 	// replayed maps seq -> payload hash for batches this connection
 	// applied through an open-ended replay (at connect, or a probe) that
@@ -176,6 +185,7 @@ func (s *Subscriber) Status() PublisherStatus {
 		LastSeq: s.lastSeq, SeqSeen: s.seqSeen, Gaps: s.gaps, Replays: s.replays, ReplayFailed: s.replayFails,
 		Restarts: s.restarts, Dials: s.dials, BadFrames: s.badFrames, EventsPerSec: s.rate,
 		StartupUnreplayed: s.unreplayed, Duplicates: s.duplicates,
+		Panics: s.panics, Failed: s.failed, LastPanic: s.lastPanic,
 		Events: s.stats.Snapshot(),
 	}
 	if !s.lastEvent.IsZero() {
@@ -198,7 +208,16 @@ func (s *Subscriber) run(ctx context.Context) {
 	defer close(s.done)
 	defer s.setConnected(false)
 	for ctx.Err() == nil {
-		if err := s.session(ctx); err != nil && ctx.Err() == nil {
+		var err error
+		if perr := guard(func() { err = s.session(ctx) }); perr != nil {
+			err = perr
+		}
+		var perr *PanicError
+		if errors.As(err, &perr) {
+			sleepCtx(ctx, s.recovered(perr))
+			continue
+		}
+		if err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Debug("kv events session ended", "server", s.server, "err", err)
 			select {
 			case <-ctx.Done():
@@ -236,17 +255,21 @@ func (s *Subscriber) session(ctx context.Context) error {
 	msgs := make(chan zmq4.Msg, 64)
 	errc := make(chan error, 1)
 	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				errc <- err
-				return
+		if perr := guard(func() {
+			for {
+				m, err := sub.Recv()
+				if err != nil {
+					errc <- err
+					return
+				}
+				select {
+				case msgs <- m:
+				case <-sctx.Done():
+					return
+				}
 			}
-			select {
-			case msgs <- m:
-			case <-sctx.Done():
-				return
-			}
+		}); perr != nil {
+			errc <- perr // the session ends; run restarts it
 		}
 	}()
 	idle := time.NewTimer(s.cfg.IdleRedial)
@@ -467,7 +490,29 @@ func (s *Subscriber) clear() {
 	}
 }
 
+// recovered handles a panic that ended a session: counted, marked failed,
+// logged with its stack; the server's index is cleared and the sequence
+// forgotten (the batch may have been half applied). It returns the backoff
+// before the next session.
+func (s *Subscriber) recovered(perr *PanicError) time.Duration {
+	s.mu.Lock()
+	s.panics++
+	s.panicStreak++
+	s.failed, s.lastPanic = true, perr.Error()
+	s.connected = false // the session's socket is closed
+	n := s.panicStreak
+	s.mu.Unlock()
+	wait := panicBackoff(s.cfg.RetryInterval, n)
+	s.cfg.Logger.Error("kv events: subscriber panicked; index cleared, restarting", "server", s.server,
+		"endpoint", s.ep.Endpoint, "panic", perr.Value, "restart_in", wait, "stack", perr.Stack)
+	if p2 := guard(func() { s.clear(); s.resetSeq() }); p2 != nil {
+		s.cfg.Logger.Error("kv events: clearing after a panic panicked", "server", s.server, "panic", p2.Value)
+	}
+	return wait
+}
+
 func (s *Subscriber) apply(seq uint64, payload []byte) {
+	debugPanic(PanicEvents)
 	if len(payload) > s.cfg.Limits.MaxPayloadBytes {
 		s.stats.DecodeErrors.Add(1)
 	} else if err := s.cfg.Limits.DecodeInto(payload, &s.batch); err != nil {
@@ -488,6 +533,7 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 		s.unreplayed += seq
 	}
 	s.lastSeq, s.seqSeen = seq, true
+	s.failed, s.panicStreak = false, 0
 	s.lastHash = xxhash.Sum64(payload)
 	s.lastEvent = now
 	s.rateEvents += uint64(events)
@@ -560,15 +606,22 @@ func Replay(ctx context.Context, endpoint string, from, to uint64, timeout, dial
 	}
 	replies := make(chan reply, 16)
 	go func() {
-		for {
-			m, err := d.Recv()
-			select {
-			case replies <- reply{m, err}:
-			case <-rctx.Done():
-				return
+		if perr := guard(func() {
+			for {
+				m, err := d.Recv()
+				select {
+				case replies <- reply{m, err}:
+				case <-rctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
 			}
-			if err != nil {
-				return
+		}); perr != nil {
+			select {
+			case replies <- reply{err: perr}:
+			case <-rctx.Done():
 			}
 		}
 	}()

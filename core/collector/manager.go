@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -212,15 +213,14 @@ func (c Config) Validate() error {
 			}
 		}
 		for server, eps := range s.Endpoints {
-			for j, ep := range eps {
-				if err := checkEndpoint(ep.Endpoint); err != nil {
-					return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].endpoint", i, server, j), "%v", err)
-				}
-				if ep.Replay != "" {
-					if err := checkEndpoint(ep.Replay); err != nil {
-						return configErr(fmt.Sprintf("collectors[%d].endpoints[%q][%d].replay", i, server, j), "%v", err)
+			if err := checkEndpoints(eps); err != nil {
+				key, msg := fmt.Sprintf("collectors[%d].endpoints[%q]", i, server), err.Error()
+				if strings.HasPrefix(msg, "[") { // "[j].field: reason"
+					if k := strings.Index(msg, ": "); k > 0 {
+						key, msg = key+msg[:k], msg[k+2:]
 					}
 				}
+				return configErr(key, "%s", msg)
 			}
 		}
 		for server, u := range s.URLs {
@@ -233,19 +233,69 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// MaxEndpointsPerServer bounds a server's KV-event publishers (one per
+// data-parallel rank); each runs a subscriber goroutine and a socket.
+const MaxEndpointsPerServer = 64
+
+// maxTopicBytes bounds a subscription topic (vLLM's is ~40 bytes).
+const maxTopicBytes = 4096
+
+// checkEndpoint accepts tcp://host:port (port 1-65535; host may be a bind
+// address such as *, replaced by the server's host) and ipc://path.
 func checkEndpoint(ep string) error {
 	u, err := url.Parse(ep)
 	if err != nil {
 		return err
 	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q: no user, query or fragment allowed", ep)
+	}
 	switch u.Scheme {
 	case "tcp":
-		if u.Host == "" || u.Port() == "" {
+		if u.Host == "" || u.Hostname() == "" || u.Port() == "" {
 			return fmt.Errorf("%q needs host:port", ep)
 		}
+		if n, err := strconv.Atoi(u.Port()); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q: port must be in [1, 65535]", ep)
+		}
+		if u.Path != "" {
+			return fmt.Errorf("%q: a tcp endpoint has no path", ep)
+		}
 	case "ipc":
+		if u.Host+u.Path+u.Opaque == "" {
+			return fmt.Errorf("%q needs a path", ep)
+		}
 	default:
 		return fmt.Errorf("%q: scheme must be tcp or ipc", ep)
+	}
+	return nil
+}
+
+// checkEndpoints validates one server's publisher list: at most
+// MaxEndpointsPerServer, each endpoint and replay address well-formed, a
+// bounded topic, no endpoint listed twice. It names the entry at fault
+// ("[3].replay: ...").
+func checkEndpoints(eps []Endpoint) error {
+	if len(eps) > MaxEndpointsPerServer {
+		return fmt.Errorf("%d endpoints, more than the limit of %d per server", len(eps), MaxEndpointsPerServer)
+	}
+	seen := make(map[string]int, len(eps))
+	for j, ep := range eps {
+		if err := checkEndpoint(ep.Endpoint); err != nil {
+			return fmt.Errorf("[%d].endpoint: %v", j, err)
+		}
+		if ep.Replay != "" {
+			if err := checkEndpoint(ep.Replay); err != nil {
+				return fmt.Errorf("[%d].replay: %v", j, err)
+			}
+		}
+		if len(ep.Topic) > maxTopicBytes {
+			return fmt.Errorf("[%d].topic: %d bytes, more than the limit of %d", j, len(ep.Topic), maxTopicBytes)
+		}
+		if k, dup := seen[ep.Endpoint]; dup {
+			return fmt.Errorf("[%d].endpoint: %q is also endpoints[%d]", j, ep.Endpoint, k)
+		}
+		seen[ep.Endpoint] = j
 	}
 	return nil
 }
@@ -296,10 +346,17 @@ func (m *Manager) SetEndpoints(server string, eps []Endpoint) error {
 	if m.events == nil {
 		return fmt.Errorf("%w: no vllm_zmq collector configured", ErrConfig)
 	}
-	for j, ep := range eps {
-		if err := checkEndpoint(ep.Endpoint); err != nil {
-			return fmt.Errorf("%w: endpoints[%d]: %v", ErrConfig, j, err)
+	if err := checkEndpoints(eps); err != nil {
+		sep := ": "
+		if strings.HasPrefix(err.Error(), "[") {
+			sep = ""
 		}
+		return fmt.Errorf("%w: endpoints%s%v", ErrConfig, sep, err)
+	}
+	// Subscriptions follow pool members only: endpoints for any other id
+	// would be kept (and grow) without ever being used.
+	if !slices.Contains(m.r.Servers(), server) {
+		return fmt.Errorf("%w: %q", ErrUnknownServer, server)
 	}
 	m.events.SetEndpoints(server, eps)
 	return nil
@@ -328,11 +385,14 @@ type Status struct {
 	PushMetricErr uint64         `json:"push_metric_errors"`
 	// Memory counts large inputs and the memory returns they armed.
 	Memory memtrim.Stats `json:"memory"`
+	// Panics counts panics recovered in collector goroutines (process-wide;
+	// each collector's status names the server).
+	Panics uint64 `json:"panics"`
 }
 
 // Status reports the collectors.
 func (m *Manager) Status() Status {
-	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot()}
+	st := Status{Collectors: map[string]any{}, PushEvents: m.push.Snapshot(), Memory: memtrim.Snapshot(), Panics: Panics()}
 	for _, c := range m.collectors {
 		st.Collectors[c.Name()] = c.Status()
 	}
@@ -408,7 +468,9 @@ func (e *EventsCollector) Start() {
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			e.sync()
+			if perr := guard(e.sync); perr != nil {
+				e.cfg.Logger.Error("kv events: subscription sync panicked; continuing", "panic", perr.Value, "stack", perr.Stack)
+			}
 			select {
 			case <-e.stop:
 				return

@@ -105,6 +105,9 @@ type target struct {
 	errors    uint64
 	malformed uint64
 	lastErr   string
+	panics    uint64
+	streak    int  // consecutive panics
+	failed    bool // a scrape panicked; cleared by the next good scrape
 }
 
 // TargetStatus reports one server's scrape state.
@@ -117,6 +120,10 @@ type TargetStatus struct {
 	Failures  int    `json:"consecutive_failures"`
 	Unhealthy bool   `json:"unhealthy"`
 	LastError string `json:"last_error,omitempty"`
+	// Panics counts scrapes of this target that panicked (recovered);
+	// Failed is set by one and cleared by the next good scrape.
+	Panics uint64 `json:"panics"`
+	Failed bool   `json:"failed"`
 }
 
 // Poller scrapes every pool member's /metrics on an interval. It follows the
@@ -167,7 +174,9 @@ func (p *Poller) loop(ctx context.Context) {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
 	for {
-		p.tick(ctx, time.Now())
+		if perr := guard(func() { p.tick(ctx, time.Now()) }); perr != nil {
+			p.cfg.Logger.Error("metrics: poller tick panicked; continuing", "panic", perr.Value, "stack", perr.Stack)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -227,12 +236,37 @@ func (p *Poller) worker(ctx context.Context, server string, tg *target) {
 			if !ok {
 				return
 			}
-			p.scrape(ctx, server, tg)
+			if perr := guard(func() { p.scrape(ctx, server, tg) }); perr != nil {
+				p.recovered(server, tg, perr)
+			}
 		}
 	}
 }
 
+// recovered handles a scrape that panicked: a failed scrape (the target is
+// scheduled again after a backoff that grows with consecutive panics),
+// counted and marked failed in status, logged with its stack.
+func (p *Poller) recovered(server string, tg *target, perr *PanicError) {
+	p.mu.Lock()
+	tg.running = false
+	tg.scrapes++
+	tg.errors++
+	tg.failures++
+	tg.panics++
+	tg.streak++
+	tg.failed, tg.lastErr = true, perr.Error()
+	wait := max(panicBackoff(p.cfg.Interval, tg.streak), min(p.cfg.Interval<<min(tg.failures, 16), p.cfg.BackoffMax))
+	tg.nextAt = time.Now().Add(wait)
+	p.mu.Unlock()
+	p.cfg.Logger.Error("metrics: scrape panicked; restarting", "server", server, "panic", perr.Value,
+		"restart_in", wait, "stack", perr.Stack)
+	if p2 := guard(func() { p.r.MetricsFailed(server, perr, false) }); p2 != nil {
+		p.cfg.Logger.Error("metrics: recording a panicked scrape panicked", "server", server, "panic", p2.Value)
+	}
+}
+
 func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
+	debugPanic(PanicScrape)
 	m, err := p.fetch(ctx, tg)
 	if ctx.Err() != nil {
 		p.mu.Lock()
@@ -268,6 +302,7 @@ func (p *Poller) scrape(ctx context.Context, server string, tg *target) {
 		p.cfg.Logger.Info("metrics: server healthy again", "server", server)
 	}
 	tg.failures, tg.unhealthy, tg.lastErr = 0, false, ""
+	tg.failed, tg.streak = false, 0
 	tg.nextAt = time.Time{} // due again at the next tick
 	p.r.UpdateMetrics(server, m)
 }
@@ -313,6 +348,7 @@ func (p *Poller) Status() []TargetStatus {
 		out = append(out, TargetStatus{
 			Server: s, URL: p.url(s), Scrapes: tg.scrapes, Errors: tg.errors, Malformed: tg.malformed,
 			Failures: tg.failures, Unhealthy: tg.unhealthy, LastError: tg.lastErr,
+			Panics: tg.panics, Failed: tg.failed,
 		})
 	}
 	return out

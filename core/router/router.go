@@ -213,9 +213,9 @@ func (r *Router) Config() Config { return r.cfg }
 func (r *Router) AddServers(ids []string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, id := range ids {
-		if id == "" {
-			return fmt.Errorf("router: empty server id")
+	for i, id := range ids {
+		if err := CheckServerID(id); err != nil {
+			return fmt.Errorf("router: server id %d: %w", i, err)
 		}
 	}
 	for _, id := range ids {

@@ -20,12 +20,13 @@ import struct
 import sys
 import threading
 from array import array
-from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
+from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_p
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import (
+    KVR_HELD,
     KVR_INVALID_ARGUMENT,
     KVR_INVALID_STATE,
     KVR_NOT_FOUND,
@@ -44,7 +45,7 @@ LIB_NAME = "libkvcrouter.so"
 # (tests/test_errors.py checks them). A library of the same major and a minor
 # at least ABI_MINOR is accepted.
 ABI_VERSION = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -82,7 +83,7 @@ def _fork_error() -> ForkError:
 
 
 class AcquireOpts(ctypes.Structure):
-    """kvr_acquire_opts (ABI 1.1); ``size`` must be ``ctypes.sizeof(AcquireOpts)``."""
+    """kvr_acquire_opts (ABI 1.2); ``size`` must be ``ctypes.sizeof(AcquireOpts)``."""
 
     _fields_ = [
         ("size", c_uint64),
@@ -94,6 +95,8 @@ class AcquireOpts(ctypes.Structure):
         ("lora", c_char_p),
         ("lora_len", c_int64),
         ("known_generation", c_int64),
+        ("ticket", c_uint64),
+        ("submit", c_int64),
     ]
 
 
@@ -109,6 +112,9 @@ SIGNATURES: dict = {
         [c_uint64, POINTER(AcquireOpts), POINTER(c_int32), POINTER(c_int64), _ERR, _ERR, _ERR],
         c_int32,
     ),
+    "kvr_release_admit": ([c_uint64, c_char_p, c_int64, POINTER(c_int32), _ERR, _ERR], c_int32),
+    "kvr_pump": ([c_uint64, _ERR, _ERR], c_int32),
+    "kvr_cancel": ([c_uint64, c_uint64, POINTER(c_int32), _ERR], c_int32),
 }
 
 
@@ -221,13 +227,53 @@ def _check(lib: ctypes.CDLL, code: int, err: c_void_p) -> None:
     raise error_for(code, msg)
 
 
+#: router.MaxServerIDBytes: the longest server id (UTF-8 bytes).
+MAX_ID_BYTES = 64 << 10
+
+
 def _utf8(value: str, what: str) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not encodable as UTF-8: {e}") from None
+        raise InvalidArgumentError(
+            f"{what} is not valid Unicode (not encodable as UTF-8): lone surrogate "
+            f"{value[e.start]!r} at index {e.start}",
+            KVR_INVALID_ARGUMENT,
+        ) from None
+
+
+def check_server_id(sid: Any) -> bytes:
+    """UTF-8 bytes of a server id, after the library's rules (router.CheckServerID):
+    a non-empty str, valid Unicode (no lone surrogates), no NUL, at most
+    64 KiB as UTF-8. Raises TypeError or InvalidArgumentError (a ValueError)
+    naming what is wrong."""
+    if not isinstance(sid, str):
+        raise TypeError(f"server ids must be str, got {type(sid).__name__} {sid!r:.80}")
+    if not sid:
+        raise InvalidArgumentError("server ids must be non-empty strings", KVR_INVALID_ARGUMENT)
+    b = _utf8(sid, f"server id {sid!r:.80}")
+    if len(b) > MAX_ID_BYTES:
+        raise InvalidArgumentError(
+            f"server id {sid!r:.40}... is {len(b)} bytes as UTF-8, more than the limit of {MAX_ID_BYTES}",
+            KVR_INVALID_ARGUMENT,
+        )
+    if "\x00" in sid:
+        raise InvalidArgumentError(
+            f"server id {sid!r:.80} contains a NUL character at index {sid.index(chr(0))}", KVR_INVALID_ARGUMENT
+        )
+    return b
+
+
+def lookup_id(sid: Any) -> Optional[bytes]:
+    """Bytes to look a server up by (release, in-flight count): a str that
+    cannot be encoded keeps its lone surrogates (``surrogatepass``), so the
+    library sees an id no server can have and counts the no-op; None for
+    non-str values."""
+    if not isinstance(sid, str):
+        return None
+    return sid.encode("utf-8", "surrogatepass")
 
 
 def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Optional[int], int]:
@@ -301,7 +347,9 @@ def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Opti
 
 def _check_length(n: int, limit: Optional[int]) -> None:
     if limit is not None and n > limit:
-        raise InvalidArgumentError(f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT)
+        raise InvalidArgumentError(
+            f"prompt has {n} tokens, more than max_prompt_tokens ({limit})", KVR_INVALID_ARGUMENT
+        )
 
 
 def _pack_struct(n: int, values: Sequence[Any]) -> bytes:
@@ -370,7 +418,7 @@ def validate_config(config: dict) -> dict:
     lib = load()
     try:
         data = json.dumps(config, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise NativeConfigError(f"the configuration cannot be encoded as JSON: {e}") from None
     out, err = c_void_p(), c_void_p()
     code = lib.kvr_validate_config(data, len(data), byref(out), byref(err))
@@ -483,6 +531,53 @@ class Router:
             _check(self._lib, code, err)
         return idx.value, gen.value
 
+    # -- admission (ABI 1.2) -------------------------------------------------
+
+    def submit(
+        self, request_id: bytes, addr: Optional[int], n: int, pin: int, known_gen: int, ticket: int, lora: bytes = b""
+    ) -> Optional[Tuple[int, int, Optional[str]]]:
+        """:meth:`acquire` through router-side admission: ``None`` when the
+        request is held under ``ticket`` (a later :meth:`release_admit` or
+        :meth:`pump` lists it once admitted). A full queue raises
+        :class:`~kvc_router.errors.AdmissionQueueFullError`."""
+        buf = c_char_p(addr) if isinstance(addr, bytes) else None  # borrows the bytes' buffer, no copy
+        opts = AcquireOpts(
+            size=ctypes.sizeof(AcquireOpts), request_id=request_id, request_id_len=len(request_id),
+            tokens=addr if buf is None else ctypes.cast(buf, c_void_p),
+            n_tokens=n, pin=pin, lora=lora, lora_len=len(lora), known_generation=known_gen, ticket=ticket, submit=1,
+        )  # fmt: skip
+        idx, gen, sid, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_acquire_with(self._h(), byref(opts), byref(idx), byref(gen), byref(sid), None, byref(err))
+        del buf
+        if code == KVR_HELD:
+            return None
+        if code:
+            _check(self._lib, code, err)
+        return idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+
+    def release_admit(self, server_id: bytes) -> Tuple[bool, list]:
+        """:meth:`release` that admits held requests into the freed room:
+        ``(released, [{"ticket", "index", "generation", "server"}])``."""
+        released, out, err = c_int32(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_release_admit(
+            self._h(), server_id, len(server_id), byref(released), byref(out), byref(err)
+        )
+        if code:
+            _check(self._lib, code, err)
+        return bool(released.value), (json.loads(take_string(self._lib, out) or "[]") if out.value else [])
+
+    def pump(self) -> list:
+        """Held requests admitted into room that appeared without a release."""
+        out, err = c_void_p(), c_void_p()
+        _check(self._lib, self._lib.kvr_pump(self._h(), byref(out), byref(err)), err)
+        return json.loads(take_string(self._lib, out) or "[]") if out.value else []
+
+    def cancel(self, ticket: int) -> bool:
+        """Drops a held request; False when it is not held (admitted already)."""
+        cancelled, err = c_int32(0), c_void_p()
+        _check(self._lib, self._lib.kvr_cancel(self._h(), ticket, byref(cancelled), byref(err)), err)
+        return bool(cancelled.value)
+
     def release(self, server_id: bytes) -> bool:
         released, err = c_int32(0), c_void_p()
         code = self._lib.kvr_release(self._h(), server_id, len(server_id), byref(released), byref(err))
@@ -493,13 +588,14 @@ class Router:
     # -- control plane -----------------------------------------------------
 
     def add_servers(self, ids: Sequence[str]) -> int:
-        data = json.dumps(list(ids)).encode("utf-8")
+        # Raw UTF-8 (ids passed check_server_id): no \u escapes to reinterpret.
+        data = json.dumps(list(ids), ensure_ascii=False).encode("utf-8")
         gen, err = c_int64(0), c_void_p()
         _check(self._lib, self._lib.kvr_add_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
         return gen.value
 
     def remove_servers(self, ids: Sequence[str]) -> int:
-        data = json.dumps(list(ids)).encode("utf-8")
+        data = json.dumps(list(ids), ensure_ascii=False).encode("utf-8")
         gen, err = c_int64(0), c_void_p()
         _check(self._lib, self._lib.kvr_remove_servers(self._h(), data, len(data), byref(gen), byref(err)), err)
         return gen.value

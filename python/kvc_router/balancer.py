@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
+from .endpoints import _join
 from .errors import ConfigError, NativeError, NoServerError
 
 logger = logging.getLogger("kvc_router")
@@ -30,6 +31,10 @@ DEFAULT_ROUTING_CACHE_SIZE = 10000
 
 class KVCAwareBalancer:
     """Routes requests to servers; same methods and semantics as verl's balancer.
+
+    Router-side admission (``admission: {enabled: true}``) needs the async
+    :class:`~kvc_router.KVCAwareAdmissionBalancer`; this class refuses such a
+    configuration with a :class:`~kvc_router.errors.ConfigError` naming it.
 
     Parameters
     ----------
@@ -54,6 +59,9 @@ class KVCAwareBalancer:
     ``router_class`` key is ignored; a YAML naming only the class selects the
     packaged ``kvc_aware`` defaults).
     """
+
+    #: True in the subclass that implements router-side admission.
+    _ADMISSION = False
 
     def __init__(
         self,
@@ -80,6 +88,15 @@ class KVCAwareBalancer:
                 allowed=(True, False),
             )
         self._config: RouterConfig = load_router_config(router_config)
+        if self._config.admission_enabled and not self._ADMISSION:
+            raise ConfigError(
+                f"{_join(self._config.prefix, 'admission')}.enabled: router-side admission holds acquire calls, "
+                "which needs the async balancer: use kvc_router.KVCAwareAdmissionBalancer (in verl's "
+                "router_config_path YAML: router_class: kvc_router.KVCAwareAdmissionBalancer); kvc_router's "
+                "verl integration (router.type kvc_aware) picks it by itself",
+                key=_join(self._config.prefix, "admission.enabled"),
+                allowed=(False,),
+            )
         self._full_determinism = full_determinism
         self._flavor = _native.METRICS_FLAVORS[self._config.metrics_flavor]
         self._zmq = "vllm_zmq" in self._config.collector_names
@@ -87,6 +104,8 @@ class KVCAwareBalancer:
         self._handles: Dict[str, Any] = {}
         #: acquires re-routed because their server was removed concurrently
         self._races = 0
+        #: releases and in-flight lookups of non-str ids (no-ops)
+        self._ignored_ids = 0
         # (pool order, handles, generation): replaced as a whole on every
         # membership change, read without locking on the hot path.
         self._view: Tuple[Tuple[str, ...], Dict[str, Any], int] = ((), {}, -1)
@@ -151,9 +170,11 @@ class KVCAwareBalancer:
     def release_server(self, server_id: str, request_id: Optional[str] = None, **kwargs: Any) -> None:
         """Counts one request finished; unknown ids and zero counts are ignored.
         ``request_id`` (verl >= 0.9.1) and other keywords are accepted and unused."""
-        sid = _id_bytes(server_id)
-        if sid is not None:
-            self._router.release(sid)
+        sid = _native.lookup_id(server_id)
+        if sid is None:
+            self._ignored_ids += 1  # not a str: no server has it
+        else:
+            self._router.release(sid)  # the library counts impossible ids
 
     def route_batch(self, releases: Sequence[str], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:
         """Many ``release_server`` then ``acquire_server`` calls in one actor
@@ -201,7 +222,8 @@ class KVCAwareBalancer:
         """Removes servers; unknown ids are ignored; sticky bindings drop lazily."""
         if isinstance(server_ids, str):
             server_ids = [server_ids]
-        ids = [s for s in server_ids if isinstance(s, str)]
+        # Ids no server can have are unknown ids: ignored, like the others.
+        ids = [s for s in server_ids if _valid_id(s)]
         if not ids:
             return
         with self._lock:
@@ -218,8 +240,11 @@ class KVCAwareBalancer:
         return list(self._view[0])
 
     def get_inflight_count(self, server_id: str) -> int:
-        sid = _id_bytes(server_id)
-        return 0 if sid is None else self._router.inflight(sid)
+        sid = _native.lookup_id(server_id)
+        if sid is None:
+            self._ignored_ids += 1
+            return 0
+        return self._router.inflight(sid)
 
     def get_total_inflight(self) -> int:
         return self._router.total_inflight()
@@ -241,6 +266,8 @@ class KVCAwareBalancer:
         router["client_batches"] = dict(self._batches)
         #: acquires routed again because their server was removed meanwhile
         router["pool_change_retries"] = self._races
+        #: releases / in-flight lookups of ids no server can have (no-ops)
+        router["ignored_invalid_ids"] = doc.get("ignored_invalid_ids", 0) + self._ignored_ids
         if self._uses_prompt:
             router["index_mode"] = (
                 "approximate: no KV-event stream; cached prefixes are predicted from this balancer's own routing"
@@ -369,14 +396,12 @@ def _is_mapping(obj: Any) -> bool:
     return mod.startswith("omegaconf") and type(obj).__name__ == "DictConfig"
 
 
-def _id_bytes(server_id: Any) -> Optional[bytes]:
-    """UTF-8 bytes of a server id, or None for values no pool member can have."""
-    if not isinstance(server_id, str):
-        return None
+def _valid_id(server_id: Any) -> bool:
     try:
-        return server_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
+        _native.check_server_id(server_id)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _server_items(servers: Any) -> List[Tuple[str, Any]]:
@@ -390,10 +415,7 @@ def _server_items(servers: Any) -> List[Tuple[str, Any]]:
         except TypeError:
             raise TypeError(f"servers must be a dict of server id -> handle, got {type(servers).__name__}") from None
     for sid, _ in items:
-        if not isinstance(sid, str):
-            raise TypeError(f"server ids must be str, got {type(sid).__name__} {sid!r}")
-        if not sid:
-            raise ValueError("server ids must be non-empty strings")
+        _native.check_server_id(sid)  # TypeError / InvalidArgumentError naming the problem
     return items
 
 

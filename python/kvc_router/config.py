@@ -75,10 +75,37 @@ def _read_yaml(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
+    except RecursionError:
+        raise ConfigError(
+            f"router config {path!r} is nested too deeply to read (limit {MAX_CONFIG_DEPTH} levels)",
+            key="router_config",
+        ) from None
     except OSError as e:
         raise ConfigError(f"cannot read router config {path!r}: {e}", key="router_config") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"router config {path!r} is not valid YAML: {e}", key="router_config") from e
+
+
+#: Deepest nesting accepted in a router config (real ones are < 8 deep).
+MAX_CONFIG_DEPTH = 64
+
+
+def _check_depth(value: Any, key: str = "router_config") -> None:
+    """Refuses a config nested deeper than MAX_CONFIG_DEPTH (or holding a
+    cycle) with a ConfigError naming where, before anything recursive (JSON
+    encoding, the parsers) walks it. Iterative, so it cannot hit Python's
+    recursion limit itself."""
+    stack = [(value, key, 0)]
+    while stack:
+        v, p, depth = stack.pop()
+        if isinstance(v, (Mapping, list, tuple)) and depth >= MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                f"{p}: nested more than {MAX_CONFIG_DEPTH} levels deep (or a mapping that contains itself)", key=p
+            )
+        if isinstance(v, Mapping):
+            stack.extend((x, f"{p}.{k}", depth + 1) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{p}[{i}]", depth + 1) for i, x in enumerate(v))
 
 
 def load_router_config(source: Any = None, validate: bool = True) -> RouterConfig:
@@ -107,7 +134,9 @@ def _load(src: Any) -> RouterConfig:
 
 
 def _parse_any(data: Any, what: str = "router config must be a mapping") -> RouterConfig:
-    data = _strategy_dict(_plain(data))
+    data = _plain(data)
+    _check_depth(data)
+    data = _strategy_dict(data)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what}, got {type(data).__name__}", key="router_config")
     if "router_class" in data:  # verl >= 0.9.1 router_config_path: the whole YAML

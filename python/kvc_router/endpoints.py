@@ -21,7 +21,10 @@ def _plain(obj: Any) -> Any:
     if mod.startswith("omegaconf") and type(obj).__name__ in ("DictConfig", "ListConfig"):
         from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(obj, resolve=True)
+        try:
+            return OmegaConf.to_container(obj, resolve=True)
+        except RecursionError:
+            raise ConfigError("router_config: nested too deeply to convert", key="router_config") from None
     return obj
 
 

@@ -148,6 +148,10 @@ SPECS: Dict[str, Spec] = {
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
     # health of the library
     "panics_total": Spec("counter", "panics recovered at the C boundary"),
+    "collector_panics_total": Spec("counter", "panics recovered in collector goroutines (which restarted)"),
+    "memory_returns_total": Spec("counter", "memory returned to the OS after a large input"),
+    "ignored_invalid_ids_total": Spec("counter", "releases and lookups of ids no server can have (no-ops)"),
+    "pool_change_retries_total": Spec("counter", "acquires routed again: their server was removed meanwhile"),
     "goroutines": Spec("gauge", "goroutines in the library"),
 }
 SERVER_GAUGES = tuple(n for n, s in SPECS.items() if s.kind == "gauge" and "server" in s.labels)
@@ -160,10 +164,11 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float(bool(v))
 
 
-def samples(status: Mapping[str, Any], server_label: Callable[[str], str]) -> List[Sample]:
-    """Flattens one ``get_status()`` into ``(name, labels, value)``; samples
-    with the same name and labels (servers folded into ``_other``, DP
-    ranks of one server) are summed by :func:`merge`."""
+def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str) -> List[Sample]:
+    """Flattens one ``get_status()`` into ``(name, labels, value)``. Labels
+    starting with ``_`` identify a source within a series (a KV-event
+    publisher: one per data-parallel rank) and are never exported; samples
+    with the same name and labels are summed by :func:`merge`."""
     out: List[Sample] = []
 
     def add(name: str, value: Any, **labels: str) -> None:
@@ -228,15 +233,20 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str]) -> Li
         if not isinstance(pub, Mapping) or "server" not in pub:
             continue
         sid = server_label(pub["server"])
+        ep = str(pub.get("endpoint", ""))
         ev = pub.get("events") or {}
-        add("kv_event_batches_total", ev.get("batches", 0), server=sid, source="zmq")
-        add("kv_events_total", ev.get("events", 0), server=sid, source="zmq")
-        add("kv_event_decode_errors_total", ev.get("decode_errors", 0), server=sid, source="zmq")
-        add("kv_event_apply_errors_total", ev.get("apply_errors", 0), server=sid, source="zmq")
-        add("kv_event_gaps_total", pub.get("gaps", 0), server=sid)
+        add("kv_event_batches_total", ev.get("batches", 0), server=sid, source="zmq", _pub=ep)
+        add("kv_events_total", ev.get("events", 0), server=sid, source="zmq", _pub=ep)
+        add("kv_event_decode_errors_total", ev.get("decode_errors", 0), server=sid, source="zmq", _pub=ep)
+        add("kv_event_apply_errors_total", ev.get("apply_errors", 0), server=sid, source="zmq", _pub=ep)
+        add("kv_event_gaps_total", pub.get("gaps", 0), server=sid, _pub=ep)
         add("kv_event_connected", pub.get("connected", False), server=sid)
 
     add("panics_total", r.get("panics", 0))
+    add("collector_panics_total", col.get("panics", 0))
+    add("memory_returns_total", (col.get("memory") or {}).get("trims", 0))
+    add("ignored_invalid_ids_total", r.get("ignored_invalid_ids", 0))
+    add("pool_change_retries_total", r.get("pool_change_retries", 0))
     add("goroutines", r.get("goroutines", 0))
     out.extend(_admission(r.get("admission")))
     return out
@@ -271,6 +281,7 @@ def spec_of(name: str) -> Spec:
 
 
 def merge(ss: List[Sample]) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    """Sums samples with the same name and labels."""
     merged: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
     for name, labels, v in ss:
         merged[(name, labels)] = merged.get((name, labels), 0.0) + v
@@ -293,7 +304,8 @@ class Exporter:
         self._status = status
         self._cfg = cfg
         self._metrics: Dict[str, Any] = {}
-        self._last: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+        self._last: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}  # raw samples
+        self._gauge_keys: set = set()  # exported gauge series still nonzero-able
         self._labels: Dict[str, str] = {}  # server id -> label value
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -319,24 +331,39 @@ class Exporter:
             self._metrics[name] = m
         return m
 
+    def _fold(self, labels: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
+        """Exported labels: the bounded server label, no source labels."""
+        return tuple((k, self.server_label(v) if k == "server" and v else v) for k, v in labels if k[0] != "_")
+
     def export_once(self, status: Optional[Mapping[str, Any]] = None) -> None:
-        """Records one snapshot (``status`` or a fresh ``get_status()``)."""
-        cur = merge(samples(self._status() if status is None else status, self.server_label))
-        # Gauges of servers that left the pool go to 0 (Ray keeps a series forever).
-        for key in self._last:
-            if key not in cur and key[0] in SERVER_GAUGES:
-                cur[key] = 0.0
-        for (name, labels), v in cur.items():
-            m = self._metric(name)
-            tags = dict(labels) or None
+        """Records one snapshot (``status`` or a fresh ``get_status()``).
+
+        Counter increases are taken per source (one server, one publisher)
+        before servers are folded into ``_other``, so a folded server that
+        leaves, or one publisher that restarts, never makes the others'
+        counts look new."""
+        raw = merge(samples(self._status() if status is None else status))
+        incs: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+        gauges: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
+        for (name, labels), v in raw.items():
+            key = (name, self._fold(labels))
             if spec_of(name).kind == "counter":
                 prev = self._last.get((name, labels), 0.0)
                 delta = v - prev if v >= prev else v  # went down: the source restarted from 0
-                if delta > 0:
-                    m.inc(delta, tags=tags)
+                incs[key] = incs.get(key, 0.0) + delta
             else:
-                m.set(v, tags=tags)
-        self._last = cur
+                gauges[key] = gauges.get(key, 0.0) + v
+        # Gauges of servers that left the pool go to 0 (Ray keeps a series forever).
+        for key in self._gauge_keys:
+            if key not in gauges and key[0] in SERVER_GAUGES:
+                gauges[key] = 0.0
+        for (name, labels), d in incs.items():
+            if d > 0:
+                self._metric(name).inc(d, tags=dict(labels) or None)
+        for (name, labels), v in gauges.items():
+            self._metric(name).set(v, tags=dict(labels) or None)
+        self._last = raw
+        self._gauge_keys = {k for k, v in gauges.items() if v != 0.0 or k[0] not in SERVER_GAUGES}
         self.exports += 1
 
     def start(self) -> None:

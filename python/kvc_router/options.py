@@ -126,6 +126,13 @@ class RouterConfig:
     def sticky_max_size(self) -> Optional[int]:
         return self.router.get("sticky_max_size")
 
+    @property
+    def admission_enabled(self) -> bool:
+        """``admission.enabled`` in kvc_aware mode (router-side admission:
+        kvc_router.admission; the default mode ignores it)."""
+        adm = self.router.get("admission")
+        return self.type == "kvc_aware" and isinstance(adm, Mapping) and adm.get("enabled") is True
+
     def native(self, sticky_default: Optional[int] = None) -> dict:
         """The kvr_router_new document: only what was set; ``sticky_default``
         (the balancer's ``max_cache_size``) applies when sticky_max_size is unset."""
@@ -195,16 +202,18 @@ def _user_key(native: str, aliases: Mapping[str, str]) -> str:
 
 
 def _check_finite(value: Any, prefix: str, aliases: Mapping[str, str], path: str = "") -> None:
-    """JSON has no NaN or infinity: name the key instead of failing to encode."""
-    if isinstance(value, float) and not math.isfinite(value):
-        key = _join(prefix, _user_key(path, aliases))
-        raise ConfigError(f"{key}: must be a finite number, got {value}", key=key)
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _check_finite(v, prefix, aliases, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_finite(v, prefix, aliases, f"{path}[{i}]")
+    """JSON has no NaN or infinity: name the key instead of failing to encode.
+    Iterative, so a deeply nested document cannot hit the recursion limit."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            key = _join(prefix, _user_key(p, aliases))
+            raise ConfigError(f"{key}: must be a finite number, got {v}", key=key)
+        if isinstance(v, Mapping):
+            stack.extend((x, f"{p}.{k}" if p else str(k)) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{p}[{i}]") for i, x in enumerate(v))
 
 
 def parse_collector(c: Any, prefix: str, names: Tuple[str, ...]) -> CollectorConfig:

@@ -15,6 +15,7 @@ Modules, one job each:
 - ``balancer``  balancer configs for tests and runs, and readers of ``get_status()``
 - ``workloads`` seeded GRPO and multi-turn agent workloads
 - ``rollout``   the Ray rollout worker and one policy run through the balancer actor
+- ``satstep``   one oversubscribed GRPO step through the balancer actor (the demo's headline)
 - ``report``    the one percentile definition, summaries, tables, JSON and plots
 - ``demo``, ``soak``, ``overhead``, ``chaos``: the runs behind ``make demo/soak/overhead/chaos``
 

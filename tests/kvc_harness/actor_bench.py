@@ -78,6 +78,21 @@ def extra_variants() -> List[Variant]:
     ]
 
 
+def metrics_variants() -> List[Variant]:
+    """The Ray metrics exporter's cost (kvc_router.metrics): the shipped
+    variant (exporter on, 5 s period) against the exporter off and at a
+    10x shorter period."""
+    def cfg(**metrics: Any) -> Dict[str, Any]:
+        c = kvc_config()
+        return {"router_config": {"type": c["type"], "config": {**c["config"], "metrics": metrics}}}
+
+    return [
+        Variant("kvc_metrics_off", "kvc_router.KVCAwareBalancer", {}, cfg(enabled=False)),
+        Variant("kvc", "kvc_router.KVCAwareBalancer", {}, {"router_config": kvc_config()}),
+        Variant("kvc_metrics_0.5s", "kvc_router.KVCAwareBalancer", {}, cfg(enabled=True, period_s=0.5)),
+    ]
+
+
 def grpo_prompts(n_groups: int, group: int, tokens: int, seed: int = 0) -> List[List[int]]:
     """GRPO-like prompts: groups share all but their last 1/8."""
     import random
@@ -228,9 +243,16 @@ def measure(ray: Any, lb: Any, clients: Sequence[Any], callers: int, cfg: BenchC
     return done / (time.monotonic() - t0)
 
 
-def run(ray: Any, cfg: BenchConfig, variants: Optional[List[Variant]] = None, log=print) -> Dict[str, Dict[int, float]]:
+def run(
+    ray: Any,
+    cfg: BenchConfig,
+    variants: Optional[List[Variant]] = None,
+    log=print,
+    every: Optional[Dict[str, Dict[int, List[float]]]] = None,
+) -> Dict[str, Dict[int, float]]:
     """Returns {variant: {callers: pairs/s}}: the best of cfg.rounds rounds,
-    variants interleaved within each round so machine noise hits all alike."""
+    variants interleaved within each round so machine noise hits all alike.
+    ``every`` (if given) receives each round's figure."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -258,6 +280,8 @@ def run(ray: Any, cfg: BenchConfig, variants: Optional[List[Variant]] = None, lo
                 for v, lb, cs in setups:
                     r = measure(ray, lb, cs, n, cfg, f"r{rnd}n{n}")
                     out[v.name][n] = max(out[v.name].get(n, 0.0), r)
+                    if every is not None:
+                        every.setdefault(v.name, {}).setdefault(n, []).append(r)
                     log(f"round {rnd} callers {n:4d} {v.name:12s} {r:9.0f} pairs/s")
         return out
     finally:

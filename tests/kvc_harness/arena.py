@@ -35,7 +35,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from kvc_harness import HOST, REPO
 from kvc_harness.balancer import router_config
@@ -302,16 +302,19 @@ def mooncake_jobs(spec: WorkloadSpec, seed: int = 0) -> List[Job]:
 # HTTP client
 
 
-def stream_text_completion(base_url: str, prompt: str, max_tokens: int, seed: int, timeout: float = 600.0,
+def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max_tokens: int, seed: int,
+                           timeout: float = 600.0,
                            headers: Optional[Dict[str, str]] = None,
-                           on_first_token: Optional[Callable[[], None]] = None, stream: bool = True) -> dict:
+                           on_first_token: Optional[Callable[[], None]] = None, stream: bool = True,
+                           model: str = MODEL) -> dict:
     """Completion of a text prompt, streamed (TTFT = first chunk with a
     choice) or not (TTFT = e2e; the engines' clock still has the real TTFT);
     returns TTFT, e2e, the generated text and usage (wall seconds).
     ``on_first_token`` runs once when the first token is back (streamed) or
-    with the response (non-streamed)."""
+    with the response (non-streamed). ``prompt`` may also be token ids
+    (vLLM accepts either); ``model`` is the served model's name."""
     body: Dict[str, Any] = {
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
         "seed": seed, "stream": stream,
     }
     t0 = time.perf_counter()

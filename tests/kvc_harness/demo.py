@@ -1,8 +1,15 @@
 """The demo behind ``make demo`` and ``scripts/gpu-validate.sh``: default
-(verl's balancer) vs kvc_aware on the same seeded GRPO + agent workload, each on
-a cold simulated fleet (or on attached servers, whose prefix caches are reset
-between the policies), measured from the servers' own /metrics and client-side
-TTFT. ``scripts/demo.py`` is its command line."""
+(verl's balancer) vs kvc_aware, each on a cold simulated fleet (or on attached
+servers, whose prefix caches are reset between the policies), measured from the
+servers' own /metrics and the clients' clocks. Two sections:
+
+* the headline, one oversubscribed GRPO step (:mod:`kvc_harness.satstep`):
+  prompts x samples submitted at once through the balancer actor, several
+  times the fleet's running slots, step time first, hit rate and TTFT beside it;
+* rollout steps at a size where routing shows in hit rate and TTFT: GRPO steps
+  with a weight update between them and a multi-turn agent step.
+
+``scripts/demo.py`` is its command line."""
 
 from __future__ import annotations
 
@@ -11,11 +18,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from kvc_harness import REPO, client, fleet, report, rollout
+from kvc_harness import REPO, client, fleet, report, rollout, satstep
 from kvc_harness.procs import Reaper, start_ray
-from kvc_harness.workloads import WorkloadSpec
+from kvc_harness.workloads import WorkloadSpec, grpo_step
 
 POLICIES = ("default", "kvc_aware")
 
@@ -45,6 +52,33 @@ class DemoOptions:
     json: Optional[str] = None
     num_cpus: int = 2
     title: str = "kvc-router demo"
+    # The oversubscribed GRPO step (None: satstep's defaults, or its quick size).
+    sat: bool = True
+    sat_prompts: Optional[int] = None
+    sat_samples: Optional[int] = None
+    sat_speed: Optional[float] = None
+    sat_gpu_blocks: Optional[int] = None
+    sat_max_num_seqs: Optional[int] = None
+
+
+def sat_options(a: DemoOptions) -> satstep.SatOptions:
+    """The oversubscribed step's size and fleet; SystemExit on a bad value."""
+    o = satstep.quick_options(a.seed) if a.quick else satstep.SatOptions(seed=a.seed)
+    o.servers, o.workers = a.servers, a.workers
+    for name in ("prompts", "samples", "speed", "gpu_blocks", "max_num_seqs"):
+        v = getattr(a, f"sat_{name}")
+        if v is not None:
+            if v <= 0:
+                raise SystemExit(f"--sat-{name.replace('_', '-')} must be > 0")
+            setattr(o, name, type(getattr(o, name))(v))
+    return o
+
+
+def sat_workload(a: DemoOptions, o: satstep.SatOptions) -> List[dict]:
+    spec = satstep.workload(o)
+    if a.quick:
+        satstep.scale_for_quick(spec)
+    return grpo_step(spec, 0)
 
 
 def workload(a: DemoOptions) -> WorkloadSpec:
@@ -82,6 +116,8 @@ def run(a: DemoOptions) -> int:
         print(msg, flush=True)
 
     spec = workload(a)
+    sat = sat_options(a) if a.sat else None
+    sat_reqs = sat_workload(a, sat) if sat is not None else []
     os.makedirs(a.out, exist_ok=True)
     plot_path = a.plot or os.path.join(a.out, "demo.png")
     json_path = a.json or os.path.join(a.out, "demo.json")
@@ -92,9 +128,12 @@ def run(a: DemoOptions) -> int:
         ensure_matplotlib(log)
         attach = a.servers_file is not None
         fleets: Dict[str, Tuple[subprocess.Popen, list]] = {}
+        sat_fleets: Dict[str, Tuple[subprocess.Popen, list]] = {}
+        sat_backend, sat_scale = "", 1.0
         if attach:
             servers = fleet.read_servers_file(a.servers_file)
             backend = f"{len(servers)} attached servers ({a.servers_file})"
+            sat_backend = backend
             time_scale, time_unit = 1.0, "s"
         else:
             if not os.access(a.sim_binary, os.X_OK):
@@ -104,6 +143,9 @@ def run(a: DemoOptions) -> int:
             extra = [
                 "--speed",
                 str(speed),
+                # Host stalls (a shared machine) add no simulated time to busy engines.
+                "--clock",
+                "paced",
                 "--num-gpu-blocks",
                 str(a.gpu_blocks),
                 "--seed",
@@ -111,14 +153,30 @@ def run(a: DemoOptions) -> int:
                 "--max-num-seqs",
                 str(a.max_num_seqs),
             ]
-            # One cold fleet per policy, both started before Ray (no threads yet,
-            # so the fleets can be tied to this process's lifetime).
+            # One cold fleet per policy and section, all started before Ray (no
+            # threads yet, so the fleets can be tied to this process's lifetime).
             for pol in POLICIES:
                 p, servers, cmd = fleet.start_sim_fleet(
                     a.sim_binary, a.servers, cleanup, extra, os.path.join(a.out, f"vllm-sim-{pol}.log")
                 )
                 fleets[pol] = (p, servers)
             log(f"vllm-sim fleets (pids {' '.join(str(p.pid) for p, _ in fleets.values())}): {' '.join(cmd[1:])}")
+            if sat is not None:
+                for pol in POLICIES:
+                    p, sat_servers, sat_cmd = fleet.start_sim_fleet(
+                        a.sim_binary, a.servers, cleanup, satstep.sim_flags(sat),
+                        os.path.join(a.out, f"vllm-sim-sat-{pol}.log"),
+                    )
+                    sat_fleets[pol] = (p, sat_servers)
+                log(
+                    f"vllm-sim fleets for the oversubscribed step (pids "
+                    f"{' '.join(str(p.pid) for p, _ in sat_fleets.values())}): {' '.join(sat_cmd[1:])}"
+                )
+                sat_backend = (
+                    f"{a.servers} vllm-sim servers x max_num_seqs {sat.max_num_seqs} = {sat.slots} running slots, "
+                    f"{sat.gpu_blocks} GPU blocks x 16 tokens each, speed {sat.speed:g}x"
+                )
+                sat_scale = sat.speed
             backend = (
                 f"{a.servers} vllm-sim servers ({a.gpu_blocks} GPU blocks x 16 tokens each, KV events on, "
                 f"speed {speed:g}x)"
@@ -127,6 +185,12 @@ def run(a: DemoOptions) -> int:
             time_scale, time_unit = speed, "sim s"
         log(f"backend: {backend}")
         log(f"workload: {spec.describe()}, seed {a.seed}")
+        if sat is not None:
+            ratio = "" if attach else f" ({len(sat_reqs) / sat.slots:.0f}x the running slots)"
+            log(
+                f"oversubscribed GRPO step: {sat.prompts} prompts x {sat.samples} samples = {len(sat_reqs)} sequences "
+                f"at once{ratio} on {sat_backend}"
+            )
 
         ray = start_ray(a.num_cpus, namespace="kvc-router-demo")
         cleanup.add(ray.shutdown)
@@ -151,16 +215,45 @@ def run(a: DemoOptions) -> int:
             )
             if not attach:
                 cleanup.stop_process(fleets[pol][0])
+        sat_runs = []
+        if sat is not None:
+            for pol in POLICIES:
+                if attach:
+                    client.reset_prefix_caches(fleet.urls(servers))  # cold start
+                    srv = servers
+                else:
+                    srv = sat_fleets[pol][1]
+                    client.wait_healthy(fleet.urls(srv))
+                log(f"oversubscribed GRPO step, policy {pol} ...")
+                sat_runs.append(
+                    satstep.run_policy(
+                        ray, pol, srv, sat_reqs, client.served_model(srv[0].url), workers=sat.workers,
+                        max_num_seqs=0 if attach else sat.max_num_seqs, log=log,
+                    )
+                )
+                if not attach:
+                    cleanup.stop_process(sat_fleets[pol][0])
         sums = [report.summarize(r, time_scale) for r in runs]
-        title = f"{a.title}: {backend}"
+        sat_sums = [satstep.summarize(r, sat_scale) for r in sat_runs]
         log("")
+        if sat_sums:
+            log(
+                satstep.format_table(
+                    sat_sums,
+                    f"HEADLINE - one oversubscribed GRPO step through the Ray balancer actor: {len(sat_reqs)} "
+                    f"samples submitted at once on {sat_backend}",
+                    time_unit,
+                )
+            )
+            log("")
+        title = f"{a.title}: rollout steps on {backend}"
         log(report.format_table(sums, title, time_unit))
         if not attach:
             log(
-                f"(times on the simulated servers' clock: wall seconds x {speed:g}; server ids differ between the "
-                f"two cold fleets, rows are matched by position)"
+                "(times on the simulated servers' clock: wall seconds x speed; server ids differ between the "
+                "cold fleets, rows are matched by position)"
             )
-        err = report.plot(sums, plot_path, title, time_unit)
+        err = report.plot(sums, plot_path, a.title, time_unit, sat_sums=sat_sums)
         log(err or f"plot: {plot_path}")
         report.write_json(
             json_path,
@@ -172,12 +265,19 @@ def run(a: DemoOptions) -> int:
                 "summaries": [{k: v for k, v in s.items() if k != "ttft_samples_s"} for s in sums],
                 "steps": {r["policy"]: r["steps"] for r in runs},
                 "requests": {r["policy"]: r["results"] for r in runs},
-                "pids": [p.pid for p, _ in fleets.values()],
+                "sat": {
+                    "backend": sat_backend or None,
+                    "options": sat,
+                    "time_scale": sat_scale,
+                    "summaries": [{k: v for k, v in s.items() if k != "ttft_samples_s"} for s in sat_sums],
+                    "requests": {r["policy"]: r["records"] for r in sat_runs},
+                },
+                "pids": [p.pid for p, _ in list(fleets.values()) + list(sat_fleets.values())],
                 "elapsed_s": time.time() - t_start,
             },
         )
         log(f"results: {json_path}  (elapsed {time.time() - t_start:.0f}s)")
-        bad = [s for s in sums if s["errors"]]
+        bad = [s for s in sums + sat_sums if s["errors"]]
         for s in bad:
             log(f"{s['policy']}: {s['errors']} failed requests, first: {s['first_error']}")
         return 1 if bad else 0

@@ -247,6 +247,15 @@ def start_ray(num_cpus: int, namespace: Optional[str] = None) -> Any:
     # Ray's raylet and workers inherit this process's environment.
     os.environ["PYTHONPATH"] = harness_env()["PYTHONPATH"]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray (2.60 here) enables token authentication for a new local cluster and
+    # prints a notice saying so on every start; naming the mode keeps the
+    # same (secure) behaviour without the notice. A user's own setting wins.
+    # Only before Ray is imported: ray reads the mode once, at import, while
+    # the GCS it starts reads the environment, so setting it afterwards (the
+    # test session imports ray first) makes the driver's client send no token
+    # to a GCS that wants one ("Failed to start GCS ... InvalidAuthToken").
+    if "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     (port,) = free_ports(1)

@@ -36,6 +36,23 @@ def _interpolate(s: Sequence[float], p: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+#: Student's t, two-sided 95%, by degrees of freedom (1..30; 1.96 beyond).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def mean_ci(samples: Sequence[float]) -> List[float]:
+    """[mean, half-width of its 95% confidence interval (t distribution)]."""
+    n = len(samples)
+    m = sum(samples) / n
+    if n < 2:
+        return [m, float("nan")]
+    sd = (sum((x - m) ** 2 for x in samples) / (n - 1)) ** 0.5
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return [round(m, 1), round(t * sd / n**0.5, 1)]
+
+
 def format_rows(head: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     """A plain-text table: a header line, a rule, one line per row; the
     columns listed in `right` are right-aligned, the others left-aligned."""
@@ -103,6 +120,20 @@ def format_table(sums: List[dict], title: str, time_unit: str) -> str:
     def row(label: str, vals: Sequence[Any], fmt: Callable[[Any], str], change: str = "") -> None:
         lines.append(f"{label:<{w0}}" + "".join(f"{fmt(v):>14}" for v in vals) + f"{change:>12}")
 
+    # Step time first: what a verl user installs a router for.
+    row(
+        f"step time, all steps ({time_unit})",
+        [s["total_makespan_s"] for s in sums],
+        lambda v: f"{v:.2f}s",
+        _chg(base["total_makespan_s"], new["total_makespan_s"]),
+    )
+    for step in base["makespan_s"]:
+        row(
+            f"  {step} ({time_unit})",
+            [s["makespan_s"].get(step, float("nan")) for s in sums],
+            lambda v: f"{v:.2f}s",
+            _chg(base["makespan_s"][step], new["makespan_s"].get(step, float("nan"))),
+        )
     pct = lambda v: f"{v * 100:.1f}%"  # noqa: E731
     row(
         "prefix-cache hit rate (servers)",
@@ -135,19 +166,6 @@ def format_table(sums: List[dict], title: str, time_unit: str) -> str:
         sec,
         _chg(base["server_ttft_mean_s"], new["server_ttft_mean_s"]),
     )
-    for step in base["makespan_s"]:
-        row(
-            f"makespan {step} ({time_unit})",
-            [s["makespan_s"].get(step, float("nan")) for s in sums],
-            lambda v: f"{v:.2f}s",
-            _chg(base["makespan_s"][step], new["makespan_s"].get(step, float("nan"))),
-        )
-    row(
-        f"makespan total ({time_unit})",
-        [s["total_makespan_s"] for s in sums],
-        lambda v: f"{v:.2f}s",
-        _chg(base["total_makespan_s"], new["total_makespan_s"]),
-    )
     row("preemptions (servers)", [s["preemptions"] for s in sums], lambda v: f"{v:.0f}")
     row(
         "acquire p50 / p99 (Ray RTT, ms)",
@@ -162,8 +180,12 @@ def format_table(sums: List[dict], title: str, time_unit: str) -> str:
     return "\n".join(lines)
 
 
-def plot(sums: List[dict], path: str, title: str, time_unit: str) -> Optional[str]:
-    """hit rate by policy (total and per server), TTFT CDF, makespan per step."""
+def plot(
+    sums: List[dict], path: str, title: str, time_unit: str, sat_sums: Sequence[dict] = ()
+) -> Optional[str]:
+    """Step time first (each step relative to default, the oversubscribed step
+    leftmost), then hit rate and the TTFT CDF. ``sums`` are the rollout
+    steps' summaries, ``sat_sums`` the oversubscribed step's (satstep)."""
     try:
         import matplotlib
 
@@ -173,65 +195,81 @@ def plot(sums: List[dict], path: str, title: str, time_unit: str) -> Optional[st
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib); no plot written"
     colors = {"default": "#8c8c8c", "kvc_aware": "#1f77b4"}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    fig.suptitle(title, fontsize=11)
-    ax = axes[0]
     names = [s["policy"] for s in sums]
-    xs = range(len(sums))
-    ax.bar(xs, [s["hit_rate"] * 100 for s in sums], color=[colors.get(n, "C2") for n in names], width=0.6)
-    for i, s in enumerate(sums):
-        per = list(s["hit_rate_by_server"].values())
-        ax.scatter(
-            [i] * len(per),
-            [v * 100 for v in per],
-            color="black",
-            s=14,
-            zorder=3,
-            label="per server" if i == 0 else None,
-        )
-        top = max([s["hit_rate"]] + per) * 100
-        ax.text(i, top + 2.5, f"{s['hit_rate'] * 100:.1f}%", ha="center", fontsize=10, fontweight="bold")
-    ax.set_xticks(list(xs), names)
-    ax.set_ylim(0, 105)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.5, 1, 1.2]})
+    fig.suptitle(title, fontsize=11)
+
+    # 1. Step time, relative to default, absolute values on the bars.
+    ax = axes[0]
+    groups: List[tuple] = []  # (label, {policy: seconds})
+    if sat_sums:
+        clock = "engines'" if sat_sums[0].get("step_time_clock") == "engines" else "clients'"
+        sat_times = {s["policy"]: s["step_time_s"] for s in sat_sums}
+        groups.append((f"oversubscribed\nGRPO step\n({clock} clock)", sat_times))
+    for step in sums[0]["makespan_s"]:
+        groups.append((step, {s["policy"]: s["makespan_s"].get(step, float("nan")) for s in sums}))
+    width = 0.8 / len(names)
+    top = 1.0
+    for j, n in enumerate(names):
+        xs, ys, labels = [], [], []
+        for i, (_, vals) in enumerate(groups):
+            base = vals.get(names[0]) or float("nan")
+            xs.append(i + (j - (len(names) - 1) / 2) * width)
+            ys.append(vals.get(n, float("nan")) / base)
+            labels.append(f"{vals.get(n, float('nan')):.1f}s")
+        bars = ax.bar(xs, ys, width=width, color=colors.get(n, "C2"), label=n)
+        for b, lab, y in zip(bars, labels, ys):
+            if y == y:
+                ax.text(b.get_x() + b.get_width() / 2, y + 0.01, lab, ha="center", va="bottom", fontsize=7)
+                top = max(top, y)
+    ax.axhline(1.0, color="black", lw=0.6, ls=":")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=8)
+    ax.set_ylim(0, top * 1.18)
+    ax.set_ylabel(f"step time / {names[0]}'s (labels: {time_unit})")
+    ax.set_title("step time (first request to last completion), lower is better")
+    ax.legend(fontsize=8, loc="lower left", ncol=len(names))
+    if sat_sums:
+        ax.axvspan(-0.5, 0.5, color="#fff3cd", zorder=0)
+
+    # 2. Prefix-cache hit rate from the servers' counters, per section.
+    ax = axes[1]
+    sections = ([("oversubscribed\nGRPO step", list(sat_sums))] if sat_sums else []) + [("rollout steps", sums)]
+    for j, n in enumerate(names):
+        for i, (_, ss) in enumerate(sections):
+            s = next((x for x in ss if x["policy"] == n), None)
+            if s is None:
+                continue
+            x = i + (j - (len(names) - 1) / 2) * width
+            ax.bar([x], [s["hit_rate"] * 100], width=width, color=colors.get(n, "C2"), label=n if i == 0 else None)
+            per = [v * 100 for v in s["hit_rate_by_server"].values()]
+            ax.scatter([x] * len(per), per, color="black", s=10, zorder=3,
+                       label="per server" if (i == 0 and j == 0) else None)
+            ax.text(x, max([s["hit_rate"] * 100] + per) + 2, f"{s['hit_rate'] * 100:.0f}%", ha="center", fontsize=9)
+    ax.set_xticks(range(len(sections)), [sec[0] for sec in sections], fontsize=8)
+    ax.set_ylim(0, 110)
     ax.set_ylabel("prefix-cache hit rate (%)")
     ax.set_title("hit rate (servers' /metrics)")
-    ax.legend(loc="lower right", fontsize=8)
-    ax = axes[1]
-    for s in sums:
-        v = s["ttft_samples_s"]
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+
+    # 3. TTFT CDFs: the oversubscribed step (submission to first token) and
+    # the rollout steps (streamed, client side).
+    ax = axes[2]
+    curves = [(s, "oversubscribed step", "-") for s in sat_sums] + [(s, "rollout", "--") for s in sums]
+    for s, what, ls in curves:
+        v = s.get("ttft_samples_s") or []
         if v:
-            ax.step(
-                v,
-                [(i + 1) / len(v) for i in range(len(v))],
-                where="post",
-                color=colors.get(s["policy"], "C2"),
-                label=f"{s['policy']} (p50 {s['ttft_p50_s']:.3f}s, p99 {s['ttft_p99_s']:.3f}s)",
-            )
+            ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", ls=ls,
+                    color=colors.get(s["policy"], "C2"),
+                    label=f"{s['policy']}, {what} (p50 {s['ttft_p50_s']:.2f}s, p99 {s['ttft_p99_s']:.2f}s)")
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(f"TTFT, client side ({time_unit}, log scale)")
+    ax.set_xlabel(f"TTFT ({time_unit}, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("TTFT CDF")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax = axes[2]
-    steps = list(sums[0]["makespan_s"])
-    width = 0.8 / len(sums)
-    for j, s in enumerate(sums):
-        ax.bar(
-            [i + (j - (len(sums) - 1) / 2) * width for i in range(len(steps))],
-            [s["makespan_s"].get(st, 0) for st in steps],
-            width=width,
-            color=colors.get(s["policy"], "C2"),
-            label=s["policy"],
-        )
-    ax.set_xticks(range(len(steps)), steps)
-    ax.set_ylabel(f"makespan ({time_unit})")
-    ax.set_title("rollout-step makespan")
-    ax.set_ylim(0, max(v for s in sums for v in s["makespan_s"].values()) * 1.22)
-    ax.legend(fontsize=8, loc="upper left", ncol=len(sums))
+    ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
