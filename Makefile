@@ -192,6 +192,7 @@ kvbench-heldout:
 	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-grpo-spread.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_long.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost+session,kvc_aware --json build/heldout-agent_long_few.json
 	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-mooncake.json
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
