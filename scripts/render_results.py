@@ -315,11 +315,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel)}
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
-        oracle = []
-        for p in sorted(glob.glob(os.path.join(REPO, "docs", "results", "oracle-lpt-*.json"))):
-            with open(p, encoding="utf-8") as f:
-                oracle.append(json.load(f))
-        targets[os.path.join(a.docs, "docs", "step-time.md")] = {"steptime": render_steptime(kv, oracle)}
+        step_doc = os.path.join(a.docs, "docs", "step-time.md")
+        if any(d.get("workload") in STEP_WORKLOADS for _, d in kv) and os.path.isfile(step_doc):
+            oracle = []
+            for p in sorted(glob.glob(os.path.join(a.docs, "docs", "results", "oracle-lpt-*.json"))):
+                with open(p, encoding="utf-8") as f:
+                    oracle.append(json.load(f))
+            targets[step_doc] = {"steptime": render_steptime(kv, oracle)}
     changed = []
     for path, blocks in targets.items():
         with open(path, encoding="utf-8") as f:
