@@ -141,17 +141,17 @@ class KVCAwareBalancer:
             if sid is None:
                 # Same generation as our mirror: its pool and handles match.
                 sid = pool[idx]
+                handle = handles.get(sid, _MISSING)
+            else:
+                handle = self._handles.get(sid, _MISSING)
+            if handle is not _MISSING:
                 del keep
-                return sid, handles[sid]
+                return sid, handle
             # The pool changed since our mirror was taken. add_servers stores
             # a handle before the library sees its id and remove_servers drops
             # it only after the library forgot the id, so a missing handle
             # means the server was removed after the library picked it: route
             # the request again (the removed server's count went with it).
-            handle = self._handles.get(sid, _MISSING)
-            if handle is not _MISSING:
-                del keep
-                return sid, handle
             self._races += 1
         del keep
         raise NoServerError(
