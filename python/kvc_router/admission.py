@@ -196,9 +196,11 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
                 return self._hold(ticket)
             idx, _, sid = got
             if sid is None:
-                del keep
-                return pool[idx], handles[pool[idx]]
-            handle = self._handles.get(sid, _MISSING)
+                # Same generation as the mirror (as acquire_server).
+                sid = pool[idx]
+                handle = handles.get(sid, _MISSING)
+            else:
+                handle = self._handles.get(sid, _MISSING)
             if handle is not _MISSING:
                 del keep
                 return sid, handle
