@@ -187,12 +187,15 @@ kvbench:
 kvbench-heldout:
 	@mkdir -p build
 	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware,kvc_aware+admit --json build/heldout-grpo_sat.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_scale.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_scale.json
 	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+spec,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo.json
 	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo-spread.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_long.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise+session,dynamo_cost+session,kvc_aware --json build/heldout-agent_long_few.json
+	@for s in 311 312 313; do $(GO) run ./cmd/kvbench --workload grpo_sat --seed $$s --quiet --makespan-bound=false --policies verl_default --json build/fifo-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench --workload grpo_sat --seed $$s --quiet --oracle-longest-first --makespan-bound=false --policies verl_default,kvc_aware,kvc_aware+admit --json build/lpt-$$s.json >/dev/null && \
+	  $(PYTHON) scripts/oracle_lpt.py $$s build; done
 	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-mooncake.json
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
@@ -222,6 +225,7 @@ render: venv
 	@mkdir -p docs/results
 	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
+	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	$(PYH) scripts/render_results.py
 
 # Freezes kvc_aware's whole configuration at the current commit (clean tree).
