@@ -47,7 +47,7 @@ help:
 	@echo "test-verl    - tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)"
 	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
-	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 301-310 (mean ± 95% CI), kvc_aware frozen"
+	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 311-320 (mean ± 95% CI), kvc_aware frozen"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png"
 	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
 	@echo "arena-full   - every arena workload and policy (~25 min)"
@@ -171,9 +171,10 @@ bench:
 # KVBENCH_TRACE: the Mooncake trace (default: the full public trace beside
 # the repository; cmd/kvbench/testdata/conversation_trace_1000.jsonl ships in it).
 KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
-# Reported seeds 301-310: never run before kvc_aware's configuration was frozen
+# Reported seeds 311-320: never run before kvc_aware's configuration was frozen
 # (docs/frozen-kvc-aware.json, `make freeze-kvc-aware`); tuning only on 101-102.
-KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 301,302,303,304,305,306,307,308,309,310 --kvc-frozen docs/frozen-kvc-aware.json
+# (301-310 were run under an earlier freeze, before session moves.)
+KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen docs/frozen-kvc-aware.json
 
 kvbench:
 	@mkdir -p build
@@ -187,11 +188,12 @@ kvbench-heldout:
 	@mkdir -p build
 	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware,kvc_aware+admit --json build/heldout-grpo_sat.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_scale.json
-	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,llmd_precise+spec,dynamo_cost,kvc_aware --json build/heldout-grpo.json
-	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-grpo-spread.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_long.json
-	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,llmd_weighted,llmd_precise,dynamo_cost,kvc_aware --json build/heldout-mooncake.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+spec,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo-spread.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_long.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise+session,dynamo_cost+session,kvc_aware --json build/heldout-agent_long_few.json
+	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-mooncake.json
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
 

@@ -19,7 +19,8 @@ import (
 var statusCodes = map[string]int{
 	"KVR_OK": codeOK, "KVR_INVALID_ARGUMENT": codeInvalidArgument, "KVR_NOT_FOUND": codeNotFound,
 	"KVR_INVALID_STATE": codeInvalidState, "KVR_INTERNAL": codeInternal, "KVR_POISONED": codePoisoned,
-	"KVR_NO_SERVERS": codeNoServers, "KVR_INVALID_CONFIG": codeInvalidConfig,
+	"KVR_NO_SERVERS": codeNoServers, "KVR_INVALID_CONFIG": codeInvalidConfig, "KVR_HELD": codeHeld,
+	"KVR_QUEUE_FULL": codeQueueFull,
 }
 
 // headerDefines reads kvcrouter.h's integer #defines and its function

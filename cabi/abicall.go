@@ -189,3 +189,17 @@ func abiAcquireServer(h uint64, id string) (string, int, abiResult) {
 	}
 	return takeC(srv), n, abiResult{Code: int32(code), Err: takeC(e)}
 }
+
+// abiAcquireFull routes request id knowing generation known; it returns
+// the index, generation and out_server ("" when not written).
+func abiAcquireFull(h uint64, id string, known int64) (int32, int64, string, abiResult) {
+	pid := cBuf([]byte(id))
+	defer freeC(pid)
+	var (
+		idx    C.int32_t
+		gen    C.int64_t
+		srv, e *C.char
+	)
+	code := kvr_acquire(C.uint64_t(h), (*C.char)(pid), C.int64_t(len(id)), nil, 0, -1, nil, 0, C.int64_t(known), &idx, &gen, &srv, nil, &e)
+	return int32(idx), int64(gen), takeC(srv), abiResult{Code: int32(code), Err: takeC(e)}
+}

@@ -68,7 +68,7 @@ func (r *opReader) arg(buf []byte) ([]byte, int64) {
 	return buf, int64(len(buf))
 }
 
-const fuzzRouterConfig = `{"router":{"mode":"kvc_aware","max_prompt_tokens":64,"index":{"max_entries":256}},"push":{"max_metrics_bytes":4096,"max_event_bytes":4096}}`
+const fuzzRouterConfig = `{"router":{"mode":"kvc_aware","max_prompt_tokens":64,"index":{"max_entries":256},"admission":{"enabled":true,"max_inflight":2,"max_queue":4}},"push":{"max_metrics_bytes":4096,"max_event_bytes":4096}}`
 
 // safeConfig reports whether a fuzzed kvr_router_new config may be passed
 // on: it must start no collector (they would dial whatever the input names)
@@ -86,11 +86,13 @@ func checkResult(t *testing.T, what string, res abiResult) {
 	switch {
 	case res.Code == codeInternal || res.Code == codePoisoned:
 		t.Fatalf("%s: Go panic reached the ABI: %d %q", what, res.Code, res.Err)
-	case res.Code < 0 || res.Code > codeInvalidConfig:
+	case res.Code < 0 || res.Code > codeQueueFull:
 		t.Fatalf("%s: status code %d out of range", what, res.Code)
-	case res.Code == codeOK && res.Err != "":
-		t.Fatalf("%s: OK with a message %q", what, res.Err)
-	case res.Code != codeOK && res.Err == "":
+	case (res.Code == codeOK || res.Code == codeHeld) && res.Err != "":
+		t.Fatalf("%s: code %d with a message %q", what, res.Code, res.Err)
+	case res.Code == codeHeld && res.Out != "":
+		t.Fatalf("%s: held with an output %q", what, res.Out)
+	case res.Code != codeOK && res.Code != codeHeld && res.Err == "":
 		t.Fatalf("%s: code %d without a message", what, res.Code)
 	case !utf8Valid(res.Err):
 		t.Fatalf("%s: message is not UTF-8", what)
@@ -131,7 +133,7 @@ func FuzzABI(f *testing.F) {
 		}()
 		r := &opReader{b: data}
 		for step := 0; len(r.b) > 0 && step < 64; step++ {
-			op := r.byte() % 12
+			op := r.byte() % 14
 			var h uint64
 			switch r.byte() % 5 {
 			case 0, 1:
@@ -216,6 +218,28 @@ func FuzzABI(f *testing.F) {
 				}
 			case 11:
 				checkResult(t, "close closed", abiClose(closed))
+			case 12:
+				// Admission: submit with a fuzzed ticket and submit value.
+				id, _ := r.arg(r.bytes())
+				size, _ := acquireOptsLayout()
+				_, _, res := abiSubmit(h, string(id), []int32{int32(r.byte()), 7}, -1, -1, uint64(size), nil, false,
+					uint64(r.byte()), int64(int8(r.byte()))%3)
+				checkResult(t, "submit", res)
+			case 13:
+				var res abiResult
+				switch r.byte() % 3 {
+				case 0:
+					s, _ := r.arg(r.bytes())
+					_, res = abiReleaseAdmit(h, string(s), r.byte()%4 == 0)
+				case 1:
+					res = abiPump(h, r.byte()%4 == 0)
+				case 2:
+					_, res = abiCancel(h, uint64(r.byte()))
+				}
+				checkResult(t, "admission", res)
+				if res.Code == codeOK && res.Out != "" && !json.Valid([]byte(res.Out)) {
+					t.Fatalf("admitted list is not JSON: %q", res.Out)
+				}
 			}
 		}
 		if panics.Load() != before {
@@ -239,6 +263,9 @@ func FuzzABI(f *testing.F) {
 		}
 		if sum != st.Router.TotalInflight {
 			t.Fatalf("in-flight sum %d != total %d", sum, st.Router.TotalInflight)
+		}
+		if st.Router.Admission.Held > 4 {
+			t.Fatalf("%d requests held, max_queue 4", st.Router.Admission.Held)
 		}
 		if st.Router.Index.Entries > st.Router.Index.MaxEntries {
 			t.Fatalf("index over budget: %d > %d", st.Router.Index.Entries, st.Router.Index.MaxEntries)
@@ -274,6 +301,13 @@ func TestABIHostileInputs(t *testing.T) {
 		}
 		if _, res := abiAcquire(h, []byte("r"), 1, nil, 0, -1, nil, 0, -1); res.Code == codeOK {
 			t.Fatalf("acquire on handle %d succeeded", h)
+		}
+		_, ra := abiReleaseAdmit(h, "a:1", false)
+		_, rc := abiCancel(h, 1)
+		for _, res := range []abiResult{ra, abiPump(h, false), rc} {
+			if res.Code != codeInvalidArgument && res.Code != codeInvalidState {
+				t.Fatalf("admission export on handle %d: %+v", h, res)
+			}
 		}
 		if res := abiClose(h); res.Code == codeOK {
 			t.Fatalf("close of handle %d succeeded", h)

@@ -1,5 +1,5 @@
 /*
- * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.1.
+ * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.2.
  *
  * Hand-maintained, and the one definition of the status codes and the ABI
  * version: cabi's Go constants and kvc_router's Python constants are checked
@@ -19,6 +19,9 @@
  *   major. kvr_version reports the build.
  *   Minor 1 added kvr_abi_minor, kvr_version, kvr_config_schema, kvr_acquire_with and the
  *   {"key", "reason"} error document of kvr_validate_config.
+ *   Minor 2 added router-side admission: kvr_acquire_opts.ticket and .submit,
+ *   KVR_HELD and KVR_QUEUE_FULL (returned only to a caller that sets submit),
+ *   kvr_release_admit, kvr_pump and kvr_cancel.
  *
  * Conventions
  *   - Every function but kvr_abi_version, kvr_abi_minor and kvr_free returns a status code
@@ -47,7 +50,7 @@ extern "C" {
 #endif
 
 #define KVR_ABI_VERSION 1 /* the major version */
-#define KVR_ABI_MINOR 1
+#define KVR_ABI_MINOR 2
 
 /* Status codes. */
 #define KVR_OK 0
@@ -59,6 +62,10 @@ extern "C" {
 #define KVR_POISONED 5         /* the handle saw an earlier panic */
 #define KVR_NO_SERVERS 6       /* empty pool: "No available servers in load balancer" */
 #define KVR_INVALID_CONFIG 7   /* configuration rejected */
+#define KVR_HELD 8             /* kvr_acquire_with with submit: the request is held by
+                                  admission (not an error: err and every output unset) */
+#define KVR_QUEUE_FULL 9       /* kvr_acquire_with with submit: router.admission.max_queue
+                                  requests are already held */
 
 /* Metrics flavors for kvr_update_metrics. */
 #define KVR_METRICS_VLLM 0
@@ -159,6 +166,20 @@ int32_t kvr_acquire(kvr_handle h, const char *request_id, int64_t request_id_len
  * knows must be zero (else KVR_INVALID_ARGUMENT: a newer caller asked for
  * something this library cannot do). size below offsetof(pin) is
  * KVR_INVALID_ARGUMENT. The fields and outputs mean what kvr_acquire's do.
+ *
+ * ABI 1.2 adds, for router-side admission (router.admission, kvc_aware mode):
+ *   ticket   the caller's name for this request should it be held; unique
+ *            among the caller's requests held at the same time
+ *   submit   0: route now, as kvr_acquire (the default); 1: go through
+ *            admission; any other value is KVR_INVALID_ARGUMENT
+ * With submit = 1 and admission enabled, a new request is held while no
+ * server has room under its in-flight cap (a sticky session while its own
+ * server is full): the call returns KVR_HELD with *err and every output
+ * unset (out_index -1). The request is then decided later, and listed
+ * under its ticket by the kvr_release_admit or kvr_pump call that admits it
+ * (already counted in flight there), or dropped by kvr_cancel. When
+ * admission.max_queue requests are held the call is KVR_QUEUE_FULL and
+ * nothing is held. With admission off, submit = 1 routes as submit = 0.
  */
 typedef struct kvr_acquire_opts {
   uint64_t size;
@@ -170,6 +191,8 @@ typedef struct kvr_acquire_opts {
   const char *lora;
   int64_t lora_len;
   int64_t known_generation;
+  uint64_t ticket;
+  int64_t submit;
 } kvr_acquire_opts;
 
 int32_t kvr_acquire_with(kvr_handle h, const kvr_acquire_opts *opts,
@@ -182,6 +205,34 @@ int32_t kvr_acquire_with(kvr_handle h, const kvr_acquire_opts *opts,
  * a no-op counted in kvr_status's "ignored_invalid_ids". */
 int32_t kvr_release(kvr_handle h, const char *server_id, int64_t server_id_len,
                     int32_t *out_released, char **err);
+
+/*
+ * kvr_release with admission (ABI 1.2): counts one request finished on a
+ * server (*out_released as kvr_release) and admits held requests into the
+ * room it freed. out_admitted is required (the admitted are counted in
+ * flight and only this output names them; NULL is KVR_INVALID_ARGUMENT);
+ * *out_admitted stays NULL when nothing was admitted (the common case: no
+ * allocation), else it is a JSON array, in admission order, of
+ *   {"ticket": T, "index": I, "generation": G, "server": "id"}
+ * where index is the server's position in the pool of generation G (as
+ * kvr_acquire's out_index and out_generation) and server its id. Each is a
+ * request now in flight that its caller must release. server_id is read as
+ * kvr_release reads it (an id no server can have is an unknown id). With
+ * admission off it is kvr_release.
+ */
+int32_t kvr_release_admit(kvr_handle h, const char *server_id, int64_t server_id_len,
+                          int32_t *out_released, char **out_admitted, char **err);
+
+/* Admits held requests into room that appeared without a release (servers
+ * added, caps raised by fresh metrics, a sticky session's server removed);
+ * call it periodically while requests are held. out_admitted as
+ * kvr_release_admit's (required; NULL when nothing was admitted). */
+int32_t kvr_pump(kvr_handle h, char **out_admitted, char **err);
+
+/* Drops a held request (its caller gave up): *out_cancelled = 1, else 0 when
+ * the ticket is not held (already admitted -- then its caller must release
+ * it -- already cancelled, or never held). */
+int32_t kvr_cancel(kvr_handle h, uint64_t ticket, int32_t *out_cancelled, char **err);
 
 /* Adds servers (JSON array of id strings). New ids go to the end of the
  * pool; re-added ids keep their place and their count resets to 0. Every id

@@ -211,6 +211,21 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	outIndex *C.int32_t, outGen *C.int64_t, outServer **C.char, outDecision **C.char, errOut **C.char,
 ) (code C.int32_t) {
 	defer recoverExport("kvr_acquire", h, &code, errOut)
+	return acquire(h, reqID, reqIDLen, tokens, nTokens, pin, lora, loraLen, knownGen, nil,
+		outIndex, outGen, outServer, outDecision, errOut)
+}
+
+// submission asks acquire to go through admission (kvr_acquire_with with
+// submit set): the request may be held under ticket instead of routed.
+type submission struct{ ticket uint64 }
+
+// acquire is kvr_acquire and kvr_acquire_with; the export's deferred
+// recoverExport covers it. With sub, a held request returns codeHeld with
+// every output unset.
+func acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int32_t, nTokens C.int64_t,
+	pin C.int64_t, lora *C.char, loraLen C.int64_t, knownGen C.int64_t, sub *submission,
+	outIndex *C.int32_t, outGen *C.int64_t, outServer **C.char, outDecision **C.char, errOut **C.char,
+) C.int32_t {
 	clearOut(errOut)
 	clearOut(outServer)
 	clearOut(outDecision)
@@ -241,8 +256,8 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	}
 	var toks []int32
 	if nTokens > 0 {
-		// Borrowed: read during Acquire only (the router keeps block keys,
-		// never the token slice).
+		// Borrowed: read during the call only (the router keeps block keys,
+		// and a held request a copy, never the caller's array).
 		toks = unsafe.Slice((*int32)(unsafe.Pointer(tokens)), int(nTokens))
 	}
 	inst.mu.RLock()
@@ -250,7 +265,17 @@ func kvr_acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int3
 	if err := inst.usable(); err != nil {
 		return fail(errOut, err)
 	}
-	d, err := inst.r.Acquire(router.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter})
+	req := router.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter}
+	var d router.Decision
+	if sub != nil {
+		var queued bool
+		d, queued, err = inst.lib.Submit(req, sub.ticket)
+		if err == nil && queued {
+			return codeHeld
+		}
+	} else {
+		d, err = inst.r.Acquire(req)
+	}
 	if err != nil {
 		return fail(errOut, err)
 	}

@@ -33,6 +33,8 @@ const (
 	codePoisoned        = 5 // the handle saw an earlier panic
 	codeNoServers       = 6
 	codeInvalidConfig   = 7
+	codeHeld            = 8 // kvr_acquire_with with submit: held by admission (not an error)
+	codeQueueFull       = 9 // admission.max_queue requests are already held
 )
 
 // kvrError carries a status code with its message.
@@ -59,6 +61,8 @@ func codeOf(err error) int32 {
 		return codeInvalidArgument
 	case errors.Is(err, router.ErrNoServers):
 		return codeNoServers
+	case errors.Is(err, router.ErrQueueFull):
+		return codeQueueFull
 	case errors.Is(err, router.ErrConfig):
 		return codeInvalidConfig
 	case errors.Is(err, router.ErrPromptTooLong):

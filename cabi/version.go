@@ -19,6 +19,8 @@ typedef struct kvr_acquire_opts {
 	const char *lora;
 	int64_t lora_len;
 	int64_t known_generation;
+	uint64_t ticket;
+	int64_t submit;
 } kvr_acquire_opts;
 */
 import "C"
@@ -36,7 +38,7 @@ import (
 // anything else is a new major.
 const (
 	abiVersion = 1 // the major version (KVR_ABI_VERSION)
-	abiMinor   = 1 // KVR_ABI_MINOR
+	abiMinor   = 2 // KVR_ABI_MINOR
 )
 
 // buildVersion is the library's build version, set by cabi/build.sh with
@@ -123,14 +125,27 @@ func kvr_acquire_with(h C.uint64_t, opts *C.kvr_acquire_opts,
 		size = known
 	}
 	C.memcpy(unsafe.Pointer(&o), unsafe.Pointer(opts), C.size_t(size))
-	return kvr_acquire(h, o.request_id, o.request_id_len, o.tokens, o.n_tokens, o.pin, o.lora, o.lora_len,
-		o.known_generation, outIndex, outGen, outServer, outDecision, errOut)
+	var sub *submission
+	switch o.submit {
+	case 0:
+	case 1:
+		sub = &submission{ticket: uint64(o.ticket)}
+	default:
+		return fail(errOut, errf(codeInvalidArgument, "opts.submit must be 0 or 1, got %d", int64(o.submit)))
+	}
+	return acquire(h, o.request_id, o.request_id_len, o.tokens, o.n_tokens, o.pin, o.lora, o.lora_len,
+		o.known_generation, sub, outIndex, outGen, outServer, outDecision, errOut)
 }
 
 // abiAcquireWith calls kvr_acquire_with as a C caller would (for tests; see
 // abicall.go): the struct in C memory with the given declared size, tail
 // bytes after the fields this library knows. nilOpts passes NULL.
 func abiAcquireWith(h uint64, id string, toks []int32, pin, known int64, size uint64, tail []byte, nilOpts bool) (int32, string, abiResult) {
+	return abiSubmit(h, id, toks, pin, known, size, tail, nilOpts, 0, 0)
+}
+
+// abiSubmit is abiAcquireWith with the ABI 1.2 fields ticket and submit.
+func abiSubmit(h uint64, id string, toks []int32, pin, known int64, size uint64, tail []byte, nilOpts bool, ticket uint64, submit int64) (int32, string, abiResult) {
 	n := int(unsafe.Sizeof(C.kvr_acquire_opts{})) + len(tail)
 	mem := C.calloc(C.size_t(n), 1)
 	defer C.free(mem)
@@ -143,6 +158,7 @@ func abiAcquireWith(h uint64, id string, toks []int32, pin, known int64, size ui
 	opts.request_id, opts.request_id_len = (*C.char)(pid), C.int64_t(len(id))
 	opts.tokens, opts.n_tokens = (*C.int32_t)(ptok), C.int64_t(len(toks))
 	opts.pin, opts.known_generation = C.int64_t(pin), C.int64_t(known)
+	opts.ticket, opts.submit = C.uint64_t(ticket), C.int64_t(submit)
 	copy(unsafe.Slice((*byte)(unsafe.Add(mem, unsafe.Sizeof(C.kvr_acquire_opts{}))), len(tail)), tail)
 	if nilOpts {
 		opts = nil
@@ -175,6 +191,7 @@ func acquireOptsLayout() (size uintptr, offsets []uintptr) {
 	return unsafe.Sizeof(o), []uintptr{
 		unsafe.Offsetof(o.size), unsafe.Offsetof(o.request_id), unsafe.Offsetof(o.request_id_len),
 		unsafe.Offsetof(o.tokens), unsafe.Offsetof(o.n_tokens), unsafe.Offsetof(o.pin), unsafe.Offsetof(o.lora),
-		unsafe.Offsetof(o.lora_len), unsafe.Offsetof(o.known_generation),
+		unsafe.Offsetof(o.lora_len), unsafe.Offsetof(o.known_generation), unsafe.Offsetof(o.ticket),
+		unsafe.Offsetof(o.submit),
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -104,7 +105,8 @@ func TestAcquireWith(t *testing.T) {
 		{name: "zero size", size: 0, code: codeInvalidArgument, err: "smaller"},
 		{name: "huge size", size: 1 << 40, code: codeInvalidArgument, err: "not a kvr_acquire_opts size"},
 		{name: "newer caller, zero new fields", size: full + 16, pin: -1, known: -1, tail: make([]byte, 16), code: codeOK, wantServer: true},
-		{name: "newer caller, a new field set", size: full + 16, tail: append(make([]byte, 9), 1, 0, 0, 0, 0, 0, 0), code: codeInvalidArgument, err: "byte 81 is set"},
+		{name: "newer caller, a new field set", size: full + 16, tail: append(make([]byte, 9), 1, 0, 0, 0, 0, 0, 0), code: codeInvalidArgument, err: fmt.Sprintf("byte %d is set", full+9)},
+		{name: "ABI 1.1 size: no admission fields", size: 72, pin: -1, known: -1, code: codeOK, wantServer: true},
 		{name: "NULL opts", nilOpts: true, code: codeInvalidArgument, err: "opts is NULL"},
 	}
 	for _, tc := range cases {

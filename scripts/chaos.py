@@ -8,7 +8,12 @@ then the 10M-block event flood, then every figure in one summary.
   - 1M seeded random hostile C ABI calls from C (KVR_C_HOSTILE_ITERS), the
     hypothesis-driven Python ABI and config fuzzing, exact size limits;
   - a 2M-block flood through the Python push path (KVR_PY_FLOOD_BLOCKS) and a
-    10M-block flood in Go (KVR_FLOOD_BLOCKS, core/collector TestEventFlood).
+    10M-block flood in Go (KVR_FLOOD_BLOCKS, core/collector TestEventFlood);
+  - 10M acquires per balancer mode racing add_servers/remove_servers, none
+    returning a missing handle (KVR_CHURN_ACQUIRES);
+  - 20,000 requests beside a server whose /metrics hold impossible values,
+    none routed to it (KVR_CHAOS_HOSTILE_REQUESTS), collector panics
+    recovered, and memory returned after giant KV-event batches.
 
 Only loopback is used; every process started is stopped by the tests'
 fixtures. Exit status 1 when any part fails.
@@ -40,6 +45,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--c-iters", type=int, default=d.c_iters)
     ap.add_argument("--py-flood-blocks", type=int, default=d.py_flood_blocks)
     ap.add_argument("--flood-blocks", type=int, default=d.flood_blocks)
+    ap.add_argument("--churn-acquires", type=int, default=d.churn_acquires)
+    ap.add_argument("--hostile-requests", type=int, default=d.hostile_requests)
     ok = run_chaos(ChaosOptions(**vars(ap.parse_args(argv))))
     print("chaos:", "OK" if ok else "FAILED")
     return 0 if ok else 1

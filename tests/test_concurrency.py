@@ -166,3 +166,27 @@ def test_pool_churn_never_returns_a_missing_handle(mode):
     assert changes > 10
     assert lb.get_total_inflight() == 0
     lb.close()
+
+
+def test_acquire_routes_again_when_its_server_is_removed_meanwhile():
+    """The rare half of D1, made deterministic: the library picks a server,
+    and before the balancer looks its handle up the server is removed (another
+    thread's remove_servers). The acquire is routed again, never (id, None)."""
+    from kvc_router import KVCAwareBalancer
+
+    lb = KVCAwareBalancer({"a": Handle("a"), "b": Handle("b")})
+    real = lb._router.acquire
+    removed = []
+
+    def acquire_then_remove(*args):
+        idx, gen, sid = real(*args[:3], args[3], -1)  # a stale generation: the id comes back
+        if not removed:
+            removed.append(sid)
+            lb.remove_servers([sid])
+        return idx, gen, sid
+
+    lb._router.acquire = acquire_then_remove
+    sid, handle = lb.acquire_server("r1")
+    assert removed and sid != removed[0] and handle is not None and handle.sid == sid
+    assert lb.get_status()["router"]["pool_change_retries"] == 1
+    lb.close()

@@ -382,6 +382,57 @@ def test_impossible_metrics_are_rejected(reaper):
         assert st["running"] == 2  # the previous snapshot is kept
 
 
+# Requests routed while one of three servers reports impossible metrics
+# (make chaos: KVR_CHAOS_HOSTILE_REQUESTS=20000).
+HOSTILE_REQUESTS = int(os.environ.get("KVR_CHAOS_HOSTILE_REQUESTS", "600"))
+
+
+def test_hostile_metrics_server_takes_no_traffic(reaper):
+    """The issue-20 scenario at scale: one of three servers serves a different
+    impossible /metrics body on every scrape (NaN, negative counts, +Inf, usage
+    above 1, a mix with good samples). Before the fix the all-NaN server looked
+    idle and took 9,450 of 11,184 requests; now it is unhealthy after its first
+    scrapes and takes none while it stays hostile."""
+    import random
+
+    rng = random.Random(20)
+    bodies = [body for body, _ in IMPOSSIBLE_METRICS.values()]
+    bodies.append(metrics_text(running=1) + "vllm:num_requests_waiting{engine=\"1\"} -1\n")
+
+    def hostile_body() -> str:
+        return rng.choice(bodies)
+
+    good = [MetricsStub(reaper, lambda r=r: metrics_text(running=r)) for r in (2, 3)]
+    bad = MetricsStub(reaper, hostile_body)
+    urls = {"good-0": good[0].url, "good-1": good[1].url, "hostile": bad.url}
+    lb = KVCAwareBalancer(
+        {sid: sid for sid in urls},
+        router_config=kvc_config(urls=urls, collectors=("vllm_metrics",), timeout_ms=300, load={"stale_after_ms": 400}),
+    )
+    reaper.add(lb.close)
+    wait_for(lambda: not server_status(lb.get_status(), "hostile")["load"]["healthy"], 10, "hostile unhealthy")
+    picks = {sid: 0 for sid in urls}
+    t0 = time.monotonic()
+    for i in range(HOSTILE_REQUESTS):
+        sid, handle = lb.acquire_server(f"conv-{i % 97}", prompt(i, 64))
+        assert handle == sid
+        picks[sid] += 1
+        lb.release_server(sid)
+        if i % 10 == 0:
+            time.sleep(0.01)  # spread over many scrapes
+    st = lb.get_status()
+    t = poller_target(st, "hostile")
+    print(
+        f"\nhostile metrics: {HOSTILE_REQUESTS:,} requests in {time.monotonic() - t0:.1f}s, "
+        f"{picks['hostile']} to the hostile server; {t['malformed']} malformed scrapes; "
+        f"last error: {t['last_error'][:100]}"
+    )
+    assert picks["hostile"] == 0, picks
+    assert t["malformed"] >= 3 and "impossible value" in t["last_error"]
+    assert not server_status(st, "hostile")["load"]["healthy"]
+    assert lb.get_total_inflight() == 0
+
+
 def test_remove_all_then_readd(reaper):
     sims = [Sim(reaper).start() for _ in range(2)]
     ids = [s.id for s in sims]

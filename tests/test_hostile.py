@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -28,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvc_harness.balancer import kvc_config, poller_target, publisher_status
-from kvc_harness.procs import Reaper, rss_bytes, wait_for
+from kvc_harness.procs import Reaper, harness_env, rss_bytes, wait_for
 from kvc_harness.report import percentiles
 from kvc_harness.wire import MetricsStub, metrics_text
 from kvc_router import ConfigError, InvalidArgumentError, KVCAwareBalancer, _native, load_router_config
@@ -650,3 +651,48 @@ def test_event_flood_push_path():
         assert lb.get_total_inflight() == 0
     finally:
         lb.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("KVR_CHAOS_MEMORY"),
+    reason="make chaos only (RSS figures; the test with a bound is Go's TestMemoryReturnsAfterGiantBatches)",
+)
+def test_memory_returns_after_giant_batches_rss():
+    """Issue 20 O1 through the C ABI, in a fresh process: one 4,194,304-token
+    event and one 131,072-event batch pushed, the index emptied; before the fix
+    RSS stayed ~90 MiB up (30 -> 212 -> 193 MiB three minutes later)."""
+    code = textwrap.dedent(
+        """
+        import os, time, msgpack
+        from kvc_router import KVCAwareBalancer
+        from kvc_harness.procs import rss_bytes
+
+        mib = lambda: rss_bytes() / 2**20
+        cfg = {"type": "kvc_aware", "config": {"collector": {"names": []}, "index": {"max_entries": 1 << 20}}}
+        lb = KVCAwareBalancer({"s": None}, router_config=cfg)
+        toks = [i % 30000 for i in range(1 << 22)]
+        p1 = msgpack.packb([1.0, [["BlockStored", list(range(1, (1 << 18) + 1)), None, toks, 16, None, "GPU"]], None])
+        evs = [["BlockStored", [10_000_000 + i], None, [i % 30000] * 16, 16, None, "GPU"] for i in range(1 << 17)]
+        p2 = msgpack.packb([1.0, evs, None])
+        del toks, evs
+        base = mib()
+        lb.update_kv_events("s", p1)
+        lb.update_kv_events("s", p2)
+        del p1, p2
+        peak, entries = mib(), lb.get_status()["router"]["index"]["entries"]
+        lb.reset_prefix_index()
+        t0 = time.monotonic()
+        while mib() > base + 8 and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+        print(f"{base:.0f} {peak:.0f} {mib():.0f} {time.monotonic() - t0:.1f} {entries}")
+        """
+    )
+    env = harness_env(dict(os.environ))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    base, peak, after, took, entries = out.stdout.split()
+    print(
+        f"\nmemory after giant batches: RSS {base} MiB before, {peak} MiB after ({entries} index entries), "
+        f"{after} MiB {took} s after emptying the index"
+    )
+    assert float(after) <= float(base) + 32, out.stdout

@@ -71,3 +71,36 @@ def test_render_blocks_with_intervals(tmp_path):
     assert _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path), "--check").returncode == 0
     (tmp_path / "README.md").write_text(h.replace("| grpo_sat |", "| grpo_sat (hand-edited) |"))
     assert _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path), "--check").returncode == 1
+
+
+def test_render_steptime_block(tmp_path):
+    _docs(tmp_path)
+    (tmp_path / "docs" / "step-time.md").write_text("# s\n\n<!-- BEGIN RENDERED: steptime -->\nold\n"
+                                                   "<!-- END RENDERED: steptime -->\n")
+
+    def st(m, ci=1.0):
+        return {"Mean": m, "SD": 1.0, "N": 10, "CI95": ci}
+
+    def row(policy, mk, share=0.0, tuned=False):
+        return {"policy": policy, "tuned": tuned, "hit_rate": st(0.9, 0.01), "ttft_p50_s": st(1.0),
+                "ttft_p99_s": st(2.0), "makespan_s": st(mk), "makespan_over_verl": st(mk / 100, 0.01),
+                "makespan_bound_share": share}
+
+    rows = [row("verl_default", 100), row("sglang_cache_aware", 95), row("sglang_cache_aware", 93, tuned=True),
+            row("kvc_aware", 90, 0.5), row("kvc_aware+admit", 85, 0.75)]
+    kv = tmp_path / "kvbench-grpo_sat.json"
+    kv.write_text(json.dumps({"workload": "grpo_sat", "report_seeds": [311, 312], "tune_seeds": [101, 102],
+                              "rows": rows, "makespan_lower_bound_s": st(80.0, 0.5),
+                              "best_over_lower_bound": st(1.06, 0.01)}))
+    (tmp_path / "docs" / "results").mkdir()
+    (tmp_path / "docs" / "results" / "oracle-lpt-311.json").write_text(json.dumps(
+        {"seed": 311, "fifo_verl_default": 100.0, "policies": {"verl_default": {"makespan_s": 90.0},
+                                                               "kvc_aware": {"makespan_s": 80.0}}}))
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", str(kv), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    t = (tmp_path / "docs" / "step-time.md").read_text()
+    line = next(x for x in t.splitlines() if x.startswith("| grpo_sat |"))
+    # the best peer is the tuned SGLang row; kvc_aware+admit's interval clears every other one
+    assert "sglang_cache_aware (tuned) 93.0 ± 1.0" in line and "50% / 75%" in line, line
+    assert "80.0 ± 0.5 (1.06 ± 0.01)" in line and "**kvc_aware+admit** best (85.0 ± 1.0" in line, line
+    assert "| 311 | 0.900 | 0.800 | n/a |" in t

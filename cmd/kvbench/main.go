@@ -86,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{params: paramFlag{}}
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | grpo_sat | agent | agent_scale | agent_long")
+	fs.StringVar(&c.workload, "workload", "mooncake", "mooncake | grpo | grpo_sat | agent | agent_scale | agent_long | agent_long_few")
 	fs.StringVar(&c.trace, "trace", defaultTraceFlag, "Mooncake jsonl trace; a relative path is resolved against the repository root (the default is the full public trace beside the repository; "+sliceTrace+" is a 1,000-row slice shipped with the repository)")
 	fs.StringVar(&c.policies, "policies", strings.Join(bench.DefaultPolicies, ","), "comma-separated policies: "+strings.Join(bench.PolicyNames, ", "))
 	fs.IntVar(&c.engines, "engines", 8, "number of simulated engines")
@@ -134,9 +134,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	switch c.workload {
-	case "mooncake", "grpo", "grpo_sat", "agent", "agent_scale", "agent_long":
+	case "mooncake", "grpo", "grpo_sat", "agent", "agent_scale", "agent_long", "agent_long_few":
 	default:
-		return nil, fmt.Errorf("--workload must be mooncake, grpo, grpo_sat, agent, agent_scale or agent_long, got %q", c.workload)
+		return nil, fmt.Errorf("--workload must be mooncake, grpo, grpo_sat, agent, agent_scale, agent_long or agent_long_few, got %q", c.workload)
 	}
 	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
 		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
@@ -248,6 +248,8 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 			a = bench.DefaultAgentLong()
 		case "agent_scale":
 			a = bench.DefaultAgentScale()
+		case "agent_long_few":
+			a = bench.DefaultAgentLongFew()
 		}
 		a.Seed = seed
 		if c.steps > 0 {

@@ -139,3 +139,30 @@ func (l *Library) Close() error {
 	}
 	return nil
 }
+
+// Submit routes req as the router's Acquire does unless admission holds it
+// (router.Config.Admission): then queued is true and the request is decided
+// later, in the list of the ReleaseAdmit or Pump call that gives it a slot.
+// ticket names the held request to the caller; it must be unique among the
+// requests held. router.ErrQueueFull when admission.max_queue are held.
+func (l *Library) Submit(req router.Request, ticket uint64) (router.Decision, bool, error) {
+	return l.r.Submit(req, ticket)
+}
+
+// ReleaseAdmit counts one request finished on server (as Release) and
+// appends the held requests admitted into the room it freed to out;
+// released is false for unknown ids and zero counts.
+func (l *Library) ReleaseAdmit(server string, out []router.Admitted) (admitted []router.Admitted, released bool) {
+	return l.r.ReleaseAdmit(server, out)
+}
+
+// Pump admits held requests into room that appeared without a release
+// (servers added, caps raised by fresh metrics), appending them to out.
+func (l *Library) Pump(out []router.Admitted) []router.Admitted { return l.r.Pump(out) }
+
+// Cancel drops a held request; false when ticket is not held (already
+// admitted, cancelled, or never held).
+func (l *Library) Cancel(ticket uint64) bool { return l.r.Cancel(ticket) }
+
+// Held is the number of requests admission holds.
+func (l *Library) Held() int { return l.r.Held() }

@@ -3,6 +3,7 @@ package kvcrouter
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -97,5 +98,51 @@ func TestNewConfigErrors(t *testing.T) {
 	_, err = New(c, Options{})
 	if !errors.As(err, &fe) || fe.Key != "collectors" || !strings.Contains(fe.Reason, "vllm_zmq configured twice") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestLibraryAdmission: the library passes admission through: a request
+// is held while every server is at its cap, a release admits it, a pump
+// admits into a server added later, a cancelled one is never admitted.
+func TestLibraryAdmission(t *testing.T) {
+	c, err := Parse([]byte(`{"router": {"mode": "kvc_aware", "admission": {"enabled": true, "max_inflight": 1, "max_queue": 3}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib, err := New(c, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	if err := lib.AddServers([]string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	req := func(id string) router.Request { return router.Request{ID: id, Tokens: make([]int32, 64), Pin: -1} }
+	if d, held, err := lib.Submit(req("r0"), 0); err != nil || held || d.Server != "a" {
+		t.Fatalf("first request: %+v held=%v %v", d, held, err)
+	}
+	for tk := uint64(1); tk <= 3; tk++ {
+		if _, held, err := lib.Submit(req(fmt.Sprint("r", tk)), tk); err != nil || !held {
+			t.Fatalf("ticket %d: held=%v %v", tk, held, err)
+		}
+	}
+	if _, _, err := lib.Submit(req("r4"), 4); !errors.Is(err, router.ErrQueueFull) {
+		t.Fatalf("fourth held request: %v, want ErrQueueFull", err)
+	}
+	if !lib.Cancel(2) || lib.Cancel(2) || lib.Held() != 2 {
+		t.Fatalf("cancel: held %d", lib.Held())
+	}
+	got, ok := lib.ReleaseAdmit("a", nil)
+	if !ok || len(got) != 1 || got[0].Ticket != 1 || got[0].Decision.Server != "a" {
+		t.Fatalf("release admitted %+v (released %v)", got, ok)
+	}
+	if err := lib.AddServers([]string{"b"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lib.Pump(nil); len(got) != 1 || got[0].Ticket != 3 || got[0].Decision.Server != "b" {
+		t.Fatalf("pump admitted %+v", got)
+	}
+	if st := lib.Status().Router.Admission; st.Held != 0 || st.Admitted != 2 || st.Cancelled != 1 || st.Rejected != 1 {
+		t.Fatalf("status %+v", st)
 	}
 }

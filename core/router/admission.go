@@ -363,8 +363,6 @@ func (r *Router) admitOn(req *Request, s *server) Decision {
 	}
 	r.bind(req, s.id)
 	r.speculateOn(s, req, hit)
-	r.ld.Acquire(s.id, len(req.Tokens))
-	r.counters.PromptTokens += uint64(len(req.Tokens))
-	r.counters.PredictedHits += uint64((d.HitBlocks[0] + d.HitBlocks[1] + d.HitBlocks[2]) * d.BlockSize)
+	r.charge(req, &d)
 	return d
 }

@@ -103,6 +103,10 @@ type Config struct {
 	Index IndexSpec `json:"index"`
 	// Load tunes the load store.
 	Load LoadSpec `json:"load"`
+	// SessionMoves lets a multi-turn session leave a server bound to far
+	// more sessions than another at a turn boundary (Router.sessionMove;
+	// default true in kvc_aware mode).
+	SessionMoves *bool `json:"session_moves,omitempty"`
 	// Admission holds requests while every server is full (admission.go).
 	Admission AdmissionSpec `json:"admission"`
 	// MaxPromptTokens bounds a request's prompt length.
@@ -313,6 +317,8 @@ func (c Config) Effective() (Config, error) {
 	kvc := c.Mode == ModeKVCAware
 	overload, speculate := kvc && boolOr(c.StickyOverload, true), kvc && boolOr(c.Speculate, true)
 	c.StickyOverload, c.Speculate = &overload, &speculate
+	moves := kvc && boolOr(c.SessionMoves, true)
+	c.SessionMoves = &moves
 	ix := index.Config{MaxEntries: c.Index.MaxEntries, SpecTTL: ms(c.Index.SpecTTLMS), ApproxTTL: ms(c.Index.ApproxTTLMS)}.WithDefaults()
 	c.Index = IndexSpec{MaxEntries: ix.MaxEntries, SpecTTLMS: int(ix.SpecTTL / time.Millisecond), ApproxTTLMS: int(ix.ApproxTTL / time.Millisecond)}
 	ld := load.Config{StaleAfter: ms(c.Load.StaleAfterMS), MaxNumSeqs: c.Load.MaxNumSeqs, UnhealthyAfter: c.Load.UnhealthyAfter}.WithDefaults()

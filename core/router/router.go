@@ -121,6 +121,8 @@ type Router struct {
 
 	counters Counters
 
+	moveSessions bool
+
 	// Admission (admission.go): held requests, oldest first.
 	admit    bool
 	queue    []held
@@ -147,6 +149,9 @@ type Counters struct {
 	PredictedHitsGPU uint64 `json:"predicted_hit_tokens_gpu"`
 	PredictedHitsCPU uint64 `json:"predicted_hit_tokens_cpu"`
 	PredictedHitsSSD uint64 `json:"predicted_hit_tokens_ssd"`
+	// SessionMoves counts multi-turn sessions moved at a turn boundary
+	// off a server bound to far more sessions than another (sessionMove).
+	SessionMoves uint64 `json:"session_moves"`
 }
 
 // New builds a router from a normalised or raw config.
@@ -164,20 +169,21 @@ func New(cfg Config) (*Router, error) {
 		now = time.Now
 	}
 	r := &Router{
-		cfg:       cfg,
-		kvc:       kvc,
-		overload:  kvc && boolOr(cfg.StickyOverload, true),
-		speculate: kvc && boolOr(cfg.Speculate, true),
-		threshold: threshold,
-		strat:     strat,
-		ix:        index.New(cfg.indexConfig()),
-		ld:        load.New(cfg.loadConfig()),
-		sessions:  make(map[string]*int),
-		byID:      make(map[string]*server),
-		keys:      make(map[int][]uint64),
-		now:       now,
-		admit:     kvc && cfg.Admission.Enabled,
-		pickMemo:  map[uint64]uint8{},
+		cfg:          cfg,
+		kvc:          kvc,
+		overload:     kvc && boolOr(cfg.StickyOverload, true),
+		speculate:    kvc && boolOr(cfg.Speculate, true),
+		threshold:    threshold,
+		strat:        strat,
+		ix:           index.New(cfg.indexConfig()),
+		ld:           load.New(cfg.loadConfig()),
+		sessions:     make(map[string]*int),
+		byID:         make(map[string]*server),
+		keys:         make(map[int][]uint64),
+		now:          now,
+		admit:        kvc && cfg.Admission.Enabled,
+		moveSessions: kvc && boolOr(cfg.SessionMoves, true),
+		pickMemo:     map[uint64]uint8{},
 	}
 	sticky, err := simplelru.NewLRU[string, string](cfg.StickyMaxSize, r.unbound)
 	if err != nil {
@@ -408,6 +414,14 @@ func (r *Router) acquireLocked(req *Request) (Decision, error) {
 		r.latency.observe(time.Since(start))
 		return d, err
 	}
+	r.charge(req, &d)
+	r.latency.observe(time.Since(start))
+	return d, nil
+}
+
+// charge counts a decided request in flight on its server and in the
+// prompt and predicted-hit counters; r.mu held.
+func (r *Router) charge(req *Request, d *Decision) {
 	r.ld.Acquire(d.Server, len(req.Tokens))
 	c := &r.counters
 	c.PromptTokens += uint64(len(req.Tokens))
@@ -417,8 +431,6 @@ func (r *Router) acquireLocked(req *Request) (Decision, error) {
 	c.PredictedHitsGPU += gpu
 	c.PredictedHitsCPU += cpu
 	c.PredictedHitsSSD += ssd
-	r.latency.observe(time.Since(start))
-	return d, nil
 }
 
 func (r *Router) decide(req *Request) (Decision, error) {
@@ -461,6 +473,14 @@ func (r *Router) decide(req *Request) (Decision, error) {
 				continue
 			}
 			if !r.overload || (c.Healthy && strategy.EffectiveLoad(r.strat, c) <= r.threshold) {
+				if j := r.sessionMove(req, i, n); j >= 0 {
+					r.counters.StickyBroken++
+					r.counters.SessionMoves++
+					d := r.decision(j, ReasonRebalanced, n)
+					r.bind(req, d.Server)
+					r.speculateOn(r.cpool[j], req, r.cands[j].Hit.Blocks)
+					return d, nil
+				}
 				r.counters.StickyHits++
 				d := r.decision(i, ReasonSticky, n)
 				r.speculateOn(bound, req, c.Hit.Blocks)
@@ -498,6 +518,48 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	r.bind(req, d.Server)
 	r.speculateOn(r.byID[d.Server], req, r.cands[best].Hit.Blocks)
 	return d, nil
+}
+
+// sessionMove decides whether a multi-turn session bound to candidate i
+// leaves it at this turn, and for which candidate (-1: it stays).
+//
+// Placement cannot tell, at a session's first request, whether it will
+// send more: kvc_aware keeps siblings (requests sharing a whole prompt)
+// together, which suits GRPO samples but piles an agent task's
+// trajectories onto one server — with fewer tasks than servers, some
+// servers then idle for the whole step. Once the router has seen later
+// turns (strategy.MultiTurn), a session whose server is bound to at
+// least max(2, mean/2) sessions more than the least-bound healthy server
+// moves there: one prefill of its context buys every later turn a server
+// of its own. Sessions bound to one server in that excess are moved one
+// per turn boundary, so the counts level out.
+func (r *Router) sessionMove(req *Request, i, n int) int {
+	if !r.moveSessions || n < 2 {
+		return -1
+	}
+	if strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) < 0.5 {
+		return -1
+	}
+	total, j := 0, -1
+	for k := 0; k < n; k++ {
+		c := &r.cands[k]
+		total += c.Sessions
+		if k == i || !c.Healthy || strategy.EffectiveLoad(r.strat, c) > r.threshold || (r.admit && !r.hasRoom(r.cpool[k])) {
+			continue
+		}
+		if j < 0 || c.Sessions < r.cands[j].Sessions ||
+			(c.Sessions == r.cands[j].Sessions && c.Inflight < r.cands[j].Inflight) {
+			j = k
+		}
+	}
+	if j < 0 {
+		return -1
+	}
+	mean := float64(total) / float64(n)
+	if float64(r.cands[i].Sessions-r.cands[j].Sessions) < max(2, mean/2) {
+		return -1
+	}
+	return j
 }
 
 func (r *Router) bind(req *Request, server string) {

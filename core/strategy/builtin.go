@@ -194,7 +194,10 @@ const sessionPrior = 32
 // more requests: later turns per bound session, with sessionPrior sessions
 // of prior evidence for "multi-turn". Bound sessions that never return
 // (single-turn ids left in the LRU) are then not counted as future work.
-func multiTurn(req *Request) float64 {
+func multiTurn(req *Request) float64 { return MultiTurn(req) }
+
+// MultiTurn is multiTurn for the router (its session moves).
+func MultiTurn(req *Request) float64 {
 	return min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
 }
 

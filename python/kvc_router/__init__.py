@@ -10,10 +10,13 @@
 
 Without ``router_config`` it routes exactly like verl's default balancer; with
 ``router_config="kvc_aware"`` (or a dict / DictConfig / YAML path) it routes on
-prefix-cache hits and live load. The routing core is the Go library
+prefix-cache hits and live load. With ``admission: {enabled: true}`` in that
+configuration, use the async ``KVCAwareAdmissionBalancer`` (router-side
+admission, docs/verl.md). The routing core is the Go library
 ``libkvcrouter.so`` shipped inside this package, loaded lazily through ctypes.
 """
 
+from .admission import KVCAwareAdmissionBalancer
 from .balancer import DEFAULT_ROUTING_CACHE_SIZE, KVCAwareBalancer
 from .config import (
     CollectorConfig,
@@ -27,6 +30,7 @@ from .config import (
 )
 from .errors import (
     NO_SERVERS_MESSAGE,
+    AdmissionQueueFullError,
     ConfigError,
     ForkError,
     InvalidArgumentError,
@@ -41,6 +45,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KVCAwareBalancer",
+    "KVCAwareAdmissionBalancer",
+    "AdmissionQueueFullError",
     "DEFAULT_ROUTING_CACHE_SIZE",
     "RouterConfig",
     "KVCAwareConfig",

@@ -26,6 +26,7 @@ from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64, c_void_
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import (
+    KVR_HELD,
     KVR_INVALID_ARGUMENT,
     KVR_INVALID_STATE,
     KVR_NOT_FOUND,
@@ -44,7 +45,7 @@ LIB_NAME = "libkvcrouter.so"
 # (tests/test_errors.py checks them). A library of the same major and a minor
 # at least ABI_MINOR is accepted.
 ABI_VERSION = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -82,7 +83,7 @@ def _fork_error() -> ForkError:
 
 
 class AcquireOpts(ctypes.Structure):
-    """kvr_acquire_opts (ABI 1.1); ``size`` must be ``ctypes.sizeof(AcquireOpts)``."""
+    """kvr_acquire_opts (ABI 1.2); ``size`` must be ``ctypes.sizeof(AcquireOpts)``."""
 
     _fields_ = [
         ("size", c_uint64),
@@ -94,6 +95,8 @@ class AcquireOpts(ctypes.Structure):
         ("lora", c_char_p),
         ("lora_len", c_int64),
         ("known_generation", c_int64),
+        ("ticket", c_uint64),
+        ("submit", c_int64),
     ]
 
 
@@ -109,6 +112,9 @@ SIGNATURES: dict = {
         [c_uint64, POINTER(AcquireOpts), POINTER(c_int32), POINTER(c_int64), _ERR, _ERR, _ERR],
         c_int32,
     ),
+    "kvr_release_admit": ([c_uint64, c_char_p, c_int64, POINTER(c_int32), _ERR, _ERR], c_int32),
+    "kvr_pump": ([c_uint64, _ERR, _ERR], c_int32),
+    "kvr_cancel": ([c_uint64, c_uint64, POINTER(c_int32), _ERR], c_int32),
 }
 
 
@@ -524,6 +530,53 @@ class Router:
         if code:
             _check(self._lib, code, err)
         return idx.value, gen.value
+
+    # -- admission (ABI 1.2) -------------------------------------------------
+
+    def submit(
+        self, request_id: bytes, addr: Optional[int], n: int, pin: int, known_gen: int, ticket: int, lora: bytes = b""
+    ) -> Optional[Tuple[int, int, Optional[str]]]:
+        """:meth:`acquire` through router-side admission: ``None`` when the
+        request is held under ``ticket`` (a later :meth:`release_admit` or
+        :meth:`pump` lists it once admitted). A full queue raises
+        :class:`~kvc_router.errors.AdmissionQueueFullError`."""
+        buf = c_char_p(addr) if isinstance(addr, bytes) else None  # borrows the bytes' buffer, no copy
+        opts = AcquireOpts(
+            size=ctypes.sizeof(AcquireOpts), request_id=request_id, request_id_len=len(request_id),
+            tokens=addr if buf is None else ctypes.cast(buf, c_void_p),
+            n_tokens=n, pin=pin, lora=lora, lora_len=len(lora), known_generation=known_gen, ticket=ticket, submit=1,
+        )  # fmt: skip
+        idx, gen, sid, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_acquire_with(self._h(), byref(opts), byref(idx), byref(gen), byref(sid), None, byref(err))
+        del buf
+        if code == KVR_HELD:
+            return None
+        if code:
+            _check(self._lib, code, err)
+        return idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+
+    def release_admit(self, server_id: bytes) -> Tuple[bool, list]:
+        """:meth:`release` that admits held requests into the freed room:
+        ``(released, [{"ticket", "index", "generation", "server"}])``."""
+        released, out, err = c_int32(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_release_admit(
+            self._h(), server_id, len(server_id), byref(released), byref(out), byref(err)
+        )
+        if code:
+            _check(self._lib, code, err)
+        return bool(released.value), (json.loads(take_string(self._lib, out) or "[]") if out.value else [])
+
+    def pump(self) -> list:
+        """Held requests admitted into room that appeared without a release."""
+        out, err = c_void_p(), c_void_p()
+        _check(self._lib, self._lib.kvr_pump(self._h(), byref(out), byref(err)), err)
+        return json.loads(take_string(self._lib, out) or "[]") if out.value else []
+
+    def cancel(self, ticket: int) -> bool:
+        """Drops a held request; False when it is not held (admitted already)."""
+        cancelled, err = c_int32(0), c_void_p()
+        _check(self._lib, self._lib.kvr_cancel(self._h(), ticket, byref(cancelled), byref(err)), err)
+        return bool(cancelled.value)
 
     def release(self, server_id: bytes) -> bool:
         released, err = c_int32(0), c_void_p()

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
+from .endpoints import _join
 from .errors import ConfigError, NativeError, NoServerError
 
 logger = logging.getLogger("kvc_router")
@@ -30,6 +31,10 @@ DEFAULT_ROUTING_CACHE_SIZE = 10000
 
 class KVCAwareBalancer:
     """Routes requests to servers; same methods and semantics as verl's balancer.
+
+    Router-side admission (``admission: {enabled: true}``) needs the async
+    :class:`~kvc_router.KVCAwareAdmissionBalancer`; this class refuses such a
+    configuration with a :class:`~kvc_router.errors.ConfigError` naming it.
 
     Parameters
     ----------
@@ -54,6 +59,9 @@ class KVCAwareBalancer:
     ``router_class`` key is ignored; a YAML naming only the class selects the
     packaged ``kvc_aware`` defaults).
     """
+
+    #: True in the subclass that implements router-side admission.
+    _ADMISSION = False
 
     def __init__(
         self,
@@ -80,6 +88,15 @@ class KVCAwareBalancer:
                 allowed=(True, False),
             )
         self._config: RouterConfig = load_router_config(router_config)
+        if self._config.admission_enabled and not self._ADMISSION:
+            raise ConfigError(
+                f"{_join(self._config.prefix, 'admission')}.enabled: router-side admission holds acquire calls, "
+                "which needs the async balancer: use kvc_router.KVCAwareAdmissionBalancer (in verl's "
+                "router_config_path YAML: router_class: kvc_router.KVCAwareAdmissionBalancer); kvc_router's "
+                "verl integration (router.type kvc_aware) picks it by itself",
+                key=_join(self._config.prefix, "admission.enabled"),
+                allowed=(False,),
+            )
         self._full_determinism = full_determinism
         self._flavor = _native.METRICS_FLAVORS[self._config.metrics_flavor]
         self._zmq = "vllm_zmq" in self._config.collector_names
@@ -124,17 +141,17 @@ class KVCAwareBalancer:
             if sid is None:
                 # Same generation as our mirror: its pool and handles match.
                 sid = pool[idx]
+                handle = handles.get(sid, _MISSING)
+            else:
+                handle = self._handles.get(sid, _MISSING)
+            if handle is not _MISSING:
                 del keep
-                return sid, handles[sid]
+                return sid, handle
             # The pool changed since our mirror was taken. add_servers stores
             # a handle before the library sees its id and remove_servers drops
             # it only after the library forgot the id, so a missing handle
             # means the server was removed after the library picked it: route
             # the request again (the removed server's count went with it).
-            handle = self._handles.get(sid, _MISSING)
-            if handle is not _MISSING:
-                del keep
-                return sid, handle
             self._races += 1
         del keep
         raise NoServerError(

@@ -23,6 +23,14 @@ Routing semantics are the actor's: the same ``acquire_server`` and
 ``release_server`` run there, in arrival order. A failed acquire raises the
 actor's exception in its own caller only; a lost actor fails every caller of
 the batch with Ray's error, as individual calls would.
+
+With router-side admission (:mod:`kvc_router.admission`) ``route_batch``
+answers a held acquire with a :class:`~kvc_router.admission.Held` ticket
+instead of waiting. Its caller keeps awaiting; one poller task per batcher
+asks the actor ``await_admission(tickets)`` for all of them at once (a call
+that returns as soon as one is decided), while acquires and releases keep
+flowing in their own batches. A caller cancelled while held sends
+``cancel_admission``; a slot admitted to a caller that is gone is released.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ import os
 import struct
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from .admission import Held
 
 logger = logging.getLogger("kvc_router")
 
@@ -114,9 +124,16 @@ class Batcher:
         self._fields_query: Optional[asyncio.Future] = None
         #: the loop keeps only weak references to tasks: these keep collectors alive.
         self._collectors: Set[asyncio.Task] = set()
+        #: held acquires (router-side admission): ticket -> caller's future
+        self._held: Dict[int, asyncio.Future] = {}
+        self._poller: Optional[asyncio.Task] = None
+        self._cancels: List[int] = []
         #: batches sent, requests carried (acquires + releases): for tests and status.
         self.batches = 0
         self.carried = 0
+        #: acquires the actor held, and admission polls sent
+        self.held = 0
+        self.polls = 0
 
     async def acquire(self, request_id: str, prompt_ids: Any = None) -> Tuple[str, Any]:
         """``(server_id, handle)``, as ``lb.acquire_server.remote(...)`` returns."""
@@ -194,7 +211,9 @@ class Batcher:
                     fut.set_exception(err)
             return
         for fut, res in zip(futures, results):
-            if isinstance(res, BaseException):
+            if isinstance(res, Held):
+                self._hold(res.ticket, fut)
+            elif isinstance(res, BaseException):
                 if not fut.done():
                     fut.set_exception(res)
             elif fut.done():
@@ -203,6 +222,63 @@ class Batcher:
                 self.release(res[0])
             else:
                 fut.set_result(res)
+
+    # -- router-side admission ---------------------------------------------
+
+    def _hold(self, ticket: int, fut: asyncio.Future) -> None:
+        self.held += 1
+        if fut.done():  # the caller gave up before the batch came back
+            self._cancel(ticket)
+            return
+        self._held[ticket] = fut
+        fut.add_done_callback(lambda f, t=ticket: self._held_done(t, f))
+        if self._poller is None or self._poller.done():
+            self._poller = self._loop.create_task(self._poll())
+            self._collectors.add(self._poller)
+            self._poller.add_done_callback(self._collectors.discard)
+
+    def _held_done(self, ticket: int, fut: asyncio.Future) -> None:
+        # The poller pops a ticket before resolving it: one still here was
+        # cancelled by its caller.
+        if self._held.pop(ticket, None) is not None:
+            self._cancel(ticket)
+
+    def _cancel(self, ticket: int) -> None:
+        if not self._cancels:
+            self._loop.call_soon(self._send_cancels)
+        self._cancels.append(ticket)
+
+    def _send_cancels(self) -> None:
+        tickets, self._cancels = self._cancels, []
+        if tickets:
+            try:
+                self._handle.cancel_admission.remote(tickets)
+            except Exception as e:  # noqa: BLE001 - the actor is gone: nothing is held any more
+                logger.warning("kvc-router: cancel_admission failed: %r", e)
+
+    async def _poll(self) -> None:
+        """Awaits the held tickets' admission, all in one actor call at a time."""
+        while self._held:
+            tickets = list(self._held)
+            self.polls += 1
+            try:
+                decided = await self._handle.await_admission.remote(tickets)
+            except Exception as e:  # noqa: BLE001 - the actor call failed: fail the callers it held
+                for t in tickets:
+                    fut = self._held.pop(t, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                continue
+            for t, res in decided:
+                fut = self._held.pop(t, None)
+                if fut is None or fut.done():
+                    # Its caller gave up after the actor admitted it.
+                    if not isinstance(res, BaseException):
+                        self.release(res[0])
+                elif isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
 
 
 _lock = threading.Lock()

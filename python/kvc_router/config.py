@@ -42,7 +42,8 @@ METRICS_FLAVORS = ("vllm", "sglang")
 #: (kvc_router.verl); ``off`` leaves the servers alone.
 KV_EVENTS_MODES = ("off", "auto")
 _ROUTER_KEYS = ("sticky_max_size", "load_threshold", "sticky_overload", "block_size", "model", "speculate",
-                "events_default", "max_prompt_tokens", "servers", "index", "load", "admission")  # fmt: skip
+                "events_default", "max_prompt_tokens", "servers", "index", "load", "admission",
+                "session_moves")  # fmt: skip
 _PY_KEYS = ("metrics_flavor", "kv_events", "kv_events_base_port", "enable_server_metrics", "metrics")
 _INNER_KEYS = ("strategies", "collector", *_ROUTER_KEYS, *_TOP_KEYS, *_PY_KEYS)
 _CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")

@@ -25,6 +25,9 @@ KVR_INTERNAL = 4
 KVR_POISONED = 5
 KVR_NO_SERVERS = 6
 KVR_INVALID_CONFIG = 7
+#: kvr_acquire_with with submit: held by admission (not an error).
+KVR_HELD = 8
+KVR_QUEUE_FULL = 9
 
 CODE_NAMES = {
     KVR_OK: "OK",
@@ -35,6 +38,8 @@ CODE_NAMES = {
     KVR_POISONED: "POISONED",
     KVR_NO_SERVERS: "NO_SERVERS",
     KVR_INVALID_CONFIG: "INVALID_CONFIG",
+    KVR_HELD: "HELD",
+    KVR_QUEUE_FULL: "QUEUE_FULL",
 }
 
 
@@ -97,6 +102,14 @@ class PoisonedError(NativeError):
     """The handle saw an earlier panic; create a new balancer."""
 
 
+class AdmissionQueueFullError(NativeError):
+    """Router-side admission already holds ``admission.max_queue`` requests;
+    this one was neither routed nor held."""
+
+    def __init__(self, message: str, code: int = KVR_QUEUE_FULL) -> None:
+        super().__init__(message, code)
+
+
 class ForkError(NativeError):
     """The library was loaded before fork(); it cannot be used in the child."""
 
@@ -125,6 +138,7 @@ _BY_CODE = {
     KVR_POISONED: PoisonedError,
     KVR_NO_SERVERS: NoServerError,
     KVR_INVALID_CONFIG: NativeConfigError,
+    KVR_QUEUE_FULL: AdmissionQueueFullError,
 }
 
 
@@ -154,5 +168,6 @@ __all__ = [
     "PoisonedError",
     "ForkError",
     "NativeConfigError",
+    "AdmissionQueueFullError",
     "error_for",
 ]

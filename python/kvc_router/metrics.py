@@ -148,6 +148,10 @@ SPECS: Dict[str, Spec] = {
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
     # health of the library
     "panics_total": Spec("counter", "panics recovered at the C boundary"),
+    "collector_panics_total": Spec("counter", "panics recovered in collector goroutines (which restarted)"),
+    "memory_returns_total": Spec("counter", "memory returned to the OS after a large input"),
+    "ignored_invalid_ids_total": Spec("counter", "releases and lookups of ids no server can have (no-ops)"),
+    "pool_change_retries_total": Spec("counter", "acquires routed again: their server was removed meanwhile"),
     "goroutines": Spec("gauge", "goroutines in the library"),
 }
 SERVER_GAUGES = tuple(n for n, s in SPECS.items() if s.kind == "gauge" and "server" in s.labels)
@@ -239,6 +243,10 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
         add("kv_event_connected", pub.get("connected", False), server=sid)
 
     add("panics_total", r.get("panics", 0))
+    add("collector_panics_total", col.get("panics", 0))
+    add("memory_returns_total", (col.get("memory") or {}).get("trims", 0))
+    add("ignored_invalid_ids_total", r.get("ignored_invalid_ids", 0))
+    add("pool_change_retries_total", r.get("pool_change_retries", 0))
     add("goroutines", r.get("goroutines", 0))
     out.extend(_admission(r.get("admission")))
     return out

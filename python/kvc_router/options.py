@@ -126,6 +126,13 @@ class RouterConfig:
     def sticky_max_size(self) -> Optional[int]:
         return self.router.get("sticky_max_size")
 
+    @property
+    def admission_enabled(self) -> bool:
+        """``admission.enabled`` in kvc_aware mode (router-side admission:
+        kvc_router.admission; the default mode ignores it)."""
+        adm = self.router.get("admission")
+        return self.type == "kvc_aware" and isinstance(adm, Mapping) and adm.get("enabled") is True
+
     def native(self, sticky_default: Optional[int] = None) -> dict:
         """The kvr_router_new document: only what was set; ``sticky_default``
         (the balancer's ``max_cache_size``) applies when sticky_max_size is unset."""

@@ -24,11 +24,15 @@ class ChaosOptions:
     c_iters: int = 1_000_000  # random hostile C ABI calls (KVR_C_HOSTILE_ITERS)
     py_flood_blocks: int = 2_000_000  # Python push-path flood (KVR_PY_FLOOD_BLOCKS)
     flood_blocks: int = 10_000_000  # Go flood (KVR_FLOOD_BLOCKS)
+    churn_acquires: int = 10_000_000  # acquires under pool churn, per mode (KVR_CHURN_ACQUIRES)
+    hostile_requests: int = 20_000  # requests beside a hostile /metrics server (KVR_CHAOS_HOSTILE_REQUESTS)
 
 
 FIGURES = re.compile(
     r"(kill/restart cycles|replay:|no replay:|failure episodes|goroutines \d+ with|slow /metrics|ALL OK|"
-    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|passed|failed|^ok|^FAIL)"
+    r"push flood|oversized frame|flood:|RSS .* before|acquire latency|pool churn:|hostile metrics:|retained heap|"
+    r"memory after|"
+    r"passed|failed|^ok|^FAIL)"
 )
 
 
@@ -62,8 +66,27 @@ def run_chaos(o: ChaosOptions) -> bool:
     ok &= run_step(
         "hostile input",
         [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_hostile.py"],
-        {"KVR_C_HOSTILE_ITERS": str(o.c_iters), "KVR_PY_FLOOD_BLOCKS": str(o.py_flood_blocks)},
+        {"KVR_C_HOSTILE_ITERS": str(o.c_iters), "KVR_PY_FLOOD_BLOCKS": str(o.py_flood_blocks), "KVR_CHAOS_MEMORY": "1"},
         timeout=3600,
+    )
+    ok &= run_step(
+        "pool churn: acquires racing add/remove, no missing handle",
+        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_concurrency.py", "-k", "pool_churn"],
+        {"KVR_CHURN_ACQUIRES": str(o.churn_acquires)},
+        timeout=7200,
+    )
+    ok &= run_step(
+        "hostile metrics: impossible /metrics values, no traffic to that server",
+        [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_faults.py", "-k",
+         "hostile_metrics or impossible_metrics or collector_panics"],
+        {"KVR_CHAOS_HOSTILE_REQUESTS": str(o.hostile_requests)},
+        timeout=3600,
+    )
+    ok &= run_step(
+        "memory after giant batches (Go)",
+        ["go", "test", "-count=1", "-run", "^TestMemoryReturnsAfterGiantBatches$", "-v", "./core/collector"],
+        {},
+        timeout=600,
     )
     ok &= run_step(
         "event flood (Go push path)",

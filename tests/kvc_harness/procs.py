@@ -5,7 +5,6 @@ run shares. Only 127.0.0.1 is ever bound."""
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import socket
@@ -248,14 +247,16 @@ def start_ray(num_cpus: int, namespace: Optional[str] = None) -> Any:
     # Ray's raylet and workers inherit this process's environment.
     os.environ["PYTHONPATH"] = harness_env()["PYTHONPATH"]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray (2.60 here) enables token authentication for a new local cluster and
+    # prints a notice saying so on every start; naming the mode keeps the
+    # same (secure) behaviour without the notice. A user's own setting wins.
+    # Only before Ray is imported: ray reads the mode once, at import, while
+    # the GCS it starts reads the environment, so setting it afterwards (the
+    # test session imports ray first) makes the driver's client send no token
+    # to a GCS that wants one ("Failed to start GCS ... InvalidAuthToken").
+    if "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
-
-    # Ray (2.60 here) turns token authentication on for a new local cluster
-    # and logs a notice saying so on every start. Keep the behaviour, drop the
-    # notice. (Setting RAY_AUTH_MODE here instead would break a process that
-    # imported ray before: its cached config would still say "disabled" while
-    # the GCS it starts wants a token.)
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
     (port,) = free_ports(1)
     ray.init(

@@ -378,6 +378,45 @@ def test_router_config_path_native_route(manager, tmp_path):
         ray.kill(lb)
 
 
+@pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")
+def test_router_config_path_with_admission_names_the_admission_class(manager, tmp_path):
+    """verl creates the class the YAML names: with admission on it must be
+    KVCAwareAdmissionBalancer; the sync class refuses, naming it."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    m = manager()
+    servers = dict(zip(m.server_addresses, m.server_handles))
+    body = "type: kvc_aware\nconfig:\n  admission: {enabled: true, max_inflight: 1}\n"
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("router_class: kvc_router.KVCAwareBalancer\n" + body)
+    bad = get_router_handle(servers, router_config_path=str(wrong))
+    try:
+        with pytest.raises(Exception, match="use kvc_router.KVCAwareAdmissionBalancer"):
+            ray.get(bad.get_status.remote(), timeout=60)
+    finally:
+        ray.kill(bad)
+    right = tmp_path / "right.yaml"
+    right.write_text("router_class: kvc_router.KVCAwareAdmissionBalancer\n" + body)
+    lb = get_router_handle(servers, router_config_path=str(right))
+    try:
+        assert lb_classes(lb)[0] == "kvc_router.admission.KVCAwareAdmissionBalancer"
+        client = LLMServerClient(config=m.config, load_balancer_handle=lb)
+
+        async def burst():
+            return await asyncio.gather(
+                *(client.generate(f"y{i}", prompt_ids=prompt(900 + i), sampling_params={"max_tokens": 4})
+                  for i in range(8))
+            )  # fmt: skip
+
+        assert all(len(o.token_ids) == 4 for o in asyncio.run(asyncio.wait_for(burst(), 120)))
+        assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
+        adm = ray.get(lb.get_status.remote())["router"]["admission"]
+        assert adm["queued_total"] > 0 and adm["admitted_total"] == adm["queued_total"] and adm["held"] == 0
+    finally:
+        ray.kill(lb)
+
+
 # -- fully-async / separate-async trainers -------------------------------------
 
 
@@ -422,6 +461,50 @@ def test_actor_options_create_the_balancer_directly(manager, monkeypatch):
     p = prompt(60)
     generate(client, "opt-1", p)
     assert ray.get(lb.get_status.remote())["router"]["counters"]["prompt_tokens"] == len(p)
+
+
+# -- router-side admission: an oversubscribed burst through verl's client ------
+
+ADMISSION = [
+    "+actor_rollout_ref.rollout.router.type=kvc_aware",
+    "+actor_rollout_ref.rollout.router.config.admission={enabled:true,max_inflight:2}",
+]
+
+
+@pytest.mark.parametrize("batching", ["on", "off"])
+def test_admission_oversubscribed_burst_through_verls_client(manager, monkeypatch, batching):
+    """verl's LLMServerClient, 2 vllm-sim servers with 2 slots each under
+    admission, 24 single-turn requests at once from this process and 8
+    three-turn trajectories from two agent-loop worker processes: every call
+    completes (held acquires wait while the releases that admit them flow),
+    requests are held and admitted, nothing stays counted in flight."""
+    from kvc_router.verl import actor
+
+    if batching == "off":
+        monkeypatch.setenv("KVC_ROUTER_CLIENT_BATCHING", "0")
+    m = manager(*ADMISSION)
+    lb = m.global_load_balancer
+    assert lb_classes(lb)[0] == "kvc_router.admission.KVCAwareAdmissionBalancer"
+    assert any(h is lb for h in actor.registered_balancers())
+    client = m.get_client()
+
+    async def burst():
+        return await asyncio.gather(
+            *(client.generate(f"burst-{i}", prompt_ids=prompt(500 + i % 6), sampling_params={"max_tokens": 8})
+              for i in range(24))
+        )  # fmt: skip
+
+    outs = asyncio.run(asyncio.wait_for(burst(), 120))
+    assert all(len(o.token_ids) == 8 for o in outs)
+    workers = [AgentLoopWorkerStandIn.remote(m.config, client) for _ in range(2)]
+    specs = [[(f"adm-w{w}-traj{i}", prompt(700 + 10 * w + i)) for i in range(4)] for w in range(2)]
+    results = ray.get([w.run_trajectories.remote(s, turns=3) for w, s in zip(workers, specs)], timeout=180)
+    assert sum(len(r) for r in results) == 8
+    assert sum(len(v) for v in server_logs(m).values()) == 24 + 8 * 3
+    assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
+    adm = ray.get(lb.get_status.remote())["router"]["admission"]
+    assert adm["enabled"] and adm["queued_total"] > 0 and adm["admitted_total"] == adm["queued_total"]
+    assert adm["held"] == 0 and adm["waiting_callers"] == 0 and adm["unclaimed"] == 0 and adm["rejected_total"] == 0
 
 
 # -- make actor-bench stays runnable --------------------------------------------

@@ -532,6 +532,17 @@ func DefaultAgentScale() AgentConfig {
 	return a
 }
 
+// DefaultAgentLongFew is DefaultAgentLong with fewer tasks than engines,
+// the arena's long_agent shape: 2 steps of 2 tasks × 4 trajectories
+// (kvbench runs it on 4 engines). Placing a task's trajectories together
+// saves one task-prompt prefill and leaves half the fleet idle.
+func DefaultAgentLongFew() AgentConfig {
+	a := DefaultAgentLong()
+	a.Tasks, a.Group = 2, 4
+	a.Name = "agent_long_few"
+	return a
+}
+
 // DefaultAgentLong is a long-context agent, where prefill dominates: 2 steps
 // of 8 tasks × 4 trajectories, 20–40 turns, tool outputs lognormal(median
 // 2,048, σ 0.4, 1,024..4,096), responses lognormal(median 256, σ 0.6,

@@ -5,6 +5,14 @@ hook creates (e.g. ``{"max_concurrency": 64}`` for a threaded balancer). Empty
 means "as verl creates its own balancer": then on verl 0.9.x the class goes
 through verl's ``load_balancer_cls`` hook; otherwise (options set, or verl
 0.8.x without that hook) the hook creates the actor itself with these options.
+
+:func:`balancer_class` is the one place the class is chosen: with
+``admission: {enabled: true}`` in the router config it is the async
+:class:`~kvc_router.KVCAwareAdmissionBalancer`, and :func:`actor_options`
+adds ``max_concurrency`` = ``ADMISSION_MAX_CONCURRENCY`` (an async actor's
+default of 1,000 concurrent calls could be filled by held acquire calls when
+client batching is off, and the releases that would admit them would then
+queue behind them), so the hook creates that actor itself.
 """
 
 from __future__ import annotations
@@ -18,23 +26,54 @@ logger = logging.getLogger("kvc_router.verl")
 
 #: Ray ``.options(...)`` for the balancer actor created through verl.
 ACTOR_OPTIONS: Dict[str, Any] = {}
+#: Concurrent calls of the admission balancer's async actor: held acquires
+#: (one each without client batching) plus the releases that admit them.
+ADMISSION_MAX_CONCURRENCY = 100_000
 
 _lock = threading.RLock()
 #: Balancer actors created in this process (reset after each weight sync).
 _balancers: List[Any] = []
 
 
-def actor_options() -> Dict[str, Any]:
-    return dict(ACTOR_OPTIONS)
+def admission_enabled(block: Any) -> bool:
+    """Whether the router config turns router-side admission on."""
+    if block is None:
+        return False
+    from ..config import load_router_config
+
+    return load_router_config(block, validate=False).admission_enabled
+
+
+def actor_options(block: Any = None) -> Dict[str, Any]:
+    """Ray options for the balancer actor of router config ``block``."""
+    opts = dict(ACTOR_OPTIONS)
+    if admission_enabled(block):
+        opts.setdefault("max_concurrency", ADMISSION_MAX_CONCURRENCY)
+    return opts
+
+
+def balancer_class(block: Any) -> type:
+    """The balancer class for router config ``block``: the async admission
+    balancer when ``admission.enabled``, else KVCAwareBalancer."""
+    if admission_enabled(block):
+        from ..admission import KVCAwareAdmissionBalancer
+
+        return KVCAwareAdmissionBalancer
+    from ..balancer import KVCAwareBalancer
+
+    return KVCAwareBalancer
 
 
 def bound_balancer_class(block: dict, full_determinism: bool) -> type:
-    """A KVCAwareBalancer subclass carrying the router config, for verl's
-    ``load_balancer_cls`` hook (which passes only servers and max_cache_size).
-    Defined in a function, so Ray pickles it by value with its config."""
-    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE, KVCAwareBalancer
+    """A subclass of :func:`balancer_class` carrying the router config, for
+    verl's ``load_balancer_cls`` hook (which passes only servers and
+    max_cache_size). Defined in a function, so Ray pickles it by value with
+    its config."""
+    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE
 
-    class VerlKVCAwareBalancer(KVCAwareBalancer):
+    base: Any = balancer_class(block)
+
+    class VerlKVCAwareBalancer(base):  # type: ignore[misc, valid-type]
         _kvc_router_config = block
         _kvc_full_determinism = bool(full_determinism)
 
@@ -48,7 +87,7 @@ def bound_balancer_class(block: dict, full_determinism: bool) -> type:
                 self._kvc_router_config if router_config is None else router_config,
             )
 
-    VerlKVCAwareBalancer.__qualname__ = VerlKVCAwareBalancer.__name__ = "KVCAwareBalancer"
+    VerlKVCAwareBalancer.__qualname__ = VerlKVCAwareBalancer.__name__ = base.__name__
     return VerlKVCAwareBalancer
 
 
@@ -57,10 +96,10 @@ def create_actor(servers: Dict[str, Any], block: dict, full_determinism: bool) -
     owned by this process) plus ``ACTOR_OPTIONS``."""
     import ray
 
-    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE, KVCAwareBalancer
+    from ..balancer import DEFAULT_ROUTING_CACHE_SIZE
 
-    cls = ray.remote(KVCAwareBalancer)
-    opts = actor_options()
+    cls = ray.remote(balancer_class(block))
+    opts = actor_options(block)
     if opts:
         cls = cls.options(**opts)
     return cls.remote(

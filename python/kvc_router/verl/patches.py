@@ -334,7 +334,7 @@ def _make_init_lb(orig: Any) -> Any:
                     prev,
                 )
                 return None
-            if not actor.actor_options():
+            if not actor.actor_options(block):
                 setattr(self, attr, actor.bound_balancer_class(block, fd))
                 return ("hook", (attr, prev))
         # verl 0.8.x (no load_balancer_cls), or actor options to apply.
