@@ -49,7 +49,7 @@ help:
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 311-320 (mean ± 95% CI), kvc_aware frozen"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png"
-	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
+	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (14-16 min)"
 	@echo "arena-full   - every arena workload and policy (~25 min)"
 	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
 	@echo "freeze-kvc-aware - write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit"
@@ -207,8 +207,9 @@ $(VENV_PEERS)/.stamp: scripts/peers_venv.sh
 	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
 
 # `make arena`: the RL-scale workloads, 7 policies, fresh seeds 301-305
-# (scripts/arena.py's defaults; ~170 s per seed measured, ~14 min). arena-full
-# adds mooncake, grpo, agent, agent_open and round_robin (~300 s per seed, ~25 min).
+# (scripts/arena.py's defaults). Measured here: 170 s per seed at load
+# average ~10, 188 s at ~20, so 14-16 min. arena-full adds mooncake, grpo,
+# agent, agent_open and round_robin (~300 s per seed, ~25 min).
 arena: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py $(ARENA_ARGS)
 

@@ -134,6 +134,34 @@ int main(void) {
     EXPECT(kvr_remove_servers(h, "[\"10.0.0.1:8000\"]", 17, &gen, &err), KVR_OK, err, NULL, "remove");
     EXPECT(kvr_add_servers(h, "[1]", 3, &gen, &err), KVR_INVALID_ARGUMENT, err, "JSON array of strings", "bad ids");
 
+    /* Router-side admission (ABI 1.2): one slot per server, room for one held request. */
+    {
+        kvr_handle a = 0;
+        const char *acfg = "{\"router\": {\"mode\": \"kvc_aware\", \"admission\": {\"enabled\": true, \"max_inflight\": 1, \"max_queue\": 1}}}";
+        EXPECT(kvr_router_new(acfg, (int64_t)strlen(acfg), &a, &err), KVR_OK, err, NULL, "admission new");
+        EXPECT(kvr_add_servers(a, "[\"s0\"]", 6, &gen, &err), KVR_OK, err, NULL, "admission add");
+        kvr_acquire_opts q = {sizeof q, "q0", 2, tokens, 64, -1, NULL, 0, -1, 1, 1};
+        EXPECT(kvr_acquire_with(a, &q, &idx, NULL, NULL, NULL, &err), KVR_OK, err, NULL, "submit with room");
+        CHECK(idx == 0, "routed with room");
+        q.request_id = "q1"; q.ticket = 2;
+        EXPECT(kvr_acquire_with(a, &q, &idx, &gen, &server, &json, &err), KVR_HELD, err, NULL, "held");
+        CHECK(idx == -1 && server == NULL && json == NULL, "held: outputs unset");
+        q.request_id = "q2"; q.ticket = 3;
+        EXPECT(kvr_acquire_with(a, &q, &idx, NULL, NULL, NULL, &err), KVR_QUEUE_FULL, err, "admission.max_queue", "queue full");
+        EXPECT(kvr_release_admit(a, "s0", 2, &released, NULL, &err), KVR_INVALID_ARGUMENT, err, "out_admitted is NULL", "release_admit NULL out");
+        EXPECT(kvr_release_admit(a, "s0", 2, &released, &json, &err), KVR_OK, err, NULL, "release_admit");
+        CHECK(released == 1 && json && strcmp(json, "[{\"ticket\":2,\"index\":0,\"generation\":2,\"server\":\"s0\"}]") == 0, "admitted json");
+        kvr_free(json); json = NULL;
+        q.request_id = "q3"; q.ticket = 4;
+        EXPECT(kvr_acquire_with(a, &q, &idx, NULL, NULL, NULL, &err), KVR_HELD, err, NULL, "held again");
+        int32_t cancelled = 0;
+        EXPECT(kvr_cancel(a, 4, &cancelled, &err), KVR_OK, err, NULL, "cancel");
+        CHECK(cancelled == 1, "cancelled");
+        EXPECT(kvr_pump(a, &json, &err), KVR_OK, err, NULL, "pump");
+        CHECK(json == NULL, "nothing to admit");
+        EXPECT(kvr_router_close(a, &err), KVR_OK, err, NULL, "admission close");
+    }
+
     EXPECT(kvr_router_close(h, &err), KVR_OK, err, NULL, "close");
     EXPECT(kvr_router_close(h, &err), KVR_INVALID_STATE, err, "invalid or closed", "double close");
     EXPECT(kvr_total_inflight(h, &n, &err), KVR_INVALID_STATE, err, "invalid or closed", "use after close");

@@ -196,7 +196,7 @@ def _load_locked() -> ctypes.CDLL:
         if major != ABI_VERSION or minor < ABI_MINOR:
             raise NativeError(
                 f"{path} has ABI version {major}.{minor}; this package needs {ABI_VERSION}.{ABI_MINOR} or a later "
-                f"{ABI_VERSION}.x (rebuild the library from this checkout: make {LIB_NAME})"
+                f"{ABI_VERSION}.x (from a checkout: make python/kvc_router/{LIB_NAME})"
             )
         try:
             _declare(lib)

@@ -68,7 +68,8 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
     _ADMISSION = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # Before the base constructor: it starts the metrics thread, which
+        # may call get_status() at once.
         self._tickets = itertools.count(1)
         #: ticket -> its future, from hold until its owner claims the result
         self._pending: Dict[int, asyncio.Future] = {}
@@ -76,6 +77,7 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
         self._waiting: Set[int] = set()
         self._pumper: Optional[asyncio.Task] = None
         self._adm = {"held_calls": 0, "released_unclaimed": 0, "pumps": 0}
+        super().__init__(*args, **kwargs)
 
     # -- verl's interface --------------------------------------------------
 
@@ -194,9 +196,11 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
                 return self._hold(ticket)
             idx, _, sid = got
             if sid is None:
-                del keep
-                return pool[idx], handles[pool[idx]]
-            handle = self._handles.get(sid, _MISSING)
+                # Same generation as the mirror (as acquire_server).
+                sid = pool[idx]
+                handle = handles.get(sid, _MISSING)
+            else:
+                handle = self._handles.get(sid, _MISSING)
             if handle is not _MISSING:
                 del keep
                 return sid, handle

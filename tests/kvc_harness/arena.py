@@ -628,7 +628,7 @@ class ArenaConfig:
     # Workloads that also get the prefill-free bound: verl_default on a fleet
     # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
     bound_workloads: Tuple[str, ...] = ("long_agent",)
-    overhead_probes: int = 20
+    overhead_probes: int = 8  # idle 4-token requests per peer, via the router and direct
 
 
 FROZEN_DEFAULT = os.path.join(REPO, "docs", "frozen-kvc-aware.json")

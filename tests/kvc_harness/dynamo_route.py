@@ -44,7 +44,8 @@ LOOPBACK_ENV = {
     "DYN_EVENT_PLANE_HOST": "127.0.0.1",
     "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
     "DYN_SYSTEM_HOST": "127.0.0.1",
-    "DYN_LOG": "error",
+    # Dynamo logs its own shutdown (watchers closing) at error level; real errors still show.
+    "DYN_LOG": "error,dynamo_runtime::storage=off,dynamo_runtime::transports=off",
 }
 NAMESPACE = "kvcarena"
 ENDPOINT = f"{NAMESPACE}.worker.generate"
