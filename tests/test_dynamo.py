@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
@@ -49,7 +48,6 @@ def test_arena_route_follows_kv_events(tmp_path):
     served a prompt, Dynamo routes the same prompt there with its full-block
     overlap; after the fleet's prefix-cache reset (the RL weight update) the
     servers' AllBlocksCleared events leave no overlap."""
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
     from kvc_harness.client import reset_prefix_caches
     from kvc_harness.dynamo_route import DynamoKvRouter
