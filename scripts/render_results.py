@@ -324,6 +324,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with open(p, encoding="utf-8") as f:
                     oracle.append(json.load(f))
             targets[step_doc] = {"steptime": render_steptime(kv, oracle)}
+            readme = os.path.join(a.docs, "README.md")
+            with open(readme, encoding="utf-8") as f:
+                if "<!-- BEGIN RENDERED: steptime -->" in f.read():
+                    targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
     changed = []
     for path, blocks in targets.items():
         with open(path, encoding="utf-8") as f:
