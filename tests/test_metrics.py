@@ -19,6 +19,8 @@ from kvc_router import metrics as km
 from kvc_router.errors import ConfigError
 
 PROMPT = list(range(1, 513))  # 32 blocks of 16
+PROMPT_B = list(range(10_001, 10_513))
+PROMPT_C = list(range(20_001, 20_513))
 
 
 def _cfg(**metrics: Any) -> Dict[str, Any]:
@@ -72,8 +74,10 @@ def _by_key(ss) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
 
 def test_samples_match_status_and_names_follow_conventions():
     with KVCAwareBalancer({"s0": None, "s1": None}, router_config="kvc_aware") as lb:
+        # Two prompts, so the sessions split evenly and r0's next turn stays
+        # (sessions piled on one server would move: router.session_moves).
         for i in range(6):
-            lb.acquire_server(f"r{i}", PROMPT)
+            lb.acquire_server(f"r{i}", PROMPT if i % 2 == 0 else PROMPT_B)
         lb.acquire_server("r0", PROMPT)  # sticky
         lb.release_server("s0")
         st = lb.get_status()
@@ -256,8 +260,8 @@ def test_ray_prometheus_export_matches_status(ray_cluster, make_actor):
     assert _actor_attr(ray, lb, lambda self: self._metrics is not None)
 
     # Phase 1: decisions (scored, sticky), releases, a pushed scrape, a pushed KV-event batch.
-    for i in range(8):
-        ray.get(lb.acquire_server.remote(f"r{i}", PROMPT))
+    for i in range(8):  # three prompts: the sessions split evenly, so r0's next turn stays
+        ray.get(lb.acquire_server.remote(f"r{i}", (PROMPT, PROMPT_B, PROMPT_C)[i % 3]))
     ray.get(lb.acquire_server.remote("r0", PROMPT))
     ray.get(lb.release_server.remote("s0"))
     assert ray.get(lb.update_metrics.remote("s0", wire.metrics_text(running=3, waiting=1, kv_usage=0.25)))
