@@ -87,6 +87,26 @@ def test_the_integration_picks_the_admission_class_and_options():
     assert issubclass(bound, KVCAwareAdmissionBalancer) and bound.__name__ == "KVCAwareAdmissionBalancer"
 
 
+def test_the_verl_integration_caps_admission_at_the_rollout_slots():
+    """No cap set: max_num_seqs x data_parallel_size x headroom from the
+    rollout config; a cap the user set (either key) or admission off: unchanged."""
+    cap = verl_actor.admission_cap
+    assert cap(config(max_inflight=0), 96, 2)["config"]["admission"]["max_inflight"] == 192
+    halved = config(max_inflight=0)
+    halved["config"]["admission"]["headroom"] = 0.5
+    assert cap(halved, 96, 1)["config"]["admission"]["max_inflight"] == 48
+    assert cap(config(max_inflight=7), 96, 2) == config(max_inflight=7)
+    with_load = config(max_inflight=0)
+    with_load["config"]["load"] = {"max_num_seqs": 32}
+    assert cap(with_load, 96, 2) == with_load
+    assert cap(config(max_inflight=0, enabled=False), 96, 2) == config(max_inflight=0, enabled=False)
+    assert cap(config(max_inflight=0), None, 1) == config(max_inflight=0)
+    assert cap(config(max_inflight=0), True, 1) == config(max_inflight=0)
+    block = config(max_inflight=0)
+    cap(block, 96, 1)
+    assert block == config(max_inflight=0), "the caller's block was modified"
+
+
 # -- the actor -------------------------------------------------------------------
 
 
