@@ -87,6 +87,26 @@ def test_the_integration_picks_the_admission_class_and_options():
     assert issubclass(bound, KVCAwareAdmissionBalancer) and bound.__name__ == "KVCAwareAdmissionBalancer"
 
 
+def test_the_verl_integration_caps_admission_at_the_rollout_slots():
+    """No cap set: max_num_seqs x data_parallel_size x headroom from the
+    rollout config; a cap the user set (either key) or admission off: unchanged."""
+    cap = verl_actor.admission_cap
+    assert cap(config(max_inflight=0), 96, 2)["config"]["admission"]["max_inflight"] == 192
+    halved = config(max_inflight=0)
+    halved["config"]["admission"]["headroom"] = 0.5
+    assert cap(halved, 96, 1)["config"]["admission"]["max_inflight"] == 48
+    assert cap(config(max_inflight=7), 96, 2) == config(max_inflight=7)
+    with_load = config(max_inflight=0)
+    with_load["config"]["load"] = {"max_num_seqs": 32}
+    assert cap(with_load, 96, 2) == with_load
+    assert cap(config(max_inflight=0, enabled=False), 96, 2) == config(max_inflight=0, enabled=False)
+    assert cap(config(max_inflight=0), None, 1) == config(max_inflight=0)
+    assert cap(config(max_inflight=0), True, 1) == config(max_inflight=0)
+    block = config(max_inflight=0)
+    cap(block, 96, 1)
+    assert block == config(max_inflight=0), "the caller's block was modified"
+
+
 # -- the actor -------------------------------------------------------------------
 
 
@@ -306,3 +326,36 @@ def test_batched_queue_full_raises_in_its_caller(ray_cluster, admission_actor):
         b.release(first)
 
     asyncio.run(main())
+
+
+# -- an oversubscribed GRPO step through the Ray path, real vllm-sim servers ------
+
+
+def test_oversubscribed_step_through_the_ray_path(ray_cluster, tmp_path):
+    """The demo's oversubscribed step at the test size (16 x 8 samples at once
+    on 4 servers x 8 slots, vllm-sim), policy kvc_aware+admit: async agent-loop
+    worker actors acquire through client batching, held acquires are admitted
+    as servers finish, every sample completes, nothing stays held or counted."""
+    from kvc_harness import client, fleet, satstep
+    from kvc_harness.arena import sim_binary
+    from kvc_harness.procs import Cleanup
+    from kvc_harness.workloads import grpo_step
+
+    o = satstep.quick_options(seed=3)
+    spec = satstep.scale_for_quick(satstep.workload(o))
+    reqs = grpo_step(spec, 0)
+    cleanup = Cleanup()
+    try:
+        _, srv, _ = fleet.start_sim_fleet(sim_binary(), o.servers, cleanup, satstep.sim_flags(o),
+                                          str(tmp_path / "sim.log"))  # fmt: skip
+        client.wait_healthy(fleet.urls(srv))
+        run = satstep.run_policy(ray_cluster, "kvc_aware+admit", srv, reqs, client.served_model(srv[0].url),
+                                 workers=o.workers, max_num_seqs=o.max_num_seqs, log=lambda *_: None)  # fmt: skip
+    finally:
+        cleanup.run()
+    recs = run["records"]
+    assert len(recs) == len(reqs) == o.sequences and not [r["error"] for r in recs if r["error"]]
+    adm = run["router"]["admission"]
+    assert adm["enabled"] and adm["queued_total"] > 0 and adm["admitted_total"] == adm["queued_total"]
+    assert adm["held"] == 0 and adm["waiting_callers"] == 0 and adm["unclaimed"] == 0
+    assert run["router"]["counters"]["acquires"] == len(reqs)

@@ -129,7 +129,7 @@ def wait_collectors(ray: Any, lb: Any, timeout: float = 15.0) -> bool:
 
 def router_summary(status: dict) -> dict:
     """The router-side figures a run reports: mode, counters, KV-event blocks
-    applied, subscriptions, scrapes."""
+    applied, subscriptions, scrapes, the admission queue."""
     r = status.get("router") or {}
     cols = (r.get("collectors") or {}).get("collectors") or {}
     subs = cols.get("vllm_zmq") or []
@@ -140,4 +140,5 @@ def router_summary(status: dict) -> dict:
         "event_stored_blocks": stored,
         "event_subscriptions": len(subs),
         "scrapes": sum(t.get("scrapes", 0) for t in cols.get("vllm_metrics") or []),
+        "admission": r.get("admission"),
     }

@@ -207,19 +207,27 @@ def run_policy(
     ``workers`` SatWorker actors each submitting its share at once. Returns the
     per-sample records, the servers' counter deltas, engine timings and the
     router's summary."""
-    from kvc_router import KVCAwareBalancer
+    from kvc_router.verl import actor
 
     urls = {s.sid: s.url for s in servers}
-    lb = ray.remote(KVCAwareBalancer).remote(
+    base, _, extra = policy.partition("+")
+    cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
+    if extra == "admit" and cfg is not None:
+        # kvc_aware+admit: router-side admission (cap = max_num_seqs per server).
+        cfg["config"]["admission"] = {"enabled": True}
+    # The class and actor options as kvc_router's verl integration picks them.
+    cls = ray.remote(actor.balancer_class(cfg))
+    opts = actor.actor_options(cfg)
+    lb = (cls.options(**opts) if opts else cls).remote(
         servers={s.sid: None for s in servers},
         max_cache_size=10000,
-        router_config=router_config(policy, servers, max_num_seqs=max_num_seqs),
+        router_config=cfg,
     )
     share = -(-len(reqs) // max(1, workers))
     ws = [ray.remote(num_cpus=0)(SatWorker).remote(lb, urls, model, threads=max(8, share)) for _ in range(workers)]
     try:
         ray.get([w.ready.remote() for w in ws] + [lb.get_status.remote()])
-        if policy != "default":
+        if base != "default":
             wait_collectors(ray, lb)
         before = scrape_all(urls)
         seen = {(t["server"], t["engine"], t["id"]) for t in (_sim_requests(servers) or [])}

@@ -378,6 +378,18 @@ def test_router_config_path_native_route(manager, tmp_path):
         ray.kill(lb)
 
 
+def test_admission_cap_defaults_to_the_rollout_slots(manager):
+    """admission on without a cap: the hook sets max_inflight to verl's
+    rollout.max_num_seqs x data_parallel_size (the library cannot read it)."""
+    m = manager(
+        "+actor_rollout_ref.rollout.router.type=kvc_aware",
+        "+actor_rollout_ref.rollout.router.config.admission={enabled:true}",
+    )
+    rc = m.config.actor_rollout_ref.rollout
+    got = ray.get(m.global_load_balancer.__ray_call__.remote(lambda self: dict(self._config.router["admission"])))
+    assert got == {"enabled": True, "max_inflight": rc.max_num_seqs * rc.data_parallel_size}
+
+
 @pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")
 def test_router_config_path_with_admission_names_the_admission_class(manager, tmp_path):
     """verl creates the class the YAML names: with admission on it must be

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping
 
 logger = logging.getLogger("kvc_router.verl")
 
@@ -42,6 +43,29 @@ def admission_enabled(block: Any) -> bool:
     from ..config import load_router_config
 
     return load_router_config(block, validate=False).admission_enabled
+
+
+def admission_cap(block: Any, max_num_seqs: Any, data_parallel_size: Any = 1) -> Any:
+    """``block`` with ``admission.max_inflight`` set from the rollout config
+    when admission is on and the user set no cap (neither ``max_inflight``
+    nor ``load.max_num_seqs``): each server's running slots,
+    ``max_num_seqs`` x ``data_parallel_size`` (engines behind one server
+    address) x ``headroom``. vLLM's /metrics does not report max_num_seqs,
+    so without this the cap would be the library's 256 whatever verl runs."""
+    if not admission_enabled(block) or isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int):
+        return block
+    inner = dict(block.get("config") or {})
+    adm = dict(inner.get("admission") or {})
+    load = inner.get("load") or {}
+    if max_num_seqs < 1 or adm.get("max_inflight") or (isinstance(load, Mapping) and load.get("max_num_seqs")):
+        return block
+    dp = data_parallel_size if isinstance(data_parallel_size, int) and data_parallel_size > 0 else 1
+    headroom = adm.get("headroom") or 1
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or headroom <= 0:
+        return block  # the library reports the bad headroom
+    adm["max_inflight"] = max(1, math.ceil(max_num_seqs * dp * headroom))
+    inner["admission"] = adm
+    return {**block, "config": inner}
 
 
 def actor_options(block: Any = None) -> Dict[str, Any]:

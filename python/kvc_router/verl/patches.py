@@ -319,6 +319,9 @@ def _make_init_lb(orig: Any) -> Any:
         if plan is None:
             return None
         block = balancer_block(plan, endpoints_for(self))
+        block = actor.admission_cap(
+            block, get(self.rollout_config, "max_num_seqs", None), get(self.rollout_config, "data_parallel_size", 1)
+        )
         fd = bool(get(self.rollout_config, "full_determinism", False))
         if plan["config"].get("kv_events") != "auto":
             logger.info("kvc-router: kv_events is off: the balancer runs in approximate mode (see get_status())")
