@@ -210,7 +210,8 @@ def render_steptime(docs: List[Tuple[str, dict]], oracle: List[dict]) -> str:
            "\"better\" only where the intervals do not overlap. Bound share = the share of verl_default's gap "
            "to the lower bound closed; best / bound = how far the best policy stays above the bound.", "",
            "| workload | verl_default s | best peer s | kvc_aware s | kvc_aware+admit s | kvc_aware / verl | "
-           "bound share kvc / +admit | lower bound s (best / bound) | TTFT p99 s kvc / best peer | step time |",
+           "bound share kvc / +admit | lower bound s (best / bound) | TTFT p99 s kvc / +admit / best peer "
+           "| step time |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     by_w = {d["workload"]: d for _, d in docs}
     for w in STEP_WORKLOADS:
@@ -238,7 +239,8 @@ def render_steptime(docs: List[Tuple[str, dict]], oracle: List[dict]) -> str:
                    f"{_ci(kvc['makespan_s']).fmt(1)} | {_ci(adm['makespan_s']).fmt(1) if adm else 'n/a'} | "
                    f"{_ci(kvc['makespan_over_verl']).fmt(3)} | {share} | "
                    f"{_ci(lb).fmt(1) if lb else 'n/a'} ({_ci(loose).fmt(2) if loose else 'n/a'}) | "
-                   f"{_ci(kvc['ttft_p99_s']).fmt(2)} / {_ci(best['ttft_p99_s']).fmt(2)} | "
+                   f"{_ci(kvc['ttft_p99_s']).fmt(2)} / {_ci(adm['ttft_p99_s']).fmt(2) if adm else 'n/a'} / "
+                   f"{_ci(best['ttft_p99_s']).fmt(2)} | "
                    f"{v.text(mk, 1) if v else 'n/a'} |")
     if oracle:
         out += ["", "Reference, not a policy: `kvbench --workload grpo_sat --oracle-longest-first` submits each "
