@@ -72,7 +72,7 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert table[4].startswith("STEP TIME"), table[:6]
     assert table[5].startswith("prefix-cache hit rate") and table[6].startswith("TTFT p50"), table[:8]
     sby = {s["policy"]: s for s in sat["summaries"]}
-    assert set(sby) == {"default", "kvc_aware"}
+    assert set(sby) == {"default", "kvc_aware", "kvc_aware+admit"}
     for s in sby.values():
         assert s["requests"] == s["completed"] == n and s["errors"] == 0, s["first_error"]
         assert len(sat["requests"][s["policy"]]) == n
@@ -90,6 +90,10 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert sby["kvc_aware"]["hit_rate"] > sby["default"]["hit_rate"], (sby["default"]["hit_rate"],
                                                                     sby["kvc_aware"]["hit_rate"])
     assert sby["kvc_aware"]["router"]["event_stored_blocks"] > 0
+    # Admission held requests at the router and admitted every one of them.
+    adm = sby["kvc_aware+admit"]["router"]
+    assert adm["admission"]["queued_total"] > 0 and adm["admission"]["held"] == 0, adm.get("admission")
+    assert adm["admission"]["admitted_total"] + adm["admission"]["cancelled_total"] == adm["admission"]["queued_total"]
 
 
 def test_sat_summary_and_table():

@@ -25,6 +25,9 @@ from kvc_harness.procs import Reaper, start_ray
 from kvc_harness.workloads import WorkloadSpec, grpo_step
 
 POLICIES = ("default", "kvc_aware")
+# The oversubscribed step also runs kvc_aware with router-side admission
+# (opt-in: router.admission.enabled), where late binding pays off.
+SAT_POLICIES = POLICIES + ("kvc_aware+admit",)
 
 
 @dataclass
@@ -162,7 +165,7 @@ def run(a: DemoOptions) -> int:
                 fleets[pol] = (p, servers)
             log(f"vllm-sim fleets (pids {' '.join(str(p.pid) for p, _ in fleets.values())}): {' '.join(cmd[1:])}")
             if sat is not None:
-                for pol in POLICIES:
+                for pol in SAT_POLICIES:
                     p, sat_servers, sat_cmd = fleet.start_sim_fleet(
                         a.sim_binary, a.servers, cleanup, satstep.sim_flags(sat),
                         os.path.join(a.out, f"vllm-sim-sat-{pol}.log"),
@@ -217,7 +220,7 @@ def run(a: DemoOptions) -> int:
                 cleanup.stop_process(fleets[pol][0])
         sat_runs = []
         if sat is not None:
-            for pol in POLICIES:
+            for pol in SAT_POLICIES:
                 if attach:
                     client.reset_prefix_caches(fleet.urls(servers))  # cold start
                     srv = servers
