@@ -165,7 +165,10 @@ def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
     for path, d in docs:
         rows = d["rows"]
         frozen = d.get("kvc_frozen") or {}
-        out.append(f"#### {d['workload']} (`{os.path.relpath(path, REPO)}`)")
+        title = d["workload"]
+        if d.get("arrival_spread_s"):
+            title += f", arrivals spread over {d['arrival_spread_s']:g} s"
+        out.append(f"#### {title} (`{os.path.relpath(path, REPO)}`)")
         out.append("")
         seeds = ", ".join(map(str, d["report_seeds"]))
         tuned_on = ", ".join(map(str, d["tune_seeds"]))
@@ -186,7 +189,7 @@ def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
                        f"{_ci(r['ttft_p99_s']).fmt(3)} | {_ci(r['makespan_s']).fmt(1)} | "
                        f"{_ci(r['makespan_over_verl']).fmt(3)} |")
         out.append("")
-        out.append(f"Who wins on {d['workload']} (\"best\" only where the 95% intervals do not overlap):")
+        out.append(f"Who wins on {title} (\"best\" only where the 95% intervals do not overlap):")
         for key, label, lower, digits, scale in (("makespan_s", "makespan s", True, 1, 1.0),
                                                  ("ttft_p99_s", "TTFT p99 s", True, 3, 1.0),
                                                  ("hit_rate", "hit rate %", False, 1, 100.0)):
