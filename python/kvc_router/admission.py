@@ -106,20 +106,7 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
         """The releases, then the acquires, without waiting: one entry per
         acquire, ``(server_id, handle)``, the exception it raised, or
         :class:`Held` (await it with :meth:`await_admission`)."""
-        b = self._batches
-        b["calls"] += 1
-        b["acquires"] += len(acquires)
-        b["releases"] += len(releases)
-        for sid in releases:
-            self._release(sid)
-        out: List[Any] = []
-        for item in acquires:
-            try:
-                request_id, prompt_ids = item
-                out.append(self._submit(request_id, prompt_ids))
-            except Exception as e:  # noqa: BLE001 - each caller gets its own error
-                out.append(e)
-        return out
+        return self._route_batch(releases, acquires, self._release, self._submit)
 
     async def await_admission(
         self, tickets: Sequence[int], timeout_s: float = AWAIT_TIMEOUT_S

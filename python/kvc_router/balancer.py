@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
@@ -181,17 +181,28 @@ class KVCAwareBalancer:
         call (see :mod:`kvc_router.batching`, which sends them from verl's
         clients). Returns one entry per acquire, in order: ``(server_id,
         handle)``, or the exception that acquire raised (the others still run)."""
+        return self._route_batch(releases, acquires, self.release_server, self.acquire_server)
+
+    def _route_batch(
+        self,
+        releases: Sequence[str],
+        acquires: Sequence[Tuple[str, Any]],
+        release: Callable[[str], Any],
+        acquire: Callable[[str, Any], Any],
+    ) -> List[Any]:
+        """route_batch with the release and acquire steps given (the
+        admission class's never wait)."""
         b = self._batches
         b["calls"] += 1
         b["acquires"] += len(acquires)
         b["releases"] += len(releases)
         for sid in releases:
-            self.release_server(sid)
+            release(sid)
         out: List[Any] = []
         for item in acquires:
             try:
                 request_id, prompt_ids = item
-                out.append(self.acquire_server(request_id, prompt_ids))
+                out.append(acquire(request_id, prompt_ids))
             except Exception as e:  # noqa: BLE001 - each caller gets its own error
                 out.append(e)
         return out
