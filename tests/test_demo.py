@@ -208,6 +208,11 @@ def test_gpu_validate_sim_backend(tmp_path):
             "1",
             "--turns",
             "2",
+            # 4 samples a prompt: default splits them 2/2 over the two
+            # servers (two prefills), kvc_aware keeps them together (one), a
+            # gap timing on a loaded machine does not close.
+            "--samples",
+            "4",
         ],
         capture_output=True,
         text=True,
