@@ -34,7 +34,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short arena-full render freeze-kvc-aware peers-venv
+.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
 
 help:
 	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
@@ -49,7 +49,8 @@ help:
 	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
 	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 311-320 (mean ± 95% CI), kvc_aware frozen"
 	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png"
-	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (14-16 min)"
+	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
+	@echo "arena-tuned  - tuned peer rows for the arena (tuned on seeds 101-102, run on the reported seeds; ~15 min)"
 	@echo "arena-full   - every arena workload and policy (~25 min)"
 	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
 	@echo "freeze-kvc-aware - write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit"
@@ -209,12 +210,21 @@ peers-venv: $(VENV_PEERS)/.stamp
 $(VENV_PEERS)/.stamp: scripts/peers_venv.sh
 	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
 
-# `make arena`: the RL-scale workloads, 7 policies, fresh seeds 301-305
-# (scripts/arena.py's defaults). Measured here: 170 s per seed at load
-# average ~10, 188 s at ~20, so 14-16 min. arena-full adds mooncake, grpo,
+# `make arena`: the RL-scale workloads, 7 policies, fresh seeds 321-325
+# (scripts/arena.py's defaults), plus verl_default run twice on every seed
+# (the noise floor). Measured here: 828 s at load average ~1. arena-full adds mooncake, grpo,
 # agent, agent_open and round_robin (~300 s per seed, ~25 min).
 arena: venv build $(PYLIB) peers-venv
-	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py $(ARENA_ARGS)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --repeat verl_default $(ARENA_ARGS)
+
+# `make arena-tuned`: the tuned peer rows. Tunes sglang-router's and
+# vllm-router's cache_aware balance thresholds and Dynamo's overlap credit
+# per workload on seeds 101-102 (4 grid points each, the first the launcher
+# default; kvbench's grid and objective), then runs each peer whose chosen
+# point is not its default on the reported seeds. `make render` merges the
+# rows into the arena tables. ~15 min here.
+arena-tuned: venv build $(PYLIB) peers-venv
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --tune-peers all --out build/arena-tuned $(ARENA_ARGS)
 
 arena-full: venv build $(PYLIB) peers-venv
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --workloads all --policies all $(ARENA_ARGS)
@@ -224,6 +234,7 @@ arena-full: venv build $(PYLIB) peers-venv
 render: venv
 	@mkdir -p docs/results
 	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
+	@if [ -f build/arena-tuned/arena-details.json ]; then cp build/arena-tuned/arena-details.json docs/results/arena-tuned-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	$(PYH) scripts/render_results.py

@@ -16,11 +16,13 @@ try:
         DEFAULT_WORKLOADS,
         FROZEN_DEFAULT,
         POLICIES,
+        TUNE_GRID,
         ArenaConfig,
         format_table,
         load_frozen,
         peers_available,
         run_arena,
+        tune_peers,
         workload_specs,
         write_outputs,
     )
@@ -38,6 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=DEFAULT_SEEDS,
                     help="reported seeds (fresh: never run before the freeze); tune only on 101,102")
     ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--tune-peers", default="", metavar="PEERS",
+                    help="tuned peer rows: tune these peers (comma list, or 'all') on --tune-seeds per workload, "
+                         "then run each as PEER@tuned on --seeds where the chosen point is not its launcher "
+                         f"default (tunable: {', '.join(TUNE_GRID)}); --policies is ignored")
+    ap.add_argument("--ordered", action=argparse.BooleanOptionalAction, default=True,
+                    help="requests submitted together are routed and sent in the workload's order")
+    ap.add_argument("--hold", action=argparse.BooleanOptionalAction, default=True,
+                    help="hold the engines (vllm-sim /sim/hold) until a burst submitted at once has arrived")
+    ap.add_argument("--tune-seeds", default="101,102", help="seeds for --tune-peers (never reported)")
+    ap.add_argument("--repeat", default="", metavar="POLICY",
+                    help="run POLICY a second time on every seed: the noise floor ('' = none)")
     ap.add_argument("--speed", type=float, default=20.0, help="simulated seconds per wall second")
     ap.add_argument("--out", default=None, help="output directory (default build/arena)")
     ap.add_argument("--kvc-knob", action="append", default=[], metavar="KEY=VALUE",
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown workloads {unknown}; known: {sorted(specs)}")
     policies = [p for p in a.policies.split(",") if p]
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies + ([a.repeat] if a.repeat else []) if p not in POLICIES]
     if bad:
         ap.error(f"unknown policies {bad}; known: {list(POLICIES)}")
     why = peers_available()
@@ -76,12 +89,32 @@ def main(argv: list[str] | None = None) -> int:
         knobs[k] = (v.lower() == "true") if v.lower() in ("true", "false") else (float(v) if "." in v else int(v))
     cfg = ArenaConfig(servers=a.servers, speed=a.speed, kvc_knobs=knobs, kvc_frozen=a.kvc_frozen,
                       kvc_frozen_commit=commit + (" + --kvc-knob " + " ".join(a.kvc_knob) if a.kvc_knob else ""),
-                      stream=a.stream, clock=a.clock)
+                      stream=a.stream, clock=a.clock, repeat_policy=a.repeat,
+                      ordered=a.ordered, hold=a.hold)
     if a.out:
         cfg.out_dir = a.out
     t0 = time.time()
-    results = run_arena([specs[w] for w in names], policies, [int(s) for s in a.seeds.split(",")], cfg)
-    paths = write_outputs(results, cfg.out_dir, cfg)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    if a.tune_peers:
+        peers = list(TUNE_GRID) if a.tune_peers == "all" else [p for p in a.tune_peers.split(",") if p]
+        tune_seeds = [int(s) for s in a.tune_seeds.split(",")]
+        if set(tune_seeds) & set(seeds):
+            ap.error(f"seeds {sorted(set(tune_seeds) & set(seeds))} are both tuning and reported seeds")
+        cfg.bound_workloads, cfg.repeat_policy = (), ""
+        tuning = tune_peers([specs[w] for w in names], peers, tune_seeds, cfg)
+        results = []
+        for w in names:
+            variants = []
+            for p in peers:
+                if tuning["chosen"][p][w] != TUNE_GRID[p][0]:  # the launcher default's row is in `make arena`
+                    cfg.peer_params.setdefault(f"{p}@tuned", {})[w] = tuning["chosen"][p][w]
+                    variants.append(f"{p}@tuned")
+            if variants:
+                results += run_arena([specs[w]], variants, seeds, cfg)
+        paths = write_outputs(results, cfg.out_dir, cfg, extra={"tuning": tuning})
+    else:
+        results = run_arena([specs[w] for w in names], policies, seeds, cfg)
+        paths = write_outputs(results, cfg.out_dir, cfg)
     print()
     print(format_table(results))
     if commit:

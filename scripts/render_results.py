@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -45,6 +46,11 @@ except ModuleNotFoundError as e:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUND = "prefill_free_bound"
+REPEAT_SUFFIX = "#repeat"  # a policy run a second time on every seed: the noise floor
+
+
+def is_policy(name: str) -> bool:
+    return name != BOUND and not name.endswith(REPEAT_SUFFIX)
 BLOCK = re.compile(r"(<!-- BEGIN RENDERED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END RENDERED: (?P=name) -->)",
                    re.S)
 
@@ -105,14 +111,135 @@ def arena_verdicts(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str],
     for key, _src, label, digits, lower in ARENA_METRICS:
         if key not in VERDICT_METRICS:
             continue
-        st = {p: stats[(w, p)][key] for p in policies if p != BOUND}
+        st = {p: stats[(w, p)][key] for p in policies if is_policy(p)}
         v = verdict(key, st, lower)
         if v is not None:
             lines.append(f"- {label}: {v.text(st, digits)}")
     return lines
 
 
-def render_arena(doc: dict, source: str) -> str:
+def paired_ratios(runs: List[dict], w: str, base: str = "verl_default",
+                  key: str = "engine_makespan_s") -> Dict[str, MeanCI]:
+    """Per policy: mean ± 95% CI over seeds of its step time divided by
+    ``base``'s on the same seed. Seeds differ in the work they hold; the
+    ratio takes that out, so it is the comparison to read when a policy's
+    own interval is wide."""
+    by: Dict[Tuple[str, int], float] = {}
+    for r in runs:
+        if r["row"]["workload"] == w:
+            by[(r["row"]["policy"], r["row"]["seed"])] = r["details"].get(key, float("nan"))
+    out: Dict[str, MeanCI] = {}
+    for p in dict.fromkeys(p for p, _ in by):
+        ratios = [v / by[(base, seed)] for (pp, seed), v in by.items()
+                  if pp == p and (base, seed) in by and by[(base, seed)] > 0]
+        if ratios:
+            out[p] = mean_ci(ratios)
+    return out
+
+
+def paired_lines(w: str, ratios: Dict[str, MeanCI]) -> List[str]:
+    shorter, longer, same = [], [], []
+    for p, ci in ratios.items():
+        if not is_policy(p) or p == "verl_default":
+            continue
+        cell = f"{p} {ci.fmt(3)}"
+        if ci.n < 2 or math.isnan(ci.ci95):
+            same.append(cell + " (one seed, no interval)")
+            continue
+        (shorter if ci.hi < 1.0 else longer if ci.lo > 1.0 else same).append(cell)
+    lines = []
+    if shorter:
+        lines.append("- step time shorter than verl_default, paired by seed (the ratio's interval is below 1): "
+                     + ", ".join(shorter))
+    if longer:
+        lines.append("- step time longer than verl_default, paired by seed (the ratio's interval is above 1): "
+                     + ", ".join(longer))
+    if same:
+        lines.append("- step time paired by seed, no interval clear of 1 (tie with verl_default): " + ", ".join(same))
+    return lines
+
+
+def precision_line(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str], Dict[str, MeanCI]]) -> List[str]:
+    """Each policy's step-time interval as a share of its mean (issue 19's
+    target: within ±5% over 5 seeds)."""
+    cells = []
+    for p in policies:
+        if not is_policy(p):
+            continue
+        ci = stats[(w, p)]["engine_makespan_s"]
+        if ci.n < 2 or math.isnan(ci.ci95) or not ci.mean:
+            continue
+        cells.append((100 * ci.ci95 / ci.mean, p))
+    if not cells:
+        return []
+    within = sum(1 for pct, _ in cells if pct <= 5.0)
+    return [f"- step time interval as a share of the mean: {within} of {len(cells)} policies within ±5% ("
+            + ", ".join(f"{p} ±{pct:.1f}%" for pct, p in cells) + ")"]
+
+
+def noise_lines(doc: dict, w: str) -> List[str]:
+    rows = [n for n in doc.get("noise_floor") or [] if n["workload"] == w]
+    if not rows:
+        return []
+    diffs = [n["rel_diff"] for n in rows]
+    per_seed = ", ".join(f"{n['seed']}: {n['first_s']:.1f} / {n['second_s']:.1f}" for n in rows)
+    return [f"- noise floor ({rows[0]['policy']} run twice on every seed): the two step times differ by "
+            f"{100 * sum(diffs) / len(diffs):.1f}% on average (at most {100 * max(diffs):.1f}%); per seed {per_seed} s"]
+
+
+def merge_tuned(doc: dict, tuned: Optional[dict]) -> dict:
+    """The arena's runs with `make arena-tuned`'s tuned peer rows ("PEER@tuned")
+    added, each placed after its launcher-default row; the tuning record is
+    kept under "tuning"."""
+    if not tuned:
+        return doc
+    runs = list(doc["runs"])
+    for r in tuned["runs"]:
+        base = r["row"]["policy"].partition("@")[0]
+        # After the base policy's first run: tables list policies in the order they first appear.
+        at = min((i for i, x in enumerate(runs) if x["row"]["workload"] == r["row"]["workload"]
+                  and x["row"]["policy"].partition("@")[0] == base), default=len(runs) - 1)
+        runs.insert(at + 1, r)
+    return dict(doc, runs=runs, tuning=tuned.get("tuning"), tuned_config=tuned.get("config"))
+
+
+def display_name(p: str, w: str, doc: dict) -> str:
+    if p == BOUND:
+        return f"{p} (bound: free prefill)"
+    if p.endswith(REPEAT_SUFFIX):
+        return f"{p[: -len(REPEAT_SUFFIX)]}, second run (noise floor)"
+    base, _, tag = p.partition("@")
+    if tag == "tuned":
+        params = ((doc.get("tuning") or {}).get("chosen") or {}).get(base, {}).get(w, {})
+        knobs = ", ".join(f"{k} {v}" if isinstance(v, bool) else f"{k} {v:g}" for k, v in sorted(params.items()))
+        return f"{base} (tuned: {knobs})" if knobs else f"{base} (tuned)"
+    return p
+
+
+def tuning_lines(doc: dict, w: str) -> List[str]:
+    t = doc.get("tuning")
+    if not t:
+        return []
+    kept, moved = [], []
+    for peer, per_w in sorted(t["chosen"].items()):
+        if w not in per_w:
+            continue
+        if per_w[w] == t["grid"][peer][0]:
+            kept.append(peer)
+        else:
+            moved.append(peer)
+    seeds = ", ".join(map(str, t["tune_seeds"]))
+    out = []
+    if moved:
+        out.append(f"- tuned peer rows: the grid point with the best objective on seeds {seeds} "
+                   f"({t['objective']}): " + ", ".join(moved))
+    if kept:
+        out.append(f"- launcher default kept by tuning on seeds {seeds} (its row is the tuned row): " + ", ".join(kept))
+    return out
+
+
+def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_source: str = "") -> str:
+    doc = merge_tuned(doc, tuned)
     runs = doc["runs"]
     cfg = doc.get("config") or {}
     workloads, policies, stats, errors = arena_stats(runs)
@@ -121,7 +248,8 @@ def render_arena(doc: dict, source: str) -> str:
            f"vllm-sim `--speed {cfg.get('speed')}`, `--clock {cfg.get('clock', 'wall')}`, "
            f"{'streamed' if cfg.get('stream', True) else 'non-streamed'} requests; kvc_aware's configuration: "
            f"`{os.path.relpath(cfg['kvc_frozen'], REPO) if cfg.get('kvc_frozen') else 'library defaults'}`"
-           + (f" at commit `{cfg['kvc_frozen_commit']}`" if cfg.get("kvc_frozen_commit") else "") + ".",
+           + (f" at commit `{cfg['kvc_frozen_commit']}`" if cfg.get("kvc_frozen_commit") else "") + "."
+           + (f" Tuned peer rows from `{tuned_source}` (`make arena-tuned`, same seeds)." if tuned else ""),
            "", "Every cell is the mean ± the 95% confidence interval of the mean over the seeds (Student's t). "
            "Step time is the engine-clock makespan (grpo: last finish − first arrival over the fleet; agents: the "
            "longest trajectory's summed engine latencies); the client makespan adds the client's and proxies' time.",
@@ -130,15 +258,23 @@ def render_arena(doc: dict, source: str) -> str:
         ps = policies[w]
         out.append(f"#### {w}")
         out.append("")
-        hdr = "| policy | " + " | ".join(label for _, _, label, *_ in ARENA_METRICS) + " | errors |"
-        out += [hdr, "|" + "---|" * (len(ARENA_METRICS) + 2)]
+        ratios = paired_ratios(runs, w)
+        hdr = ("| policy | " + " | ".join(label for _, _, label, *_ in ARENA_METRICS[:1])
+               + " | step time ÷ verl_default (paired) | "
+               + " | ".join(label for _, _, label, *_ in ARENA_METRICS[1:]) + " | errors |")
+        out += [hdr, "|" + "---|" * (len(ARENA_METRICS) + 3)]
         for p in ps:
             cells = [stats[(w, p)][m].fmt(d) for m, _s, _l, d, _lo in ARENA_METRICS]
-            name = f"{p} (bound: free prefill)" if p == BOUND else p
-            out.append(f"| {name} | " + " | ".join(cells) + f" | {sum(errors[(w, p)])} |")
+            ratio = ratios[p].fmt(3) if p in ratios and p != "verl_default" else "1"
+            name = display_name(p, w, doc)
+            out.append(f"| {name} | {cells[0]} | {ratio} | " + " | ".join(cells[1:]) + f" | {sum(errors[(w, p)])} |")
         out.append("")
         out.append(f"Who wins on {w} (\"best\" only where the 95% intervals do not overlap):")
         out += arena_verdicts(w, ps, stats)
+        out += paired_lines(w, ratios)
+        out += precision_line(w, ps, stats)
+        out += noise_lines(doc, w)
+        out += tuning_lines(doc, w)
         out.append("")
     return "\n".join(out)
 
@@ -268,19 +404,20 @@ def render_steptime(docs: List[Tuple[str, dict]], oracle: List[dict]) -> str:
 # README headline
 
 
-def render_headline(arena: Optional[dict], source: str) -> str:
+def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = None) -> str:
     if arena is None:
         return "(no arena results rendered yet)"
+    arena = merge_tuned(arena, tuned)
     workloads, policies, stats, _ = arena_stats(arena["runs"])
     out = [f"Step time on the RL workloads (`make arena`: real routers, vllm-sim fleets; rendered from `{source}`; "
            "mean ± 95% CI over seeds; \"best\" only where the intervals do not overlap):", "",
-           "| workload | verl_default | kvc_aware | best peer (by mean) | hit rate kvc_aware / peer "
-           "| TTFT p99 s kvc_aware / peer | who wins step time |",
-           "|---|---|---|---|---|---|---|"]
+           "| workload | verl_default | kvc_aware | kvc_aware ÷ verl_default (paired by seed) | best peer (by mean) "
+           "| hit rate kvc_aware / peer | TTFT p99 s kvc_aware / peer | who wins step time |",
+           "|---|---|---|---|---|---|---|---|"]
     for w in workloads:
         if w not in RL_WORKLOADS:
             continue
-        ps = [p for p in policies[w] if p != BOUND]
+        ps = [p for p in policies[w] if is_policy(p)]
         peers = [p for p in ps if p not in ("verl_default", "kvc_aware", "round_robin")]
         if "kvc_aware" not in ps or not peers:
             continue
@@ -290,7 +427,9 @@ def render_headline(arena: Optional[dict], source: str) -> str:
         v = verdict(key, st, True)
         base = stats[(w, "verl_default")][key].fmt(1) if (w, "verl_default") in stats else "n/a"
         k, b = stats[(w, "kvc_aware")], stats[(w, best_peer)]
-        out.append(f"| {w} | {base} | {k[key].fmt(1)} | {best_peer} {b[key].fmt(1)} | "
+        ratio = paired_ratios(arena["runs"], w).get("kvc_aware")
+        out.append(f"| {w} | {base} | {k[key].fmt(1)} | {ratio.fmt(3) if ratio else 'n/a'} | "
+                   f"{best_peer} {b[key].fmt(1)} | "
                    f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
                    f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
                    f"{v.text(st, 1) if v else 'n/a'} |")
@@ -300,6 +439,8 @@ def render_headline(arena: Optional[dict], source: str) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arena", default=os.path.join(REPO, "docs", "results", "arena-details.json"))
+    ap.add_argument("--arena-tuned", default=os.path.join(REPO, "docs", "results", "arena-tuned-details.json"),
+                    help="`make arena-tuned`'s tuned peer rows, merged into the arena tables when the file exists")
     ap.add_argument("--kvbench", nargs="*", default=None,
                     help="held-out JSONs (default docs/results/kvbench-*.json)")
     ap.add_argument("--docs", default=REPO, help="repository root holding README.md and docs/")
@@ -315,11 +456,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     for p in kv_paths:
         with open(p, encoding="utf-8") as f:
             kv.append((p, json.load(f)))
+    tuned = None
+    if arena is not None and a.arena_tuned and os.path.isfile(a.arena_tuned):
+        with open(a.arena_tuned, encoding="utf-8") as f:
+            tuned = json.load(f)
     rel = os.path.relpath(a.arena, REPO)
     targets = {}
     if arena is not None:
-        targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel)}
-        targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel)}
+        trel = os.path.relpath(a.arena_tuned, REPO) if tuned else ""
+        targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel, tuned, trel)}
+        targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel, tuned)}
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
         step_doc = os.path.join(a.docs, "docs", "step-time.md")

@@ -100,6 +100,43 @@ def _py(code: str) -> object:
     return json.loads(r.stdout)
 
 
+def test_tuned_peer_rows_on_real_routers(tmp_path):
+    """`make arena-tuned` at a small size: the grid's knobs reach the real
+    sglang-router (launcher flags) and Dynamo (KvRouterConfig), the tuning
+    seed is never a reported one, and every tuned row is named PEER@tuned
+    with the chosen point."""
+    why = _peers_ready()
+    if why:
+        pytest.skip(f".venv-peers cannot be built: {why}")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests"))
+    base = [sys.executable, os.path.join(REPO, "scripts", "arena.py"), "--short", "--workloads", "agent"]
+    bad = subprocess.run(base + ["--seeds", "2", "--tune-seeds", "2", "--tune-peers", "dynamo_kv_router"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "both tuning and reported seeds" in bad.stderr
+    cmd = base + ["--seeds", "1", "--tune-seeds", "2", "--tune-peers", "sglang_router_cache_aware,dynamo_kv_router",
+                  "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(tmp_path / "arena-details.json", encoding="utf-8") as f:
+        doc = json.load(f)
+    t = doc["tuning"]
+    assert t["tune_seeds"] == [2] and len(t["points"]) == 9 and all(p["errors"] == 0 for p in t["points"])
+    for p in t["points"]:
+        if p["policy"] == "dynamo_kv_router":
+            assert p["router_args"] == p["params"]
+        else:
+            args = p["router_args"]
+            assert args[args.index("--balance-abs-threshold") + 1] == f"{p['params']['balance_abs_threshold']:g}"
+            assert args[args.index("--balance-rel-threshold") + 1] == f"{p['params']['balance_rel_threshold']:g}"
+    for run in doc["runs"]:
+        peer, _, tag = run["row"]["policy"].partition("@")
+        assert tag == "tuned" and run["row"]["seed"] == 1 and run["row"]["errors"] == 0
+        chosen = t["chosen"][peer]["agent"]
+        assert chosen != t["grid"][peer][0]  # a tuned row only where tuning moved off the launcher default
+        if peer == "dynamo_kv_router":
+            assert run["details"]["router_args"] == chosen
+
+
 def test_workloads_are_seeded_text_with_shared_prefixes():
     out = _py("""
 import json
@@ -134,6 +171,45 @@ print(json.dumps(res))
     assert out["open_arrivals"][0] == 0.0 and out["open_arrivals"][1] > 0.0
 
 
+def test_stratified_draws_fix_the_work_not_the_assignment():
+    """Issue 19's noise target: every seed holds the same multiset of
+    response lengths, turn counts and tool latencies (quantiles), shuffled by
+    the seed, and a trajectory's summed response tokens stay near its turn
+    count x the mean; i.i.d. draws (stratified=False) vary by seed."""
+    out = _py("""
+import json
+from dataclasses import replace
+from kvc_harness.arena import build_steps, workload_specs
+specs = workload_specs(short=False)
+res = {}
+for name in ("grpo_sat", "agent_scale", "long_agent"):
+    for strat in (True, False):
+        per_seed = []
+        for seed in (11, 12, 13):
+            jobs = [j for st in build_steps(replace(specs[name], stratified=strat), seed) for j in st.jobs]
+            per_seed.append({"resp": sorted(t.max_tokens for j in jobs for t in j.turns),
+                             "turns": sorted(len(j.turns) for j in jobs),
+                             "lat": sorted(round(t.tool_latency_s, 6) for j in jobs for t in j.turns),
+                             "order": [t.max_tokens for j in jobs for t in j.turns],
+                             "sums": [[len(j.turns), sum(t.max_tokens for t in j.turns)] for j in jobs]})
+        res[f"{name}:{strat}"] = per_seed
+print(json.dumps(res))
+""")
+    for name in ("grpo_sat", "agent_scale", "long_agent"):
+        s, iid = out[f"{name}:True"], out[f"{name}:False"]
+        for key in ("resp", "turns", "lat"):
+            assert s[0][key] == s[1][key] == s[2][key], (name, key)
+        assert s[0]["order"] != s[1]["order"]  # the seed still decides who gets what
+        assert iid[0]["resp"] != iid[1]["resp"]
+        assert max(s[0]["resp"]) == max(iid[0]["resp"] + iid[1]["resp"] + iid[2]["resp"]) or name != "grpo_sat"
+    # Agents: the longest trajectories' summed responses vary little across seeds.
+    for name in ("agent_scale", "long_agent"):
+        def longest(per_seed):
+            return [max(x[1] for x in p["sums"] if x[0] == max(y[0] for y in p["sums"])) for p in per_seed]
+        strat, iid = longest(out[f"{name}:True"]), longest(out[f"{name}:False"])
+        assert max(strat) - min(strat) < max(iid) - min(iid), (name, strat, iid)
+
+
 def test_mooncake_slice_follows_conversations():
     out = _py("""
 import json
@@ -156,6 +232,47 @@ print(json.dumps(res))
         assert r["conversations"] <= 48 < r["n"], r  # follow-up turns of the same conversations
         assert r["block0_shared"] and r["sorted"] and abs(r["span"] - 60.0) < 1e-6
     assert out["1"]["conv_words"] != out["2"]["conv_words"]  # each seed has its own slice
+
+
+def test_noise_floor_pairs_repeated_runs():
+    out = _py("""
+import json
+from kvc_harness.arena import REPEAT_SUFFIX, is_policy, noise_floor
+def run(policy, seed, eng):
+    return {"row": {"workload": "w", "seed": seed, "policy": policy}, "details": {"engine_makespan_s": eng}}
+rs = [run("verl_default", 1, 100.0), run("verl_default" + REPEAT_SUFFIX, 1, 110.0), run("kvc_aware", 1, 90.0),
+      run("verl_default", 2, 50.0), run("verl_default" + REPEAT_SUFFIX, 2, 50.0)]
+print(json.dumps({"nf": noise_floor(rs), "pol": [is_policy(p) for p in ("kvc_aware", "verl_default#repeat",
+                                                                          "prefill_free_bound")]}))
+""")
+    nf = {n["seed"]: n for n in out["nf"]}
+    assert set(nf) == {1, 2} and all(n["policy"] == "verl_default" for n in nf.values())
+    assert abs(nf[1]["rel_diff"] - 10 / 105) < 1e-9 and nf[2]["rel_diff"] == 0.0
+    assert out["pol"] == [True, False, False]
+
+
+def test_peer_variants_take_only_grid_knobs():
+    out = _py("""
+import json
+from kvc_harness.arena import ArenaConfig, TUNE_GRID, base_policy, peer_flags, variant_params
+cfg = ArenaConfig(peer_params={"sglang_router_cache_aware@tuned": {"grpo_sat": {"balance_abs_threshold": 8,
+                                                                                "balance_rel_threshold": 1.1}},
+                               "dynamo_kv_router@tuned": {"grpo_sat": {"import_module": 1}}})
+res = {"base": base_policy("sglang_router_cache_aware@tuned"), "plain": variant_params("kvc_aware", "grpo_sat", cfg),
+       "flags": peer_flags(variant_params("sglang_router_cache_aware@tuned", "grpo_sat", cfg)),
+       "defaults_first": all(len(v) >= 4 for v in TUNE_GRID.values())}
+for policy, w in (("sglang_router_cache_aware@tuned", "long_agent"), ("dynamo_kv_router@tuned", "grpo_sat")):
+    try:
+        variant_params(policy, w, cfg)
+        res[policy + w] = "accepted"
+    except ValueError as e:
+        res[policy + w] = str(e)
+print(json.dumps(res))
+""")
+    assert out["base"] == "sglang_router_cache_aware" and out["plain"] == {} and out["defaults_first"]
+    assert out["flags"] == ["--balance-abs-threshold", "8", "--balance-rel-threshold", "1.1"]
+    assert "no parameters for workload 'long_agent'" in out["sglang_router_cache_aware@tunedlong_agent"]
+    assert "unknown knobs ['import_module']" in out["dynamo_kv_router@tunedgrpo_sat"]
 
 
 def test_gain_share_arithmetic():

@@ -73,6 +73,68 @@ def test_render_blocks_with_intervals(tmp_path):
     assert _run("--arena", str(arena), "--kvbench", str(kv), "--docs", str(tmp_path), "--check").returncode == 1
 
 
+def test_arena_paired_ratios_and_noise_floor(tmp_path):
+    """Seeds that differ a lot in their work give wide per-policy intervals;
+    the paired ratio (same seed) still separates a policy that is 10% faster
+    on every seed, and one that matches verl_default is a tie. The repeated
+    run is the noise floor, never a policy in the verdicts."""
+    _docs(tmp_path)
+    runs = []
+    for seed, work in zip((306, 307, 308, 309, 310), (40.0, 60.0, 50.0, 70.0, 45.0)):
+        runs += [_arena_run("grpo_sat", "verl_default", seed, work, 0.5),
+                 _arena_run("grpo_sat", "kvc_aware", seed, work * (0.9 + 0.001 * (seed % 3)), 0.8),
+                 _arena_run("grpo_sat", "sglang_router_cache_aware", seed, work * (1.0 + 0.02 * (seed % 2 - 0.5)), 0.8),
+                 _arena_run("grpo_sat", "verl_default#repeat", seed, work * 1.02, 0.5)]
+    arena = tmp_path / "arena-details.json"
+    noise = [{"workload": "grpo_sat", "seed": s, "policy": "verl_default", "first_s": w, "second_s": w * 1.02,
+              "rel_diff": 0.02 / 1.01} for s, w in zip((306, 307, 308, 309, 310), (40.0, 60.0, 50.0, 70.0, 45.0))]
+    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs,
+                                 "noise_floor": noise}))
+    r = _run("--arena", str(arena), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "docs" / "arena.md").read_text()
+    # Per-policy intervals overlap (the seeds' work spreads 40-70 s): a tie.
+    assert "step time (engine clock) s: tie:" in a
+    assert "shorter than verl_default, paired by seed" in a
+    shorter = [ln for ln in a.splitlines() if "shorter than verl_default" in ln][0]
+    assert "kvc_aware 0.901 ± 0.001" in shorter and "sglang" not in shorter
+    tie = [ln for ln in a.splitlines() if "tie with verl_default" in ln][0]
+    assert "sglang_router_cache_aware 0.998 ± 0.014" in tie and "repeat" not in tie
+    assert "| verl_default, second run (noise floor) |" in a
+    assert "differ by 2.0% on average (at most 2.0%)" in a
+    verdict_lines = [ln for ln in a.splitlines() if ln.startswith("- ") and "noise floor" not in ln]
+    assert not any("repeat" in ln for ln in verdict_lines), verdict_lines
+
+
+def test_arena_tuned_rows_merge_after_their_default(tmp_path):
+    _docs(tmp_path)
+    runs, truns = [], []
+    for seed in (306, 307, 308):
+        runs += [_arena_run("grpo_sat", "verl_default", seed, 50.0 + seed % 2, 0.5),
+                 _arena_run("grpo_sat", "sglang_router_cache_aware", seed, 49.0 + seed % 2, 0.8),
+                 _arena_run("grpo_sat", "kvc_aware", seed, 48.0 + seed % 2, 0.8)]
+        truns.append(_arena_run("grpo_sat", "sglang_router_cache_aware@tuned", seed, 40.0 + seed % 2, 0.8))
+    arena, tuned = tmp_path / "arena-details.json", tmp_path / "arena-tuned-details.json"
+    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
+    grid = [{"balance_abs_threshold": 64, "balance_rel_threshold": 1.5}, {"balance_abs_threshold": 8,
+                                                                           "balance_rel_threshold": 1.1}]
+    tuning = {"tune_seeds": [101, 102], "objective": "obj", "grid": {"sglang_router_cache_aware": grid,
+                                                                    "dynamo_kv_router": [{"overlap_score_credit": 1}]},
+              "chosen": {"sglang_router_cache_aware": {"grpo_sat": grid[1]},
+                         "dynamo_kv_router": {"grpo_sat": {"overlap_score_credit": 1}}}}
+    tuned.write_text(json.dumps({"config": {}, "runs": truns, "tuning": tuning}))
+    r = _run("--arena", str(arena), "--arena-tuned", str(tuned), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "docs" / "arena.md").read_text()
+    rows = [ln.split("|")[1].strip() for ln in a.splitlines() if ln.startswith("| ") and "policy" not in ln]
+    i = rows.index("sglang_router_cache_aware")
+    assert rows[i + 1] == "sglang_router_cache_aware (tuned: balance_abs_threshold 8, balance_rel_threshold 1.1)"
+    assert "**sglang_router_cache_aware@tuned** best" in a  # the tuned peer wins here, and the table says so
+    assert "launcher default kept by tuning on seeds 101, 102 (its row is the tuned row): dynamo_kv_router" in a
+    h = (tmp_path / "README.md").read_text()
+    assert "sglang_router_cache_aware@tuned" in h  # the headline's best peer counts tuned rows
+
+
 def test_render_steptime_block(tmp_path):
     _docs(tmp_path)
     (tmp_path / "docs" / "step-time.md").write_text("# s\n\n<!-- BEGIN RENDERED: steptime -->\nold\n"

@@ -35,6 +35,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from statistics import NormalDist
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from kvc_harness import HOST, REPO
@@ -63,6 +64,30 @@ POLICIES = (
 # x-session-id, vllm-router's session key, and x-smg-routing-key,
 # sglang-router's; sglang-router 0.3.2's cache_aware reads neither).
 SESSION_TTL_S = 600
+# Tuned peer rows (`make arena-tuned`): each tunable peer's main knobs, four
+# points, the first its launcher default; the same points kvbench tunes its
+# re-implementations over (cmd/kvbench/heldout.go). A variant "NAME@tuned"
+# runs NAME with ArenaConfig.peer_params["NAME@tuned"][workload].
+TUNE_GRID: Dict[str, List[Dict[str, Any]]] = {
+    "sglang_router_cache_aware": [
+        {"balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
+        {"balance_abs_threshold": 32, "balance_rel_threshold": 1.1},
+        {"balance_abs_threshold": 8, "balance_rel_threshold": 1.1},
+        {"balance_abs_threshold": 2, "balance_rel_threshold": 1.05}],
+    "vllm_router_cache_aware": [
+        {"balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
+        {"balance_abs_threshold": 32, "balance_rel_threshold": 1.1},
+        {"balance_abs_threshold": 8, "balance_rel_threshold": 1.1},
+        {"balance_abs_threshold": 2, "balance_rel_threshold": 1.05}],
+    # Dynamo's KvRouterConfig: overlap_score_credit, the prefill-cost credit
+    # per cached block; plus a fifth point, use_kv_events=False, Dynamo's
+    # approximate mode (the router predicts cached blocks from its own
+    # decisions, with a TTL): a burst sent faster than an engine step reaches
+    # the router before any KV event does (see docs/arena.md, Noise).
+    "dynamo_kv_router": [{"overlap_score_credit": 1.0}, {"overlap_score_credit": 0.5},
+                         {"overlap_score_credit": 2.0}, {"overlap_score_credit": 4.0},
+                         {"use_kv_events": False}],
+}
 PEERS = {
     "sglang_router_cache_aware": ("sglang", "cache_aware", ()),
     "vllm_router_cache_aware": ("vllm", "cache_aware", ()),
@@ -77,8 +102,18 @@ DEFAULT_POLICIES = tuple(p for p in POLICIES if p != "round_robin")
 # and agent_open (make arena-full). Measured: ~170 s per seed for these three.
 DEFAULT_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
 # Reported seeds: never run before kvc_aware's configuration was frozen.
-DEFAULT_SEEDS = "301,302,303,304,305"
+DEFAULT_SEEDS = "321,322,323,324,325"
 BOUND = "prefill_free_bound"  # not a policy: verl_default on a fleet with free prefill
+# Not a policy either: ArenaConfig.repeat_policy run a second time on every
+# seed, the run-to-run noise floor (issue 19).
+REPEAT_SUFFIX = "#repeat"
+NOT_POLICIES = (BOUND,)
+
+
+def is_policy(name: str) -> bool:
+    """False for the bound and the noise-floor repeats, which take no part in
+    verdicts, arena.json or the plot."""
+    return name not in NOT_POLICIES and not name.endswith(REPEAT_SUFFIX)
 RESULT_KEYS = (
     "workload", "policy", "seed", "hit_rate", "ttft_p50_s", "ttft_p99_s", "makespan_s", "imbalance", "errors",
 )
@@ -153,6 +188,14 @@ class WorkloadSpec:
     # 2 cores can oversubscribe the fleet.
     max_num_seqs: int = 0
     num_gpu_blocks: int = 0
+    # Stratified draws (issue 19's noise target): every seed gets the same
+    # multiset of lengths, turn counts and tool latencies (the distribution's
+    # quantiles at (i + 0.5) / n), shuffled by the seed. A step's time is set
+    # by its longest responses and trajectories, and with i.i.d. draws the
+    # seeds' maxima alone moved a policy's step time by +-10-14%, which buried
+    # the routers' differences in the seeds' luck. The seed still decides the
+    # text, which prompt or trajectory gets which length, and the arrival order.
+    stratified: bool = True
 
 
 def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
@@ -170,12 +213,12 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
         # Issue 18: a GRPO step that oversubscribes the fleet 4x in sequences
         # (256 samples on 4 servers x 16 slots), every sample submitted at once
         # (verl's agent loop), with a long response tail as in reasoning RL.
-        "grpo_sat": WorkloadSpec("grpo_sat", "grpo", mode="open", rate=0.0, steps=1, prompts=32, samples=8,
+        "grpo_sat": WorkloadSpec("grpo_sat", "grpo", mode="open", rate=0.0, steps=1, prompts=128, samples=8,
                                  prompt_words=(512, 1536), response_median=192, response_sigma=0.9,
                                  response_max=2048, max_num_seqs=16, num_gpu_blocks=3072),
         # Agentic RL at scale: 96 multi-turn trajectories (6x the 64 slots)
         # started at once, tool calls taking 0.5-3 simulated seconds.
-        "agent_scale": WorkloadSpec("agent_scale", "agent", mode="open", rate=0.0, tasks=12, agent_samples=8,
+        "agent_scale": WorkloadSpec("agent_scale", "agent", mode="open", rate=0.0, tasks=24, agent_samples=8,
                                     turns=(3, 6), system_words=1024, tool_words=(64, 512),
                                     tool_latency_s=(0.5, 3.0), response_median=96, response_max=512,
                                     max_num_seqs=16, num_gpu_blocks=4096),
@@ -209,29 +252,107 @@ def _response_len(rng: random.Random, spec: WorkloadSpec) -> int:
     return max(1, min(spec.response_max, v))
 
 
+_NORMAL = NormalDist()
+
+
+class _Draws:
+    """The workload's random quantities. ``stratified``: each quantity's n
+    values are its distribution's quantiles at (i + 0.5) / n, shuffled by the
+    seed, so seeds differ in who gets which value, never in the values; else
+    i.i.d. draws from ``rng``."""
+
+    def __init__(self, spec: WorkloadSpec, rng: random.Random) -> None:
+        self.spec = spec
+        self.rng = rng
+
+    def _quantiles(self, n: int, inv: Callable[[float], float]) -> List[float]:
+        vs = [inv((i + 0.5) / n) for i in range(n)]
+        self.rng.shuffle(vs)
+        return vs
+
+    def ints(self, n: int, lo_hi: Tuple[int, int]) -> List[int]:
+        lo, hi = lo_hi
+        if not self.spec.stratified:
+            return [self.rng.randint(lo, hi) for _ in range(n)]
+        return [int(v) for v in self._quantiles(n, lambda q: min(hi, lo + math.floor(q * (hi - lo + 1))))]
+
+    def uniforms(self, n: int, lo_hi: Tuple[float, float]) -> List[float]:
+        lo, hi = lo_hi
+        if hi <= 0:
+            return [0.0] * n
+        if not self.spec.stratified:
+            return [self.rng.uniform(lo, hi) for _ in range(n)]
+        return self._quantiles(n, lambda q: lo + q * (hi - lo))
+
+    def responses(self, n: int) -> List[int]:
+        sp = self.spec
+        if not sp.stratified:
+            return [_response_len(self.rng, sp) for _ in range(n)]
+
+        def inv(q: float) -> float:
+            v = int(round(sp.response_median * math.exp(sp.response_sigma * _NORMAL.inv_cdf(q))))
+            return max(1, min(sp.response_max, v))
+
+        return [int(v) for v in self._quantiles(n, inv)]
+
+    def deal(self, values: Sequence[Any], counts: Sequence[int]) -> List[List[Any]]:
+        """Splits ``values`` into groups of ``counts``. Stratified: each group
+        is a systematic sample across the sorted values (group j takes the
+        ranks nearest (i + u_j) / n_j, u_j seeded), in a seeded order, so a
+        trajectory's summed work is about n_j times the mean whatever the
+        seed, while the whole distribution, tail included, is still dealt out.
+        Else: consecutive runs of ``values`` as given."""
+        if sum(counts) != len(values):
+            raise ValueError(f"deal: {len(values)} values for {sum(counts)} slots")
+        if not self.spec.stratified:
+            out, i = [], 0
+            for n in counts:
+                out.append(list(values[i:i + n]))
+                i += n
+            return out
+        slots = []
+        for j, n in enumerate(counts):
+            u = self.rng.random()
+            slots += [((i + u) / n, j) for i in range(n)]
+        slots.sort()
+        groups: List[List[Any]] = [[] for _ in counts]
+        for (_, j), v in zip(slots, sorted(values)):
+            groups[j].append(v)
+        for g in groups:
+            self.rng.shuffle(g)
+        return groups
+
+
 def build_steps(spec: WorkloadSpec, seed: int) -> List[Step]:
     rng = random.Random(f"{spec.name}:{seed}")
+    draws = _Draws(spec, rng)
     if spec.kind == "grpo":
+        prompt_lens = draws.ints(spec.steps * spec.prompts, spec.prompt_words)
+        responses = draws.responses(spec.steps * spec.prompts * spec.samples)
         steps = []
         for s in range(spec.steps):
             jobs = []
             for p in range(spec.prompts):
-                text = " ".join(_words(rng, rng.randint(*spec.prompt_words), "g"))
+                text = " ".join(_words(rng, prompt_lens.pop(), "g"))
                 for k in range(spec.samples):
-                    turn = Turn(_response_len(rng, spec), 0)
+                    turn = Turn(responses.pop(), 0)
                     jobs.append(Job(f"g{s}-{p}-{k}", text, [turn], seed=rng.getrandbits(31)))
             rng.shuffle(jobs)  # samples of one prompt do not arrive back to back
             steps.append(Step(f"grpo-{s + 1}", jobs, reset_after=True))
         return _arrivals(spec, rng, steps)
     if spec.kind == "agent":
+        counts = draws.ints(spec.tasks * spec.agent_samples, spec.turns)
+        n_turns = sum(counts)
+        per_traj = list(zip(draws.deal(draws.responses(n_turns), counts),
+                            draws.deal(draws.ints(n_turns, spec.tool_words), counts),
+                            draws.deal(draws.uniforms(n_turns, spec.tool_latency_s), counts)))
         jobs = []
         for t in range(spec.tasks):
             system = " ".join(_words(rng, spec.system_words, "s"))
             task = " ".join(_words(rng, 64, "q"))
             for k in range(spec.agent_samples):
-                turns = [Turn(_response_len(rng, spec), rng.randint(*spec.tool_words),
-                              rng.uniform(*spec.tool_latency_s) if spec.tool_latency_s[1] > 0 else 0.0)
-                         for _ in range(rng.randint(*spec.turns))]
+                resp, tools, lats = per_traj.pop()
+                turns = [Turn(r, w, lat) for r, w, lat in zip(resp, tools, lats)]
                 jobs.append(Job(f"a{t}-{k}", system + " " + task, turns, seed=rng.getrandbits(31)))
         rng.shuffle(jobs)
         return _arrivals(spec, rng, [Step(spec.name, jobs)])
@@ -306,7 +427,7 @@ def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max
                            timeout: float = 600.0,
                            headers: Optional[Dict[str, str]] = None,
                            on_first_token: Optional[Callable[[], None]] = None, stream: bool = True,
-                           model: str = MODEL) -> dict:
+                           model: str = MODEL, on_sent: Optional[Callable[[], None]] = None) -> dict:
     """Completion of a text prompt, streamed (TTFT = first chunk with a
     choice) or not (TTFT = e2e; the engines' clock still has the real TTFT);
     returns TTFT, e2e, the generated text and usage (wall seconds).
@@ -323,7 +444,8 @@ def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max
     usage: dict = {}
     resp_id = ""
     if not stream:
-        status, raw = http_request(base_url + "/v1/completions", "POST", body, timeout=timeout, headers=headers)
+        status, raw = http_request(base_url + "/v1/completions", "POST", body, timeout=timeout, headers=headers,
+                                   on_sent=on_sent)
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {raw[:200]!r}")
         msg = json.loads(raw)
@@ -336,7 +458,7 @@ def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max
                 "prompt_tokens": usage.get("prompt_tokens", 0),
                 "completion_tokens": usage.get("completion_tokens", 0), "id": msg.get("id") or ""}
     body["stream_options"] = {"include_usage": True}
-    for t, msg in stream_events(base_url, body, timeout, headers=headers):
+    for t, msg in stream_events(base_url, body, timeout, headers=headers, on_sent=on_sent):
         resp_id = resp_id or msg.get("id") or ""
         for ch in msg.get("choices") or ():
             if ttft is None:
@@ -472,12 +594,13 @@ class DynamoRoute(Route):
     needs_ids = True
 
     def __init__(self, servers: List[Server], block_size: int, num_gpu_blocks: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, router_config: Optional[Dict[str, float]] = None) -> None:
         from kvc_harness.dynamo_route import DynamoKvRouter
 
         self.urls = {s.sid: s.url for s in servers}
         self.router = DynamoKvRouter(peers_python(), [(s.sid, s.events[0], s.topic) for s in servers], block_size,
-                                     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, MODEL)
+                                     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, MODEL,
+                                     router_config=router_config)
         self.acquire_s: List[float] = []
         self.overlap_blocks = 0
 
@@ -526,7 +649,7 @@ class PeerRouter(Route):
     """A real router process in front of the fleet; acquire returns its URL."""
 
     def __init__(self, policy: str, servers: List[Server], cleanup: Cleanup, log_path: str,
-                 block_size: int, timeout: float = 60.0) -> None:
+                 block_size: int, timeout: float = 60.0, extra_flags: Sequence[str] = ()) -> None:
         kind, pol, flags = PEERS[policy]
         self.port = _free_port()
         # Both routers export Prometheus on 29000 by default: two routers on one
@@ -549,7 +672,7 @@ class PeerRouter(Route):
                     if s.replay:
                         cmd += ["--kv-event-replay-source", f"{s.url}={','.join(s.replay)}"]
                 cmd += ["--kv-event-model", MODEL, "--kv-event-block-size", str(block_size)]
-        cmd += list(flags)
+        cmd += list(flags) + list(extra_flags)
         self.cmd = cmd
         log = open(log_path, "ab")
         try:
@@ -628,6 +751,17 @@ class ArenaConfig:
     # Workloads that also get the prefill-free bound: verl_default on a fleet
     # whose prefill costs nothing (vllm-sim --prefill-per-token -1).
     bound_workloads: Tuple[str, ...] = ("long_agent",)
+    # Run this policy a second time on every seed (after the seed's other
+    # runs), recorded as "<policy>#repeat": the noise floor. "" = none.
+    repeat_policy: str = ""
+    # Jobs submitted together reach the routers in the workload's order (Runner.ordered).
+    ordered: bool = True
+    # The engines are held (clocks frozen, no steps) until a burst of jobs
+    # submitted together has arrived (Runner._hold_fleet).
+    hold: bool = True
+    # Parameters of policy variants "NAME@TAG": variant -> workload -> knobs
+    # (TUNE_GRID's keys); see peer_flags.
+    peer_params: Dict[str, Dict[str, Dict[str, float]]] = field(default_factory=dict)
     overhead_probes: int = 8  # idle 4-token requests per peer, via the router and direct
 
 
@@ -651,10 +785,16 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return percentile(xs, q * 100.0)
 
 
+CONNECT_RETRIES = 3
+GATE_WAIT_S = 5.0  # wall seconds a first request waits for the previous one to be written
+HOLD_TIMEOUT_S = 120.0  # wall seconds a burst may take to reach the held engines
+
+
 class Runner:
     """Replays the steps of one workload through one route."""
 
-    def __init__(self, route: Route, servers: List[Server], speed: float, stream: bool = True) -> None:
+    def __init__(self, route: Route, servers: List[Server], speed: float, stream: bool = True,
+                 ordered: bool = True, hold: bool = True) -> None:
         self.route = route
         self.servers = servers
         self.speed = speed
@@ -662,15 +802,24 @@ class Runner:
         self.records: List[dict] = []
         self._lock = threading.Lock()
         self._tok = itertools.cycle([s.url for s in servers])
+        self._first_ids: Dict[str, List[int]] = {}
+        self.ordered = ordered
+        self.hold = hold
+        self.hold_wall_s = 0.0
+        self.holds: List[float] = []  # wall seconds each burst was held
 
     def _ids(self, text: str) -> List[int]:
         with self._lock:
             url = next(self._tok)
         return tokenize(url, text)
 
-    def _request(self, rid: str, text: str, ids: Optional[List[int]], turn: Turn, seed: int, tag: str) -> dict:
+    def _request(self, rid: str, text: str, ids: Optional[List[int]], turn: Turn, seed: int, tag: str,
+                 gate: Optional[Tuple[Optional[threading.Event], threading.Event]] = None) -> dict:
         rec: Dict[str, Any] = {"rid": rid, "step": tag, "error": None, "server": "", "acquire_s": 0.0}
+        prev, mine = gate if gate is not None else (None, None)
         try:
+            if prev is not None:
+                prev.wait(GATE_WAIT_S)
             t0 = time.perf_counter()
             url, sid, ticket = self.route.acquire(rid, ids)
             rec["acquire_s"] = time.perf_counter() - t0
@@ -679,23 +828,76 @@ class Runner:
             # x-session-id; sglang-router: x-smg-routing-key).
             headers = {"x-session-id": rid, "x-smg-routing-key": rid}
             try:
-                rec.update(stream_text_completion(url, text, turn.max_tokens, seed, headers=headers,
-                                                  on_first_token=lambda: self.route.first_token(ticket),
-                                                  stream=self.stream))
+                for attempt in range(CONNECT_RETRIES + 1):
+                    try:
+                        rec.update(stream_text_completion(url, text, turn.max_tokens, seed, headers=headers,
+                                                          on_first_token=lambda: self.route.first_token(ticket),
+                                                          stream=self.stream,
+                                                          on_sent=mine.set if mine is not None else None))
+                        break
+                    except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError):
+                        # A whole step's requests connect at once; a router whose
+                        # accept queue overflows drops the connection (with SYN
+                        # cookies the client sees a reset, before any response
+                        # byte). A real client's connection pool would reconnect;
+                        # every retry is counted, and engine requests the client
+                        # never got an answer for are counted too (duplicates).
+                        if attempt == CONNECT_RETRIES:
+                            raise
+                        rec["retries"] = rec.get("retries", 0) + 1
+                        time.sleep(0.05 * (attempt + 1))
             finally:
                 self.route.release(ticket)
         except Exception as e:  # noqa: BLE001 - every failure is counted, never dropped
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            if mine is not None:
+                mine.set()  # a failed request never holds the next one back
         with self._lock:
             self.records.append(rec)
         return rec
 
-    def _job(self, job: Job, tag: str) -> None:
+    def _hold_fleet(self) -> None:
+        """Stops every engine's steps and clock (vllm-sim POST /sim/hold) while
+        a step's burst is being sent: sending 1,024 requests takes this client
+        a second or more of wall time (20+ simulated seconds at --speed 20),
+        which a real client needs milliseconds for. Engines were seen to start
+        the first arrivals' work at a rate set by the host's scheduling, a
+        run-to-run noise in which requests started first."""
+        for s in self.servers:
+            status, body = http_request(s.url + f"/sim/hold?timeout_s={HOLD_TIMEOUT_S:g}", "POST", timeout=10.0)
+            if status != 200:
+                raise RuntimeError(f"{s.url}/sim/hold: HTTP {status}: {body[:200]!r}")
+
+    def _release_fleet(self, expect: int) -> None:
+        """Waits until the engines hold every request of the burst (or the
+        wait times out: the hold then ends anyway), then releases them."""
+        deadline = time.time() + HOLD_TIMEOUT_S - 5.0
+        while time.time() < deadline:
+            queued = 0
+            for s in self.servers:
+                status, body = http_request(s.url + "/sim/hold", timeout=10.0)
+                if status == 200:
+                    queued += int(json.loads(body).get("requests", 0))
+            if queued >= expect:
+                break
+            time.sleep(0.02)
+        self.hold_wall_s = 0.0
+        for s in self.servers:
+            status, body = http_request(s.url + "/sim/release", "POST", timeout=10.0)
+            if status == 200:
+                self.hold_wall_s = max(self.hold_wall_s, float(json.loads(body).get("held_wall_s", 0.0)))
+        self.holds.append(self.hold_wall_s)
+
+    def _job(self, job: Job, tag: str,
+             gate: Optional[Tuple[Optional[threading.Event], threading.Event]] = None) -> None:
         text = job.text
-        ids = self._ids(text) if self.route.needs_ids else None
+        ids = None
+        if self.route.needs_ids:
+            ids = self._first_ids.get(text) or self._ids(text)
         rng = random.Random(job.rid)
         for i, turn in enumerate(job.turns):
-            r = self._request(job.rid, text, ids, turn, job.seed + i, tag)
+            r = self._request(job.rid, text, ids, turn, job.seed + i, tag, gate if i == 0 else None)
             if r["error"]:
                 return
             if i == len(job.turns) - 1:
@@ -711,19 +913,45 @@ class Runner:
 
     def run_step(self, step: Step, mode: str, concurrency: int) -> float:
         """Runs one step; returns its makespan in simulated seconds."""
+        if self.route.needs_ids:
+            # First prompts are tokenised before the step starts: verl's
+            # client holds token ids already, and 256 threads racing through
+            # /tokenize at the step's start scrambled the order in which
+            # requests reached the engines (run-to-run noise the peers'
+            # clients, which send text, did not have).
+            texts = sorted({j.text for j in step.jobs})
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                self._first_ids = dict(zip(texts, pool.map(self._ids, texts)))
+        burst = [j for j in step.jobs if j.arrival_s == 0.0] if mode != "closed" else []
+        held = self.hold and len(burst) > 1
+        if held:
+            self._hold_fleet()
         t0 = time.perf_counter()
         if mode == "closed":
             with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
                 list(pool.map(lambda j: self._job(j, step.name), step.jobs))
         else:
             threads = []
+            prev: Optional[threading.Event] = None
             for job in sorted(step.jobs, key=lambda j: j.arrival_s):
                 delay = t0 + job.arrival_s / self.speed - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                th = threading.Thread(target=self._job, args=(job, step.name), daemon=True)
+                # Jobs submitted together (rate 0) reach the router and the
+                # engines in the workload's order: each first request is
+                # routed and written only after the previous one was written.
+                # Without this, 1,024 threads racing to connect reordered the
+                # step's requests differently on every run, and with them
+                # which long responses started late (issue 19's noise floor).
+                gate = None
+                if self.ordered and job.arrival_s == 0.0:
+                    mine = threading.Event()
+                    gate, prev = (prev, mine), mine
+                th = threading.Thread(target=self._job, args=(job, step.name, gate), daemon=True)
                 th.start()
                 threads.append(th)
+                if held and len(threads) == len(burst):
+                    self._release_fleet(len(burst))
             for th in threads:
                 th.join(timeout=1800)
         return (time.perf_counter() - t0) * self.speed
@@ -751,6 +979,35 @@ def sim_binary() -> str:
     return path
 
 
+def base_policy(policy: str) -> str:
+    """"sglang_router_cache_aware@tuned" -> "sglang_router_cache_aware"."""
+    return policy.partition("@")[0]
+
+
+def variant_params(policy: str, workload: str, cfg: ArenaConfig) -> Dict[str, float]:
+    """The knobs of a variant on a workload; {} for a plain policy. A variant
+    without parameters for the workload is an error, never a silent default."""
+    if "@" not in policy:
+        return {}
+    try:
+        params = cfg.peer_params[policy][workload]
+    except KeyError:
+        raise ValueError(f"{policy}: no parameters for workload {workload!r} in ArenaConfig.peer_params") from None
+    grid_keys = {k for pt in TUNE_GRID.get(base_policy(policy), []) for k in pt}
+    bad = set(params) - grid_keys
+    if bad:
+        raise ValueError(f"{policy}: unknown knobs {sorted(bad)}; tunable: {sorted(grid_keys)}")
+    return dict(params)
+
+
+def peer_flags(params: Dict[str, float]) -> List[str]:
+    """Launcher flags of sglang-router / vllm-router for TUNE_GRID knobs."""
+    out: List[str] = []
+    for k, v in sorted(params.items()):
+        out += ["--" + k.replace("_", "-"), f"{v:g}"]
+    return out
+
+
 def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: Callable[[str], None] = print,
             sim_extra: Sequence[str] = ()) -> dict:
     """One cold fleet, one policy, one workload replay. Returns the result row
@@ -774,17 +1031,20 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         elif policy in ("verl_default", "kvc_aware"):
             route = Balancer(servers, "default" if policy == "verl_default" else "kvc_aware", max_num_seqs,
                              cfg.kvc_knobs)
-        elif policy == "dynamo_kv_router":
-            route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens)
-        elif policy in PEERS:
-            route = PeerRouter(policy, servers, cleanup, os.path.join(cfg.out_dir, f"{policy}.log"), cfg.block_size)
+        elif base_policy(policy) == "dynamo_kv_router":
+            route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,
+                                router_config=variant_params(policy, spec.name, cfg))
+        elif base_policy(policy) in PEERS:
+            route = PeerRouter(base_policy(policy), servers, cleanup,
+                               os.path.join(cfg.out_dir, f"{base_policy(policy)}.log"), cfg.block_size,
+                               extra_flags=peer_flags(variant_params(policy, spec.name, cfg)))
         else:
             raise ValueError(f"unknown policy {policy!r}")
         urls = {s.sid: s.url for s in servers}
         _settle(route, servers, policy)
         settled = {(t["server"], t["engine"], t["id"]) for t in engine_timings(servers)}
         before = scrape_all(urls)
-        runner = Runner(route, servers, cfg.speed, cfg.stream)
+        runner = Runner(route, servers, cfg.speed, cfg.stream, cfg.ordered, cfg.hold)
         makespans: List[float] = []
         busy: List[float] = []
         for step in build_steps(spec, seed):
@@ -801,6 +1061,12 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
         peer_decisions = route.decision_metrics() if isinstance(route, PeerRouter) else None
+        # What the router was started with (tuned rows: the flags / KvRouterConfig knobs actually passed).
+        router_args: Any = None
+        if isinstance(route, PeerRouter):
+            router_args = route.cmd[route.cmd.index("--policy"):]
+        elif isinstance(route, DynamoRoute):
+            router_args = dict(route.router.router_config)
     finally:
         if route is not None:
             route.close()
@@ -811,6 +1077,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     res["details"]["busy_makespan_s"] = sum(busy)
     res["details"]["engine_makespan_s"] = engine_makespan(spec, runner.records, timings)
     res["details"]["step_busy_s"] = busy
+    res["details"]["burst_hold_wall_s"] = runner.holds
     res["details"]["fleet"] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks}
     if router_config_used is not None:
         res["details"]["router_config"] = router_config_used
@@ -818,6 +1085,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         res["details"]["dynamo_overlap_blocks"] = dynamo_overlap
     if peer_decisions:
         res["details"]["router_decisions"] = peer_decisions
+    if router_args is not None:
+        res["details"]["router_args"] = router_args
     return res
 
 
@@ -884,6 +1153,8 @@ def _settle(route: Route, servers: List[Server], policy: str, timeout: float = 1
         if isinstance(route, Balancer) and route.needs_ids:
             if all(b > 0 for b in _zmq_batches(route)):
                 return
+        elif isinstance(route, DynamoRoute) and route.router.router_config.get("use_kv_events") is False:
+            return  # approximate mode: no events to wait for
         elif isinstance(route, DynamoRoute):
             # Dynamo's indexer holds this round's probe on every server.
             seen = 0
@@ -892,7 +1163,7 @@ def _settle(route: Route, servers: List[Server], policy: str, timeout: float = 1
                 seen += route.router.overlap_scores(ids).get(s.sid, 0) > 0
             if seen == len(servers):
                 return
-        elif policy != "vllm_router_kv_aware" or time.time() - t0 >= 2.0:
+        elif not base_policy(policy).startswith("vllm_router_kv_aware") or time.time() - t0 >= 2.0:
             return
         if time.time() > deadline:
             raise RuntimeError(f"{policy}: KV-event subscribers saw no batch within {timeout:.0f}s")
@@ -947,6 +1218,10 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         "preemptions": sum(v["preemptions"] for v in delta.values()),
         "queries_by_server": load,
         "error_samples": sorted({r["error"] for r in records if r["error"]})[:3],
+        "client_retries": sum(r.get("retries", 0) for r in records),
+        # Engine requests no client answer matches: work a router did for a
+        # connection the client saw reset (0 unless retries duplicated work).
+        "unanswered_engine_requests": len({t["id"] for t in eng} - {r.get("id") for r in ok}),
     }
     if router_status is not None:
         r = router_status.get("router") or {}
@@ -974,12 +1249,58 @@ def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds:
                     f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
                     f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
                 out.append(res)
+            if cfg.repeat_policy:
+                res = run_one(spec, cfg.repeat_policy, seed, cfg, log)
+                res["row"]["policy"] = cfg.repeat_policy + REPEAT_SUFFIX
+                log(f"  {spec.name:<11} seed {seed} {res['row']['policy']:<26} step time "
+                    f"{res['details']['engine_makespan_s']:.1f}s (noise floor)")
+                out.append(res)
             if spec.name in cfg.bound_workloads:
                 res = run_one(spec, "verl_default", seed, cfg, log, sim_extra=["--prefill-per-token", "-1"])
                 res["row"]["policy"] = BOUND
                 log(f"  {spec.name:<11} seed {seed} {BOUND:<26} makespan {res['row']['makespan_s']:.1f}s")
                 out.append(res)
     return out
+
+
+def tune_peers(specs: Sequence[WorkloadSpec], peers: Sequence[str], seeds: Sequence[int], cfg: ArenaConfig,
+               log: Callable[[str], None] = print) -> dict:
+    """Tunes each peer in ``peers`` over its TUNE_GRID on the tuning
+    ``seeds`` (never the reported ones), per workload, with kvbench's
+    objective: the mean over seeds of (step time / verl_default's + TTFT p99 /
+    verl_default's) / 2. Returns every point's objective and the chosen
+    point per peer and workload (the launcher default when it wins)."""
+    bad = [p for p in peers if p not in TUNE_GRID]
+    if bad:
+        raise ValueError(f"not tunable: {bad}; tunable peers: {sorted(TUNE_GRID)}")
+    points: List[dict] = []
+    chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for spec in specs:
+        base = {seed: run_one(spec, "verl_default", seed, cfg, log) for seed in seeds}
+        for peer in peers:
+            best: Optional[Tuple[float, Dict[str, float]]] = None
+            for i, params in enumerate(TUNE_GRID[peer]):
+                name = f"{peer}@grid{i}"
+                trial = replace(cfg, peer_params={name: {spec.name: params}})
+                objs = []
+                for seed in seeds:
+                    r = run_one(spec, name, seed, trial, log)
+                    b = base[seed]
+                    step = r["details"]["engine_makespan_s"] / b["details"]["engine_makespan_s"]
+                    p99 = r["row"]["ttft_p99_s"] / b["row"]["ttft_p99_s"]
+                    objs.append((step + p99) / 2)
+                    points.append({"workload": spec.name, "policy": peer, "params": params, "seed": seed,
+                                   "step_ratio": step, "ttft_p99_ratio": p99, "errors": r["row"]["errors"],
+                                   "router_args": r["details"].get("router_args")})
+                obj = sum(objs) / len(objs)
+                log(f"  tune {spec.name:<11} {peer:<26} {params} objective {obj:.3f}")
+                if best is None or obj < best[0]:
+                    best = (obj, params)
+            assert best is not None
+            chosen.setdefault(peer, {})[spec.name] = best[1]
+    return {"tune_seeds": list(seeds), "grid": {p: TUNE_GRID[p] for p in peers}, "points": points,
+            "chosen": chosen, "objective": "mean over tuning seeds of (step time / verl_default + "
+                                           "TTFT p99 / verl_default) / 2"}
 
 
 def gain_shares(results: List[dict]) -> List[dict]:
@@ -992,7 +1313,8 @@ def gain_shares(results: List[dict]) -> List[dict]:
     for measure, get in measures:
         by = {(r["row"]["workload"], r["row"]["seed"], r["row"]["policy"]): get(r) for r in results}
         for (w, seed, p), m in sorted(by.items()):
-            if p in (BOUND, "verl_default") or (w, seed, BOUND) not in by or (w, seed, "verl_default") not in by:
+            if (not is_policy(p) or p == "verl_default" or (w, seed, BOUND) not in by
+                    or (w, seed, "verl_default") not in by):
                 continue
             base, bound = by[(w, seed, "verl_default")], by[(w, seed, BOUND)]
             out.append({"measure": measure, "workload": w, "seed": seed, "policy": p, "makespan_s": m,
@@ -1001,19 +1323,20 @@ def gain_shares(results: List[dict]) -> List[dict]:
     return out
 
 
-def write_outputs(results: List[dict], out_dir: str, cfg: ArenaConfig) -> Dict[str, str]:
+def write_outputs(results: List[dict], out_dir: str, cfg: ArenaConfig,
+                  extra: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "arena.json"), "details": os.path.join(out_dir, "arena-details.json")}
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump({"results": [{k: r["row"][k] for k in RESULT_KEYS} for r in results
-                               if r["row"]["policy"] != BOUND]}, f, indent=1)
+                               if is_policy(r["row"]["policy"])]}, f, indent=1)
     summary = [{"workload": a["workload"], "policy": a["policy"], "seeds": a["seeds"],
                 **{k: v.as_dict() for k, v in a["ci"].items()}, "errors": a["errors"],
                 "overhead_ms": a["overhead_ms"]} for a in aggregate(results)]
     with open(paths["details"], "w", encoding="utf-8") as f:
         json.dump({"config": asdict(cfg), "runs": results, "gain_shares": gain_shares(results), "summary": summary,
-                   "verdicts": verdicts(results)}, f, indent=1)
-    png = plot([r for r in results if r["row"]["policy"] != BOUND], os.path.join(out_dir, "arena.png"))
+                   "verdicts": verdicts(results), "noise_floor": noise_floor(results), **(extra or {})}, f, indent=1)
+    png = plot([r for r in results if is_policy(r["row"]["policy"])], os.path.join(out_dir, "arena.png"))
     if png:
         paths["png"] = png
     return paths
@@ -1034,12 +1357,32 @@ def ci_stats(results: List[dict]) -> Dict[Tuple[str, str], Dict[str, MeanCI]]:
             for k, rs in groups.items()}
 
 
+def noise_floor(results: List[dict]) -> List[dict]:
+    """Per workload and seed, a repeated policy's two step times (engine
+    clock) and their difference relative to their mean: what a second run of
+    the same seed moves by, to read every interval against."""
+    by = {(r["row"]["workload"], r["row"]["seed"], r["row"]["policy"]): r["details"]["engine_makespan_s"]
+          for r in results}
+    out = []
+    for (w, seed, p), second in sorted(by.items()):
+        if not p.endswith(REPEAT_SUFFIX):
+            continue
+        base = p[: -len(REPEAT_SUFFIX)]
+        first = by.get((w, seed, base))
+        if first is None:
+            continue
+        mean = (first + second) / 2
+        out.append({"workload": w, "seed": seed, "policy": base, "first_s": first, "second_s": second,
+                    "rel_diff": abs(first - second) / mean if mean > 0 else float("nan")})
+    return out
+
+
 def verdicts(results: List[dict],
              metrics: Sequence[str] = ("engine_makespan_s", "makespan_s", "ttft_p99_s", "hit_rate")) -> List[dict]:
     """Per workload and metric, who wins: "best" only when its 95% interval
     overlaps no other policy's, else the tie (the prefill-free bound is not a
     policy and takes no part)."""
-    st = ci_stats([r for r in results if r["row"]["policy"] != BOUND])
+    st = ci_stats([r for r in results if is_policy(r["row"]["policy"])])
     lower = {m: lo for m, _, lo in CI_METRICS}
     out = []
     for w in dict.fromkeys(k[0] for k in st):
@@ -1135,9 +1478,9 @@ def plot(results: List[dict], path: str) -> Optional[str]:
         return None
     rows = aggregate(results)
     workloads = list(dict.fromkeys(a["workload"] for a in rows))
-    policies = [p for p in POLICIES if any(a["policy"] == p for a in rows)]
+    policies = list(dict.fromkeys(a["policy"] for a in rows))
     metrics = [("hit_rate", "server hit rate"), ("ttft_p50_s", "TTFT p50 (sim s)"),
-               ("ttft_p99_s", "TTFT p99 (sim s)"), ("makespan_s", "makespan (sim s)")]
+               ("ttft_p99_s", "TTFT p99 (sim s)"), ("engine_makespan_s", "step time, engine clock (sim s)")]
     fig, axes = plt.subplots(len(metrics), 1, figsize=(max(8, 2.2 * len(workloads)), 3.0 * len(metrics)))
     width = 0.8 / max(1, len(policies))
     for ax, (key, label) in zip(axes, metrics):

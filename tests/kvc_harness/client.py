@@ -9,7 +9,7 @@ import http.client
 import json
 import time
 import urllib.parse
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 
 def split_url(url: str) -> Tuple[str, int]:
@@ -20,10 +20,11 @@ def split_url(url: str) -> Tuple[str, int]:
 
 def http_request(
     url: str, method: str = "GET", body: Optional[dict] = None, timeout: float = 10.0,
-    headers: Optional[Dict[str, str]] = None,
+    headers: Optional[Dict[str, str]] = None, on_sent: Optional[Callable[[], None]] = None,
 ) -> Tuple[int, bytes]:
     """One request on a fresh connection; returns (status, body). Raises
-    OSError / http.client.HTTPException when the server is not there."""
+    OSError / http.client.HTTPException when the server is not there.
+    ``on_sent`` runs once the request is written, before the answer."""
     host, port = split_url(url)
     u = urllib.parse.urlsplit(url)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -33,6 +34,8 @@ def http_request(
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         hdrs.update(headers or {})
         conn.request(method, target, body=data, headers=hdrs)
+        if on_sent is not None:
+            on_sent()
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -63,7 +66,8 @@ def complete(url: str, prompt: List[int], max_tokens: int = 1, timeout: float = 
 
 
 def stream_events(
-    base_url: str, body: dict, timeout: float = 600.0, headers: Optional[Dict[str, str]] = None
+    base_url: str, body: dict, timeout: float = 600.0, headers: Optional[Dict[str, str]] = None,
+    on_sent: Optional[Callable[[], None]] = None,
 ) -> Iterator[Tuple[float, dict]]:
     """POST /v1/completions with ``stream`` on; yields (seconds since the
     request was sent, message) for every server-sent data message until
@@ -75,6 +79,8 @@ def stream_events(
     try:
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         conn.request("POST", "/v1/completions", body=data_out, headers=hdrs)
+        if on_sent is not None:
+            on_sent()
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")

@@ -89,7 +89,7 @@ class DynamoKvRouter:
 
     def __init__(self, peers_python: str, servers: Sequence[Tuple[str, str, str]], block_size: int,
                  total_kv_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 model: str, timeout: float = 30.0) -> None:
+                 model: str, timeout: float = 30.0, router_config: Optional[Dict[str, float]] = None) -> None:
         for k, v in LOOPBACK_ENV.items():
             os.environ.setdefault(k, v)
         self._disc_dir = tempfile.mkdtemp(prefix="kvc-dynamo-")
@@ -99,6 +99,9 @@ class DynamoKvRouter:
         self._thread = threading.Thread(target=self._loop.run_forever, name="dynamo-loop", daemon=True)
         self._thread.start()
         self.block_size = block_size
+        # KvRouterConfig keyword arguments; {} = Dynamo's defaults (the arena's
+        # launcher-default row), set only for its tuned row.
+        self.router_config = dict(router_config or {})
         self.sid_of: Dict[int, str] = {}
         self._runtimes: List[Any] = []
         self._publishers: List[Any] = []
@@ -142,7 +145,7 @@ class DynamoKvRouter:
             self.sid_of[ep.connection_id()] = sid
         rrt = c.DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
         self._runtimes.append(rrt)
-        self._router = c.KvRouter(rrt.endpoint(ENDPOINT), self.block_size, c.KvRouterConfig())
+        self._router = c.KvRouter(rrt.endpoint(ENDPOINT), self.block_size, c.KvRouterConfig(**self.router_config))
 
     def _wait_workers(self, n: int, timeout: float) -> None:
         deadline = time.time() + timeout

@@ -124,6 +124,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /sim/stats", s.handleStats)
 	mux.HandleFunc("POST /sim/drop_kv_events", s.handleDrop)
 	mux.HandleFunc("GET /sim/requests", s.handleTimings)
+	mux.HandleFunc("POST /sim/hold", s.handleHold)
+	mux.HandleFunc("POST /sim/release", s.handleRelease)
+	mux.HandleFunc("GET /sim/hold", s.handleHoldState)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("POST /v1/completions/render", s.handleRender)
@@ -444,4 +447,61 @@ func (s *Server) handleTimings(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// maxHold bounds a hold: a client that dies while holding must not stop
+// the fleet for good.
+const maxHold = 10 * time.Minute
+
+// handleHold is POST /sim/hold[?timeout_s=T]: every engine of this server
+// stops stepping and freezes its clock until POST /sim/release or T wall
+// seconds (default 60, at most 600). Requests still queue. Simulator-only.
+func (s *Server) handleHold(w http.ResponseWriter, r *http.Request) {
+	d := time.Minute
+	if v := r.URL.Query().Get("timeout_s"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0) || time.Duration(f*float64(time.Second)) > maxHold {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout_s must be in (0, %.0f]", maxHold.Seconds()))
+			return
+		}
+		d = time.Duration(f * float64(time.Second))
+	}
+	until := time.Now().Add(d)
+	for _, c := range s.cores {
+		if err := c.do(func(*sim.Engine) { c.hold(until) }); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	s.handleHoldState(w, r)
+}
+
+// handleRelease is POST /sim/release: the engines step again, their clocks
+// resuming where they froze.
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
+	held := 0.0
+	for _, c := range s.cores {
+		if err := c.do(func(*sim.Engine) { held = max(held, c.release().Seconds()) }); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"held": false, "held_wall_s": held})
+}
+
+// handleHoldState is GET /sim/hold: whether any engine is held and how many
+// requests the engines hold (waiting or running), so a client can release
+// once everything it sent has arrived.
+func (s *Server) handleHoldState(w http.ResponseWriter, r *http.Request) {
+	held, queued := false, 0
+	for _, c := range s.cores {
+		if err := c.do(func(e *sim.Engine) {
+			held = held || c.held
+			queued += len(c.pend)
+		}); err != nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"held": held, "requests": queued})
 }

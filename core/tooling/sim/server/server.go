@@ -297,12 +297,22 @@ type core struct {
 	inflight atomic.Int64
 
 	// owned by the loop goroutine
-	pend    map[string]*pending
-	virt    float64
-	wall0   time.Time
-	metrics engineMetrics
-	timings []RequestTiming // ring of the last maxTimings finished requests
-	nTimed  int64           // finished requests ever recorded
+	pend  map[string]*pending
+	virt  float64
+	wall0 time.Time
+	// A hold (POST /sim/hold) stops the engine from stepping and freezes its
+	// clock, so requests submitted "at once" by a client that needs wall
+	// time to send them all (a GRPO step's 1,024 samples) arrive at the same
+	// simulated instant, as they would on a real fleet where sending takes
+	// milliseconds and a step tens of them. Released by POST /sim/release or
+	// at holdUntil, whichever comes first.
+	held      bool
+	heldAt    time.Time
+	heldVirt  float64
+	holdUntil time.Time
+	metrics   engineMetrics
+	timings   []RequestTiming // ring of the last maxTimings finished requests
+	nTimed    int64           // finished requests ever recorded
 }
 
 // RequestTiming is one finished request on the simulated clock, served by
@@ -374,6 +384,9 @@ func (c *core) do(f func(*sim.Engine)) error {
 
 // now is the simulated clock.
 func (c *core) now() float64 {
+	if c.held {
+		return c.heldVirt
+	}
 	if c.speed == 0 || c.paced {
 		return c.virt
 	}
@@ -381,24 +394,64 @@ func (c *core) now() float64 {
 }
 
 // syncIdle lets a paced clock catch up with wall time while the engine has
-// nothing to do.
+// nothing to do (never while held: the clock is frozen).
 func (c *core) syncIdle() {
-	if c.paced && !c.eng.HasWork() {
+	if c.paced && !c.held && !c.eng.HasWork() {
 		c.virt = max(c.virt, time.Since(c.wall0).Seconds()*c.speed)
 	}
 }
+
+// hold freezes the clock and stops stepping until release or the deadline.
+// Loop goroutine only.
+func (c *core) hold(until time.Time) {
+	if !c.held {
+		c.syncIdle()
+		c.heldVirt, c.heldAt, c.held = c.now(), time.Now(), true
+	}
+	c.holdUntil = until
+}
+
+// release resumes stepping; the held wall time is taken out of the clock
+// (wall0 moves forward by it), so the clock resumes where it froze.
+// Loop goroutine only. Returns how long the hold lasted.
+func (c *core) release() time.Duration {
+	if !c.held {
+		return 0
+	}
+	d := time.Since(c.heldAt)
+	c.held = false
+	c.wall0 = c.wall0.Add(d)
+	if c.speed == 0 || c.paced {
+		c.virt = c.heldVirt
+	}
+	return d
+}
+
+// stepping reports whether the loop should run engine steps.
+func (c *core) stepping() bool { return !c.held && c.eng.HasWork() }
 
 func (c *core) loop() {
 	defer close(c.exited)
 	defer c.failAll(errStopped)
 	for {
-		if !c.eng.HasWork() {
+		if !c.stepping() {
+			var expire <-chan time.Time
+			var timer *time.Timer
+			if c.held {
+				timer = time.NewTimer(time.Until(c.holdUntil))
+				expire = timer.C
+			}
 			select {
 			case f := <-c.cmds:
 				c.syncIdle()
 				f()
+			case <-expire:
+				c.release()
 			case <-c.quit:
 				return
+			}
+			if timer != nil {
+				timer.Stop()
 			}
 			continue
 		}
@@ -413,7 +466,7 @@ func (c *core) loop() {
 				drained = true
 			}
 		}
-		if !c.eng.HasWork() {
+		if !c.stepping() {
 			continue
 		}
 		start := time.Now()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -530,5 +531,96 @@ func TestClientDisconnectAborts(t *testing.T) {
 	_, b := get(t, s.URL()+"/metrics")
 	if !strings.Contains(string(b), `vllm:request_success_total{engine="0",finished_reason="abort",model_name="test/model"} 1.0`) {
 		t.Fatal("abort not counted")
+	}
+}
+
+// TestHoldFreezesArrivals: requests sent over 200 ms of wall time while the
+// fleet is held all arrive at the same simulated instant, nothing runs
+// until the release, and the clock resumes where it froze (the held wall
+// time is not simulated time).
+func TestHoldFreezesArrivals(t *testing.T) {
+	for _, paced := range []bool{true, false} {
+		t.Run(map[bool]string{true: "paced", false: "wall"}[paced], func(t *testing.T) {
+			s := startServer(t, Config{Speed: 2, PacedClock: paced,
+				Engine: sim.Config{StepBase: 0.02, PrefillPerToken: -1, DecodePerContextToken: -1}})
+			if code, b := post(t, s.URL()+"/sim/hold?timeout_s=30", ""); code != 200 || !strings.Contains(string(b), `"held":true`) {
+				t.Fatalf("hold: %d %s", code, b)
+			}
+			var wg sync.WaitGroup
+			for i := range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if code, b := post(t, s.URL()+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":10}`); code != 200 {
+						t.Errorf("%d %s", code, b)
+					}
+				}()
+				if i < 2 {
+					time.Sleep(100 * time.Millisecond) // 0.2 simulated seconds each, were the clock running
+				}
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				_, b := get(t, s.URL()+"/sim/hold")
+				if strings.Contains(string(b), `"requests":3`) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("3 requests never queued: %s", b)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			var st sim.Stats
+			if err := s.Do(0, func(e *sim.Engine) { st = e.Stats() }); err != nil {
+				t.Fatal(err)
+			}
+			if st.Running != 0 || st.Waiting != 3 {
+				t.Fatalf("held engine scheduled work: %+v", st)
+			}
+			time.Sleep(300 * time.Millisecond) // held: must not count
+			if code, b := post(t, s.URL()+"/sim/release", ""); code != 200 || !strings.Contains(string(b), `"held":false`) {
+				t.Fatalf("release: %d %s", code, b)
+			}
+			wg.Wait()
+			_, b := get(t, s.URL()+"/sim/requests")
+			var ts []RequestTiming
+			if err := json.Unmarshal(b, &ts); err != nil || len(ts) != 3 {
+				t.Fatalf("%v: %s", err, b)
+			}
+			for _, r := range ts[1:] {
+				if r.Arrival != ts[0].Arrival {
+					t.Fatalf("arrivals differ under a hold: %+v", ts)
+				}
+			}
+			// 0.5 s of wall time passed between the first submit and the
+			// release (1 simulated second at speed 2): the first request's
+			// latency must not include it.
+			if d := ts[0].FirstToken - ts[0].Arrival; d > 0.5 {
+				t.Fatalf("held time leaked into TTFT: %v simulated seconds: %+v", d, ts[0])
+			}
+		})
+	}
+}
+
+func TestHoldExpiresAndRejectsBadTimeouts(t *testing.T) {
+	s := startServer(t, Config{Speed: 0, Engine: sim.Config{StepBase: 0.01}})
+	for _, q := range []string{"0", "-1", "abc", "601", "NaN"} {
+		if code, b := post(t, s.URL()+"/sim/hold?timeout_s="+q, ""); code != 400 {
+			t.Fatalf("timeout_s=%s: %d %s", q, code, b)
+		}
+	}
+	if code, b := post(t, s.URL()+"/sim/hold?timeout_s=0.2", ""); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	start := time.Now()
+	// The request is served once the hold expires, without a release.
+	if code, b := post(t, s.URL()+"/v1/completions", `{"prompt":[1,2,3],"max_tokens":3}`); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	if el := time.Since(start); el < 150*time.Millisecond {
+		t.Fatalf("served after %v, inside the 200 ms hold", el)
+	}
+	if _, b := get(t, s.URL()+"/sim/hold"); !strings.Contains(string(b), `"held":false`) {
+		t.Fatalf("hold did not expire: %s", b)
 	}
 }
