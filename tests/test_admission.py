@@ -107,6 +107,30 @@ def test_the_verl_integration_caps_admission_at_the_rollout_slots():
     assert block == config(max_inflight=0), "the caller's block was modified"
 
 
+def test_submit_routes_again_when_its_server_is_removed_meanwhile():
+    """The admission path shares acquire_server's race handling: the library
+    admits to a server that is removed before its handle is looked up; the
+    request is routed again (counted), never answered with (id, None)."""
+    lb = KVCAwareAdmissionBalancer(servers(2), router_config=config(max_inflight=8))
+    real = lb._router.submit
+    removed: List[str] = []
+
+    def submit_then_remove(rid, addr, n, pin, known, ticket):
+        got = real(rid, addr, n, pin, -1, ticket)  # a stale generation: the id comes back
+        if got is not None and not removed:
+            removed.append(got[2])
+            lb.remove_servers([got[2]])
+        return got
+
+    lb._router.submit = submit_then_remove
+    try:
+        sid, handle = asyncio.run(lb.acquire_server("r1", prompt(0)))
+        assert removed and sid != removed[0] and handle == servers(2)[sid]
+        assert lb.get_status()["router"]["pool_change_retries"] == 1
+    finally:
+        lb.close()
+
+
 # -- the actor -------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _native
-from .balancer import _ACQUIRE_ATTEMPTS, _MISSING, KVCAwareBalancer
+from .balancer import _ACQUIRE_ATTEMPTS, _MISSING, KVCAwareBalancer, _pool_kept_changing
 from .errors import NoServerError
 
 logger = logging.getLogger("kvc_router")
@@ -182,20 +182,12 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
                 del keep
                 return self._hold(ticket)
             idx, _, sid = got
-            if sid is None:
-                # Same generation as the mirror (as acquire_server).
-                sid = pool[idx]
-                handle = handles.get(sid, _MISSING)
-            else:
-                handle = self._handles.get(sid, _MISSING)
+            sid, handle = self._handle_for(pool, handles, idx, sid)
             if handle is not _MISSING:
                 del keep
                 return sid, handle
-            self._races += 1
         del keep
-        raise NoServerError(
-            f"the server pool changed during each of {_ACQUIRE_ATTEMPTS} routing attempts; no server could be returned"
-        )
+        raise _pool_kept_changing()
 
     def _hold(self, ticket: int) -> Held:
         loop = asyncio.get_running_loop()

@@ -29,6 +29,12 @@ _MISSING = object()
 DEFAULT_ROUTING_CACHE_SIZE = 10000
 
 
+def _pool_kept_changing() -> NoServerError:
+    return NoServerError(
+        f"the server pool changed during each of {_ACQUIRE_ATTEMPTS} routing attempts; no server could be returned"
+    )
+
+
 class KVCAwareBalancer:
     """Routes requests to servers; same methods and semantics as verl's balancer.
 
@@ -137,26 +143,13 @@ class KVCAwareBalancer:
         for _ in range(_ACQUIRE_ATTEMPTS):
             pool, handles, known = self._view
             pin = hash(request_id) % len(pool) if self._full_determinism and pool else -1
-            idx, gen, sid = self._router.acquire(rid, addr, n, pin, known)
-            if sid is None:
-                # Same generation as our mirror: its pool and handles match.
-                sid = pool[idx]
-                handle = handles.get(sid, _MISSING)
-            else:
-                handle = self._handles.get(sid, _MISSING)
+            idx, _gen, sid = self._router.acquire(rid, addr, n, pin, known)
+            sid, handle = self._handle_for(pool, handles, idx, sid)
             if handle is not _MISSING:
                 del keep
                 return sid, handle
-            # The pool changed since our mirror was taken. add_servers stores
-            # a handle before the library sees its id and remove_servers drops
-            # it only after the library forgot the id, so a missing handle
-            # means the server was removed after the library picked it: route
-            # the request again (the removed server's count went with it).
-            self._races += 1
         del keep
-        raise NoServerError(
-            f"the server pool changed during each of {_ACQUIRE_ATTEMPTS} routing attempts; no server could be returned"
-        )
+        raise _pool_kept_changing()
 
     def require_acquire_fields(self) -> List[str]:
         """verl >= 0.9.1: ``generate()`` kwargs the client must send with
@@ -369,6 +362,26 @@ class KVCAwareBalancer:
         self.close()
 
     # -- internals -------------------------------------------------------------
+
+    def _handle_for(
+        self, pool: Sequence[str], handles: Dict[str, Any], idx: int, sid: Optional[str]
+    ) -> Tuple[str, Any]:
+        """The routed server's id and handle, ``_MISSING`` for a server removed
+        after the library picked it (counted in ``_races``; the caller routes
+        again: the removed server's count went with it). ``sid`` is None when
+        the decision has the same generation as our mirror ``(pool,
+        handles)``, whose index ``idx`` then names the server. add_servers
+        stores a handle before the library sees its id and remove_servers
+        drops it only after the library forgot the id, so a missing handle
+        can only mean that removal."""
+        if sid is None:
+            sid = pool[idx]
+            handle = handles.get(sid, _MISSING)
+        else:
+            handle = self._handles.get(sid, _MISSING)
+        if handle is _MISSING:
+            self._races += 1
+        return sid, handle
 
     def _forget_unknown(self) -> None:
         """Drops handles the library does not have (an add it refused);
