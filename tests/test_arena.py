@@ -137,6 +137,46 @@ def test_tuned_peer_rows_on_real_routers(tmp_path):
             assert run["details"]["router_args"] == chosen
 
 
+def test_burst_hold_releases_with_failed_requests_and_freezes_arrivals():
+    """A burst sent at once reaches the held engines at one simulated
+    instant; a request that fails before reaching an engine (its route
+    raises) is not waited for, so the step ends in seconds, not at the
+    hold's timeout."""
+    out = _py("""
+import json, time
+from kvc_harness.arena import MODEL, Job, RoundRobin, Runner, Step, Turn, engine_timings, sim_binary
+from kvc_harness.fleet import start_sim_fleet
+from kvc_harness.procs import Cleanup
+
+class FailsOne(RoundRobin):
+    def acquire(self, rid, prompt_ids):
+        if rid == "bad":
+            raise RuntimeError("no route for bad")
+        return super().acquire(rid, prompt_ids)
+
+cleanup = Cleanup()
+try:
+    _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup, ["--model", MODEL, "--speed", "20", "--clock",
+                                                             "paced", "--max-num-seqs", "2"], "/dev/null")
+    jobs = [Job(f"j{i}", " ".join(f"w{i}x{k}" for k in range(64)), [Turn(32, 0)]) for i in range(12)]
+    jobs.insert(5, Job("bad", "x y z", [Turn(8, 0)]))
+    runner = Runner(FailsOne(servers), servers, 20.0, stream=False)
+    t0 = time.time()
+    runner.run_step(Step("s", jobs), "open", 0)
+    wall = time.time() - t0
+    ts = engine_timings(servers)
+    print(json.dumps({"wall": wall, "errors": [r["error"] for r in runner.records if r["error"]],
+                      "ok": sum(1 for r in runner.records if not r["error"]), "holds": runner.holds,
+                      "arrivals": sorted({(t["server"], round(t["arrival"], 9)) for t in ts})}))
+finally:
+    cleanup.run()
+""")
+    assert out["ok"] == 12 and len(out["errors"]) == 1 and "no route for bad" in out["errors"][0], out
+    assert len(out["holds"]) == 1 and out["wall"] < 30, out  # the hold's own timeout is 120 s
+    # One arrival instant per server: the 12 requests were all queued while held.
+    assert len({srv for srv, _ in out["arrivals"]}) == len(out["arrivals"]) == 2, out["arrivals"]
+
+
 def test_workloads_are_seeded_text_with_shared_prefixes():
     out = _py("""
 import json

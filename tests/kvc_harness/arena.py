@@ -807,6 +807,7 @@ class Runner:
         self.hold = hold
         self.hold_wall_s = 0.0
         self.holds: List[float] = []  # wall seconds each burst was held
+        self._records_at_hold = 0
 
     def _ids(self, text: str) -> List[int]:
         with self._lock:
@@ -864,6 +865,8 @@ class Runner:
         which a real client needs milliseconds for. Engines were seen to start
         the first arrivals' work at a rate set by the host's scheduling, a
         run-to-run noise in which requests started first."""
+        with self._lock:
+            self._records_at_hold = len(self.records)
         for s in self.servers:
             status, body = http_request(s.url + f"/sim/hold?timeout_s={HOLD_TIMEOUT_S:g}", "POST", timeout=10.0)
             if status != 200:
@@ -871,7 +874,10 @@ class Runner:
 
     def _release_fleet(self, expect: int) -> None:
         """Waits until the engines hold every request of the burst (or the
-        wait times out: the hold then ends anyway), then releases them."""
+        wait times out: the hold then ends anyway), then releases them.
+        Nothing finishes while the fleet is held, so every record written
+        meanwhile is a request that failed before reaching an engine: it is
+        not waited for."""
         deadline = time.time() + HOLD_TIMEOUT_S - 5.0
         while time.time() < deadline:
             queued = 0
@@ -879,7 +885,9 @@ class Runner:
                 status, body = http_request(s.url + "/sim/hold", timeout=10.0)
                 if status == 200:
                     queued += int(json.loads(body).get("requests", 0))
-            if queued >= expect:
+            with self._lock:
+                failed = len(self.records) - self._records_at_hold
+            if queued >= expect - failed:
                 break
             time.sleep(0.02)
         self.hold_wall_s = 0.0
