@@ -128,6 +128,8 @@ def test_tuned_peer_rows_on_real_routers(tmp_path):
             args = p["router_args"]
             assert args[args.index("--balance-abs-threshold") + 1] == f"{p['params']['balance_abs_threshold']:g}"
             assert args[args.index("--balance-rel-threshold") + 1] == f"{p['params']['balance_rel_threshold']:g}"
+    moved = {p for p, per_w in t["chosen"].items() if per_w["agent"] != t["grid"][p][0]}
+    assert {run["row"]["policy"].partition("@")[0] for run in doc["runs"]} == moved
     for run in doc["runs"]:
         peer, _, tag = run["row"]["policy"].partition("@")
         assert tag == "tuned" and run["row"]["seed"] == 1 and run["row"]["errors"] == 0
@@ -241,7 +243,8 @@ print(json.dumps(res))
             assert s[0][key] == s[1][key] == s[2][key], (name, key)
         assert s[0]["order"] != s[1]["order"]  # the seed still decides who gets what
         assert iid[0]["resp"] != iid[1]["resp"]
-        assert max(s[0]["resp"]) == max(iid[0]["resp"] + iid[1]["resp"] + iid[2]["resp"]) or name != "grpo_sat"
+        if name == "grpo_sat":
+            assert max(s[0]["resp"]) == 2048  # the tail still reaches the cap
     # Agents: the longest trajectories' summed responses vary little across seeds.
     for name in ("agent_scale", "long_agent"):
         def longest(per_seed):

@@ -175,7 +175,7 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
         keep, addr, n = _native.pack_tokens(prompt_ids, self._max_tokens)
         for _ in range(_ACQUIRE_ATTEMPTS):
             pool, handles, known = self._view
-            pin = hash(request_id) % len(pool) if self._full_determinism and pool else -1
+            pin = self._pin(request_id, pool)
             ticket = next(self._tickets)
             got = self._router.submit(rid, addr, n, pin, known, ticket)
             if got is None:

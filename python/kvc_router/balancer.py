@@ -142,7 +142,7 @@ class KVCAwareBalancer:
         keep, addr, n = _native.pack_tokens(prompt_ids, self._max_tokens) if self._uses_prompt else (None, None, 0)
         for _ in range(_ACQUIRE_ATTEMPTS):
             pool, handles, known = self._view
-            pin = hash(request_id) % len(pool) if self._full_determinism and pool else -1
+            pin = self._pin(request_id, pool)
             idx, _gen, sid = self._router.acquire(rid, addr, n, pin, known)
             sid, handle = self._handle_for(pool, handles, idx, sid)
             if handle is not _MISSING:
@@ -339,9 +339,7 @@ class KVCAwareBalancer:
         (server, reason, score, load, hit blocks per tier, ...)."""
         rid = _native._utf8(request_id, "request_id")
         keep, addr, n = _native.pack_tokens(prompt_ids, self._max_tokens)
-        pin = -1
-        if self._full_determinism and self._view[0]:
-            pin = hash(request_id) % len(self._view[0])
+        pin = self._pin(request_id, self._view[0])
         d = self._router.acquire_detail(rid, addr, n, pin)
         del keep
         return d
@@ -362,6 +360,10 @@ class KVCAwareBalancer:
         self.close()
 
     # -- internals -------------------------------------------------------------
+
+    def _pin(self, request_id: str, pool: Sequence[str]) -> int:
+        """The pool index ``full_determinism`` pins a request to, or -1."""
+        return hash(request_id) % len(pool) if self._full_determinism and pool else -1
 
     def _handle_for(
         self, pool: Sequence[str], handles: Dict[str, Any], idx: int, sid: Optional[str]
