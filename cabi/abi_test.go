@@ -118,8 +118,9 @@ func TestHeaderMatchesGo(t *testing.T) {
 	}
 }
 
-// TestLibraryLinksNoTooling: the shipped library must not depend on
-// anything under core/tooling (simulator, benchmark, peer routers) or cmd.
+// TestLibraryLinksNoTooling: the shipped library must not depend on the
+// proving ground (testbed/: simulator, benchmark, peer routers) or cmd, and
+// the C shell reaches the library only through its one public package.
 func TestLibraryLinksNoTooling(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -132,12 +133,22 @@ func TestLibraryLinksNoTooling(t *testing.T) {
 			t.Fatalf("go list -deps: %v", err)
 		}
 		deps := strings.Fields(string(out))
-		if !slices.Contains(deps, "github.com/kvc-router/kvc-router/core/router") {
+		if !slices.Contains(deps, "github.com/kvc-router/kvc-router/core/internal/router") {
 			t.Fatalf("go list -deps output does not look like cabi's dependencies: %v", deps)
 		}
 		for _, d := range deps {
-			if strings.Contains(d, "/core/tooling") || strings.Contains(d, "/kvc-router/cmd/") {
+			if strings.Contains(d, "/kvc-router/testbed") || strings.Contains(d, "/kvc-router/cmd/") || strings.Contains(d, "gonum.org/") {
 				t.Errorf("tags %q: ./cabi depends on %s", tags, d)
+			}
+		}
+		imp := exec.Command(goBin, "list", "-tags", tags, "-f", `{{join .Imports "\n"}}`, ".")
+		out, err = imp.Output()
+		if err != nil {
+			t.Fatalf("go list -f imports: %v", err)
+		}
+		for _, d := range strings.Fields(string(out)) {
+			if strings.HasPrefix(d, "github.com/kvc-router/kvc-router/") && d != "github.com/kvc-router/kvc-router/core/kvcrouter" {
+				t.Errorf("tags %q: ./cabi imports %s directly; go through core/kvcrouter", tags, d)
 			}
 		}
 	}
@@ -152,7 +163,7 @@ func TestValidateConfigReportsDefaults(t *testing.T) {
 		{`{"router":{"mode":"kvc_aware"}}`, "kvc_aware", "kvc_aware", map[string]any{
 			"alpha": 0.3, "load_threshold": 0.9, "layer_weights": map[string]any{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 			"marginal": true, "token_load": true, "kv_tokens": 480000.0, "saved_scale_tokens": 4096.0,
-			"session_weight": 0.5, "sibling_spread": false,
+			"session_weight": 0.5, "sibling_spread": false, "group_spread": 0.0,
 		}},
 	} {
 		res := abiValidate([]byte(tc.cfg), int64(len(tc.cfg)), false)
@@ -222,7 +233,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{`{"router":{"index":{"max_entries":-1}}}`, "router.index.max_entries"},
 		{`{"router":{"index":{"max_entriez":1}}}`, "router.index.max_entriez"},
 		{`{"router":{"load":{"unhealthy_after":true}}}`, "router.load.unhealthy_after"},
-		{`{"router":{"servers":{"a:1":{"capacity":-1}}}}`, `router.servers["a:1"]`},
+		{`{"router":{"servers":{"a:1":{"capacity":-1}}}}`, `router.servers["a:1"].capacity`},
 		{`{"router":{"servers":{"a:1":{"evnts":true}}}}`, `router.servers["a:1"].evnts`},
 		{`{"router":{"strategies":[{"name":"nope","weight":1}]}}`, "router.strategies[0].name"},
 		{`{"router":{"mode":"kvc_aware","strategies":[{"name":"kvc_aware","weight":0}]}}`, "router.strategies[0].weight"},

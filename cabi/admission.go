@@ -7,7 +7,7 @@ package main
 import "C"
 
 import (
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 )
 
 // Router-side admission (ABI 1.2). kvr_acquire_with with submit set may
@@ -25,22 +25,27 @@ type admittedDoc struct {
 	Index      int32  `json:"index"`
 	Generation int64  `json:"generation"`
 	Server     string `json:"server"`
+	// Error and Code are set (index -1, no server) for a held request that
+	// failed instead of being admitted (the pool stayed empty).
+	Error string `json:"error,omitempty"`
+	Code  int32  `json:"code,omitempty"`
 }
 
 // writeAdmitted stores the admitted list as JSON in *out; nothing (NULL)
 // when the list is empty, so the common release allocates no string.
 // Callers hold inst.mu (read).
-func writeAdmitted(inst *instance, out **C.char, admitted []router.Admitted) error {
+func writeAdmitted(inst *instance, out **C.char, admitted []kvcrouter.Admitted) error {
 	if len(admitted) == 0 {
 		return nil
 	}
 	docs := make([]admittedDoc, len(admitted))
 	for i, a := range admitted {
-		ix, ok := inst.pos[a.Decision.Server]
-		if !ok {
-			ix = -1
+		if a.Err != nil {
+			docs[i] = admittedDoc{Ticket: a.Ticket, Index: -1, Generation: inst.gen, Error: a.Err.Error(), Code: codeOf(a.Err)}
+			continue
 		}
-		docs[i] = admittedDoc{Ticket: a.Ticket, Index: ix, Generation: inst.gen, Server: a.Decision.Server}
+		docs[i] = admittedDoc{Ticket: a.Ticket, Index: inst.index(a.Decision.Server), Generation: inst.gen,
+			Server: a.Decision.Server}
 	}
 	return cJSON(out, docs)
 }

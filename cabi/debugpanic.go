@@ -7,7 +7,7 @@ package main
 */
 import "C"
 
-import "github.com/kvc-router/kvc-router/core/collector"
+import "github.com/kvc-router/kvc-router/core/kvcrouter"
 
 var sink map[string]int
 
@@ -41,10 +41,10 @@ func kvr_debug_panic(h C.uint64_t, kind C.int32_t, errOut **C.char) (code C.int3
 		i := int(kind)
 		_ = a[i] // index out of range
 	case 4:
-		collector.ArmPanic(collector.PanicEvents)
+		kvcrouter.ArmCollectorPanic(kvcrouter.PanicEvents)
 		return codeOK
 	case 5:
-		collector.ArmPanic(collector.PanicScrape)
+		kvcrouter.ArmCollectorPanic(kvcrouter.PanicScrape)
 		return codeOK
 	}
 	return fail(errOut, errf(codeInvalidArgument, "kvr_debug_panic: unknown kind %d (allowed: 0..5)", int32(kind)))

@@ -6,17 +6,16 @@ package main
 import "C"
 
 import (
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"strconv"
 	"unicode/utf8"
 	"unsafe"
 
 	json "github.com/goccy/go-json"
-
-	"github.com/kvc-router/kvc-router/core/router"
 )
 
 // Server ids are checked once, here at the boundary, with
-// router.CheckServerID: valid UTF-8, no NUL, at most maxIDBytes. Ids
+// kvcrouter.CheckServerID: valid UTF-8, no NUL, at most maxIDBytes. Ids
 // accepted into the pool therefore come back out of kvr_acquire's
 // NUL-terminated out_server unchanged.
 
@@ -26,7 +25,7 @@ func serverID(p *C.char, n C.int64_t) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := router.CheckServerID(s); err != nil {
+	if err := kvcrouter.CheckServerID(s); err != nil {
 		return "", errf(codeInvalidArgument, "server_id: %v", err)
 	}
 	return s, nil
@@ -47,7 +46,7 @@ func lookupID(p *C.char, n C.int64_t) (id string, valid bool, err error) {
 		return "", false, nil
 	}
 	s := C.GoStringN(p, C.int(n))
-	if router.CheckServerID(s) != nil {
+	if kvcrouter.CheckServerID(s) != nil {
 		return "", false, nil
 	}
 	return s, true, nil
@@ -70,7 +69,7 @@ func parseIDs(p *C.char, n C.int64_t) ([]string, error) {
 		return nil, errf(codeInvalidArgument, "server id list must be a JSON array of strings: %v", err)
 	}
 	for i, id := range ids {
-		if err := router.CheckServerID(id); err != nil {
+		if err := kvcrouter.CheckServerID(id); err != nil {
 			return nil, errf(codeInvalidArgument, "server id %d: %v", i, err)
 		}
 	}

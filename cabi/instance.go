@@ -6,12 +6,11 @@ import (
 	"sync/atomic"
 
 	"github.com/kvc-router/kvc-router/core/kvcrouter"
-	"github.com/kvc-router/kvc-router/core/router"
 )
 
 // Limits on borrowed inputs, checked before any copy.
 const (
-	maxIDBytes   = router.MaxServerIDBytes
+	maxIDBytes   = kvcrouter.MaxServerIDBytes
 	maxJSONBytes = 64 << 20
 )
 
@@ -21,19 +20,18 @@ type instance struct {
 	// mu: readers are every operation; writers are pool changes and close.
 	mu        sync.RWMutex
 	lib       *kvcrouter.Library
-	r         *router.Router
+	r         *kvcrouter.Router
 	closed    bool
 	handle    cgo.Handle
 	maxTokens int
 	push      kvcrouter.PushConfig
 
-	// Pool mirror in router order, refreshed under mu.Lock after every
-	// membership change; gen counts the changes. kvr_acquire answers with
-	// an index into it, and a caller that knows the generation skips the
-	// server string.
-	gen  int64
-	pool []string
-	pos  map[string]int32
+	// gen counts pool membership changes (under mu.Lock). kvr_acquire
+	// answers with the server's index in the router's pool and this
+	// generation, and a caller that knows the generation may skip the
+	// server string. The router's pool is the one copy: this shell keeps
+	// none (docs/performance.md, "The pool has one copy").
+	gen int64
 
 	poisoned atomic.Pointer[string]
 	// ignoredIDs counts lookups of ids no server can have (see lookupID).
@@ -45,12 +43,13 @@ func newInstance(data []byte) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	lib, err := kvcrouter.New(cfg, kvcrouter.Options{})
+	out, asJSON := logOutput()
+	lib, err := kvcrouter.New(cfg, kvcrouter.Options{LogOutput: out, LogJSON: asJSON})
 	if err != nil {
 		return nil, err
 	}
 	cfg = lib.Config()
-	return &instance{lib: lib, r: lib.Router(), maxTokens: cfg.Router.MaxPromptTokens, push: cfg.Push, pos: map[string]int32{}}, nil
+	return &instance{lib: lib, r: lib.Router(), maxTokens: cfg.Router.MaxPromptTokens, push: cfg.Push}, nil
 }
 
 // lookup resolves a handle without letting a stale one panic.
@@ -83,15 +82,12 @@ func (inst *instance) usable() error {
 
 func (inst *instance) poison(msg string) { inst.poisoned.CompareAndSwap(nil, &msg) }
 
-// refreshPool re-reads the router's pool order; callers hold mu.Lock.
-func (inst *instance) refreshPool() {
-	inst.pool = inst.r.Servers()
-	inst.pos = make(map[string]int32, len(inst.pool))
-	for i, id := range inst.pool {
-		inst.pos[id] = int32(i)
-	}
-	inst.gen++
-}
+// poolChanged counts a membership change; callers hold mu.Lock.
+func (inst *instance) poolChanged() { inst.gen++ }
+
+// index is server's position in the router's pool (-1: not a member);
+// callers hold mu (read), so no membership change runs meanwhile.
+func (inst *instance) index(server string) int32 { return int32(inst.r.Position(server)) }
 
 // close stops the collectors and releases the handle; callers hold mu.Lock.
 func (inst *instance) close() error {

@@ -1,5 +1,5 @@
 /*
- * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.2.
+ * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.4.
  *
  * Hand-maintained, and the one definition of the status codes and the ABI
  * version: cabi's Go constants and kvc_router's Python constants are checked
@@ -22,6 +22,12 @@
  *   Minor 2 added router-side admission: kvr_acquire_opts.ticket and .submit,
  *   KVR_HELD and KVR_QUEUE_FULL (returned only to a caller that sets submit),
  *   kvr_release_admit, kvr_pump and kvr_cancel.
+ *   Minor 3 added the balancer's document to kvr_router_new and
+ *   kvr_validate_config (the configuration as users write it, see
+ *   kvr_router_new), the "integration" section, and "metrics_flavors" and
+ *   "kv_events_modes" in kvr_config_schema.
+ *   Minor 4 added kvr_set_log_fd (the collectors' log as JSON lines on a
+ *   descriptor the host reads).
  *
  * Conventions
  *   - Every function but kvr_abi_version, kvr_abi_minor and kvr_free returns a status code
@@ -50,7 +56,7 @@ extern "C" {
 #endif
 
 #define KVR_ABI_VERSION 1 /* the major version */
-#define KVR_ABI_MINOR 2
+#define KVR_ABI_MINOR 4
 
 /* Status codes. */
 #define KVR_OK 0
@@ -87,8 +93,21 @@ int32_t kvr_version(char **out_json, char **err);
 /* What a configuration may name, as JSON: {"router_modes": [...],
  * "strategies": {name: {param: default}}, "targets": {"_target_ string":
  * strategy name} (the allow-list of configuration class names),
- * "collectors": [names], "log_levels": [...]}. */
+ * "collectors": [names], "log_levels": [...], "metrics_flavors": [...] (a
+ * flavour's index is its kvr_update_metrics code), "kv_events_modes": [...]}. */
 int32_t kvr_config_schema(char **out_json, char **err);
+
+/*
+ * Where the collectors' log goes, for every router created afterwards (it is
+ * process-wide; routers already created keep theirs). fd >= 0: one JSON
+ * object per line ({"time", "level", "msg", attributes...}) written to fd,
+ * which the library makes non-blocking and never closes; a line that does
+ * not fit (a host that stopped reading a full pipe) is dropped, never
+ * waited for. fd < 0: back to the default, logfmt text on stderr. The
+ * level is each router's "log_level". KVR_INVALID_ARGUMENT when fd is not
+ * an open descriptor.
+ */
+int32_t kvr_set_log_fd(int32_t fd, char **err);
 
 /* Frees any string returned by the library. NULL is a no-op. */
 void kvr_free(void *p);
@@ -102,7 +121,18 @@ void kvr_free(void *p);
  *                   "sglang_metrics" | "vllm_zmq", "interval_ms", ...}]},
  *    "max_procs":  N   (> 0 calls runtime.GOMAXPROCS for the whole process),
  *    "log_level":  "debug" | "info" | "warn" | "error",
- *    "push":       {"max_metrics_bytes": N, "max_event_bytes": N}}
+ *    "push":       {"max_metrics_bytes": N, "max_event_bytes": N},
+ *    "integration": {"kv_events", "metrics_flavor", ...}}
+ *   ("integration" holds keys only the Python package acts on; the library
+ *   checks them and reports their defaults.)
+ * Or, since ABI 1.3, the Python balancer's document (recognised by its
+ * router_config key): {"router_config": <the configuration as users write
+ * it: verl's router block {"type", "config"}, {"router": block}, a whole
+ * verl configuration, a router type, null, or the bare "config" mapping>,
+ * "max_cache_size": N (the sticky size when the configuration sets none),
+ * "sync_balancer": true|false (true refuses admission.enabled)}. Its error
+ * keys are paths in router_config as the user wrote it
+ * (router.config.strategies[0].alpha). docs/configuration.md lists every key.
  * The pool starts empty. On success *out_handle is non-zero.
  */
 int32_t kvr_router_new(const char *cfg_json, int64_t cfg_len, kvr_handle *out_handle, char **err);

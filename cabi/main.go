@@ -41,10 +41,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/collector"
 	"github.com/kvc-router/kvc-router/core/kvcrouter"
-	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
 )
 
 func main() {}
@@ -61,7 +58,9 @@ func goString(p *C.char, n C.int64_t, what string, limit int64) (string, error) 
 	case n == 0:
 		return "", nil
 	}
-	s := C.GoStringN(p, C.int(n))
+	// Copied through a Go slice, not C.GoStringN: its C.int length cuts
+	// lengths of 2^31 and more (negative -> panic, 2^32+k -> k bytes).
+	s := string(unsafe.Slice((*byte)(unsafe.Pointer(p)), int(n)))
 	if !utf8.ValidString(s) {
 		return "", errf(codeInvalidArgument, "%s is not valid UTF-8", what)
 	}
@@ -80,7 +79,9 @@ func goBytes(p unsafe.Pointer, n C.int64_t, what string, limit int64) ([]byte, e
 	case n == 0:
 		return []byte{}, nil
 	}
-	return C.GoBytes(p, C.int(n)), nil
+	// Not C.GoBytes: its C.int length panics at 2^31 (poisoning the
+	// handle) and silently cuts 2^32+16 to 16 bytes.
+	return bytes.Clone(unsafe.Slice((*byte)(p), int(n))), nil
 }
 
 // cJSON marshals v into C memory at *out.
@@ -155,7 +156,7 @@ func kvr_router_new(cfg *C.char, cfgLen C.int64_t, outHandle *C.uint64_t, errOut
 		return fail(errOut, err)
 	}
 	inst.mu.Lock()
-	inst.refreshPool()
+	inst.poolChanged()
 	inst.handle = cgo.NewHandle(inst)
 	inst.mu.Unlock()
 	*outHandle = C.uint64_t(inst.handle)
@@ -265,8 +266,8 @@ func acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int32_t,
 	if err := inst.usable(); err != nil {
 		return fail(errOut, err)
 	}
-	req := router.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter}
-	var d router.Decision
+	req := kvcrouter.Request{ID: id, Tokens: toks, Pin: int(pin), Lora: adapter}
+	var d kvcrouter.Decision
 	if sub != nil {
 		var queued bool
 		d, queued, err = inst.lib.Submit(req, sub.ticket)
@@ -280,9 +281,7 @@ func acquire(h C.uint64_t, reqID *C.char, reqIDLen C.int64_t, tokens *C.int32_t,
 		return fail(errOut, err)
 	}
 	if outIndex != nil {
-		if i, ok := inst.pos[d.Server]; ok {
-			*outIndex = C.int32_t(i)
-		}
+		*outIndex = C.int32_t(inst.index(d.Server))
 	}
 	if outGen != nil {
 		*outGen = C.int64_t(inst.gen)
@@ -333,7 +332,7 @@ func kvr_add_servers(h C.uint64_t, idsJSON *C.char, n C.int64_t, outGen *C.int64
 	}
 	return result(errOut, writer(h, func(inst *instance) error {
 		err := inst.r.AddServers(ids)
-		inst.refreshPool()
+		inst.poolChanged()
 		if outGen != nil {
 			*outGen = C.int64_t(inst.gen)
 		}
@@ -351,7 +350,7 @@ func kvr_remove_servers(h C.uint64_t, idsJSON *C.char, n C.int64_t, outGen *C.in
 	}
 	return result(errOut, writer(h, func(inst *instance) error {
 		inst.lib.RemoveServers(ids)
-		inst.refreshPool()
+		inst.poolChanged()
 		if outGen != nil {
 			*outGen = C.int64_t(inst.gen)
 		}
@@ -371,7 +370,7 @@ func kvr_servers(h C.uint64_t, outJSON **C.char, outGen *C.int64_t, errOut **C.c
 		if outGen != nil {
 			*outGen = C.int64_t(inst.gen)
 		}
-		pool := inst.pool
+		pool := inst.r.Servers()
 		if pool == nil {
 			pool = []string{}
 		}
@@ -424,12 +423,12 @@ func kvr_update_metrics(h C.uint64_t, server *C.char, serverLen C.int64_t, text 
 	if err != nil {
 		return fail(errOut, err)
 	}
-	var fl metrics.Flavor
+	var fl kvcrouter.MetricsFlavor
 	switch flavor {
 	case 0:
-		fl = metrics.VLLM
+		fl = kvcrouter.MetricsVLLM
 	case 1:
-		fl = metrics.SGLang
+		fl = kvcrouter.MetricsSGLang
 	default:
 		return fail(errOut, errf(codeInvalidArgument, "metrics flavor %d (allowed: 0 = vllm, 1 = sglang)", int32(flavor)))
 	}
@@ -475,7 +474,7 @@ func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, eps
 	if err != nil {
 		return fail(errOut, err)
 	}
-	var eps []collector.Endpoint
+	var eps []kvcrouter.EventEndpoint
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&eps); err != nil {
@@ -489,12 +488,12 @@ func kvr_set_kv_endpoints(h C.uint64_t, server *C.char, serverLen C.int64_t, eps
 
 // statusDoc is the JSON written by kvr_status.
 type statusDoc struct {
-	ABIVersion int              `json:"abi_version"`
-	Generation int64            `json:"generation"`
-	Pool       []string         `json:"pool"`
-	Router     router.Status    `json:"router"`
-	Collectors collector.Status `json:"collectors"`
-	Panics     uint64           `json:"panics"`
+	ABIVersion int                       `json:"abi_version"`
+	Generation int64                     `json:"generation"`
+	Pool       []string                  `json:"pool"`
+	Router     kvcrouter.RouterStatus    `json:"router"`
+	Collectors kvcrouter.CollectorStatus `json:"collectors"`
+	Panics     uint64                    `json:"panics"`
 	// IgnoredIDs counts releases and in-flight lookups of ids no server
 	// can have (over the length limit, invalid UTF-8, NUL): no-ops.
 	IgnoredIDs uint64 `json:"ignored_invalid_ids"`
@@ -513,7 +512,7 @@ func kvr_status(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.int32_t
 	return result(errOut, reader(h, func(inst *instance) error {
 		st := inst.lib.Status()
 		doc := statusDoc{
-			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.pool,
+			ABIVersion: abiVersion, Generation: inst.gen, Pool: inst.r.Servers(),
 			Router: st.Router, Collectors: st.Collectors, Panics: panics.Load(), IgnoredIDs: inst.ignoredIDs.Load(),
 			Goroutines: runtime.NumGoroutine(),
 		}
@@ -535,11 +534,11 @@ func kvr_clear_sticky(h C.uint64_t, outJSON **C.char, errOut **C.char) (code C.i
 			return nil
 		}
 		if loads == nil {
-			loads = []router.ServerLoad{}
+			loads = []kvcrouter.ServerLoad{}
 		}
 		return cJSON(outJSON, struct {
-			Cleared int                 `json:"cleared_entries"`
-			Loads   []router.ServerLoad `json:"server_loads"`
+			Cleared int                    `json:"cleared_entries"`
+			Loads   []kvcrouter.ServerLoad `json:"server_loads"`
 		}{n, loads})
 	}))
 }

@@ -7,78 +7,39 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/kvc-router/kvc-router/core/collector"
-	"github.com/kvc-router/kvc-router/core/index"
 	"github.com/kvc-router/kvc-router/core/kvcrouter"
-	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
 )
 
 // Status codes returned by every export. kvcrouter.h is their definition;
-// TestHeaderMatchesGo checks these values (and abiVersion) against it.
+// TestHeaderMatchesGo checks these values (and abiVersion) against it. The
+// library decides them (kvcrouter.Code); this shell only adds its own for
+// bad pointers and lengths.
 const (
-	codeOK              = 0
-	codeInvalidArgument = 1
-	codeNotFound        = 2
-	codeInvalidState    = 3
-	codeInternal        = 4 // a recovered Go panic, or an error no case below classifies
-	codePoisoned        = 5 // the handle saw an earlier panic
-	codeNoServers       = 6
-	codeInvalidConfig   = 7
-	codeHeld            = 8 // kvr_acquire_with with submit: held by admission (not an error)
-	codeQueueFull       = 9 // admission.max_queue requests are already held
+	codeOK              = kvcrouter.CodeOK
+	codeInvalidArgument = kvcrouter.CodeInvalidArgument
+	codeNotFound        = kvcrouter.CodeNotFound
+	codeInvalidState    = kvcrouter.CodeInvalidState
+	codeInternal        = kvcrouter.CodeInternal
+	codePoisoned        = kvcrouter.CodePoisoned
+	codeNoServers       = kvcrouter.CodeNoServers
+	codeInvalidConfig   = kvcrouter.CodeInvalidConfig
+	codeHeld            = kvcrouter.CodeHeld
+	codeQueueFull       = kvcrouter.CodeQueueFull
 )
 
-// kvrError carries a status code with its message.
-type kvrError struct {
-	code int32
-	msg  string
-}
-
-func (e *kvrError) Error() string { return e.msg }
-
+// errf makes an error that carries its status code.
 func errf(code int32, format string, args ...any) error {
-	return &kvrError{code: code, msg: fmt.Sprintf(format, args...)}
+	return &kvcrouter.CodedError{Code: kvcrouter.Code(code), Msg: fmt.Sprintf(format, args...)}
 }
 
 // codeOf maps a Go error to a status code.
-func codeOf(err error) int32 {
-	var ke *kvrError
-	switch {
-	case err == nil:
-		return codeOK
-	case errors.As(err, &ke):
-		return ke.code
-	case errors.Is(err, router.ErrBadServerID):
-		return codeInvalidArgument
-	case errors.Is(err, router.ErrNoServers):
-		return codeNoServers
-	case errors.Is(err, router.ErrQueueFull):
-		return codeQueueFull
-	case errors.Is(err, router.ErrConfig):
-		return codeInvalidConfig
-	case errors.Is(err, router.ErrPromptTooLong):
-		return codeInvalidArgument
-	case errors.Is(err, collector.ErrConfig), errors.Is(err, kvcrouter.ErrConfig):
-		return codeInvalidConfig
-	case errors.Is(err, collector.ErrUnknownServer), errors.Is(err, index.ErrUnknownServer):
-		return codeNotFound
-	case errors.Is(err, metrics.ErrMalformed), errors.Is(err, metrics.ErrTooLarge), errors.Is(err, metrics.ErrNoMetrics),
-		errors.Is(err, kvevents.ErrMalformed), errors.Is(err, index.ErrBadEvent), errors.Is(err, index.ErrTooManyServer):
-		return codeInvalidArgument
-	}
-	// Every error a caller can cause is classified above; anything else is
-	// a bug in the library, not in the caller's input.
-	return codeInternal
-}
+func codeOf(err error) int32 { return int32(kvcrouter.ErrorCode(err)) }
 
 // setErr stores a C copy of msg in *out when the caller asked for messages.
 func setErr(out **C.char, msg string) {

@@ -38,7 +38,7 @@ import (
 // anything else is a new major.
 const (
 	abiVersion = 1 // the major version (KVR_ABI_VERSION)
-	abiMinor   = 2 // KVR_ABI_MINOR
+	abiMinor   = 4 // KVR_ABI_MINOR
 )
 
 // buildVersion is the library's build version, set by cabi/build.sh with
@@ -88,6 +88,26 @@ func kvr_config_schema(outJSON **C.char, errOut **C.char) (code C.int32_t) {
 // to n_tokens (the first version's required fields).
 const acquireOptsMin = C.size_t(unsafe.Offsetof(C.kvr_acquire_opts{}.pin))
 
+// acquireOptsSizes are the sizes of every published kvr_acquire_opts
+// layout: ABI 1.0 (up to n_tokens), 1.1 (up to known_generation), 1.2+
+// (up to submit).
+var acquireOptsSizes = []uint64{40, 72, 88}
+
+// maxNewerOptsBytes bounds the fields a newer caller may add beyond the
+// layout this library knows (16 eight-byte fields), all of which must be 0.
+const maxNewerOptsBytes = 128
+
+// acquireOptsSizeOK: one of the known layouts, or a newer caller's larger
+// struct (whole 8-byte fields, bounded).
+func acquireOptsSizeOK(size, known uint64) bool {
+	for _, k := range acquireOptsSizes {
+		if size == k {
+			return true
+		}
+	}
+	return size > known && size <= known+maxNewerOptsBytes && size%8 == 0
+}
+
 //export kvr_acquire_with
 func kvr_acquire_with(h C.uint64_t, opts *C.kvr_acquire_opts,
 	outIndex *C.int32_t, outGen *C.int64_t, outServer **C.char, outDecision **C.char, errOut **C.char,
@@ -109,8 +129,12 @@ func kvr_acquire_with(h C.uint64_t, opts *C.kvr_acquire_opts,
 	switch {
 	case size < C.uint64_t(acquireOptsMin):
 		return fail(errOut, errf(codeInvalidArgument, "opts.size is %d, smaller than the first kvr_acquire_opts (%d bytes)", uint64(size), uint64(acquireOptsMin)))
-	case size > 1<<20:
-		return fail(errOut, errf(codeInvalidArgument, "opts.size is %d, not a kvr_acquire_opts size", uint64(size)))
+	case !acquireOptsSizeOK(uint64(size), uint64(known)):
+		// Read no byte the caller did not declare, and half-copy no
+		// field: a size between the known layouts is a caller's bug,
+		// and a huge one would read past its struct (up to a guard page).
+		return fail(errOut, errf(codeInvalidArgument, "opts.size is %d, not a kvr_acquire_opts size (this library knows %v bytes; a newer caller's "+
+			"size is a multiple of 8 up to %d)", uint64(size), acquireOptsSizes, uint64(known)+maxNewerOptsBytes))
 	case size > known:
 		// A newer caller's fields: safe to ignore only while they hold
 		// their zero value (a field's zero must mean "not used").

@@ -32,6 +32,8 @@ WATCHED = frozenset(
         "verl.utils.config",
         "verl.workers.rollout.llm_server",
         "verl.checkpoint_engine.base",
+        "verl.workers.rollout.vllm_rollout.vllm_pd_replica",
+        "verl.workers.rollout.sglang_rollout.sglang_pd_replica",
     }
 )
 ALIAS_ROOT = "verl.workers.rollout.llm_router"
@@ -41,7 +43,7 @@ ALIASES = frozenset({ALIAS_ROOT, ALIAS_ROOT + ".config", ALIAS_ROOT + ".config.s
 ALIAS_MARK = "__kvc_router_alias__"
 
 _OFF = ("0", "false", "no", "off")
-_logged = set()
+_logged: set[str] = set()
 
 
 def disabled() -> bool:

@@ -1,7 +1,7 @@
 """Shared fixtures: one real local Ray instance per test session.
 
-Helpers live in the kvc_harness package (tests/kvc_harness), which pytest
-imports through ``pythonpath = ["tests"]`` in pyproject.toml; tests import it,
+Helpers live in the kvc_harness package (testbed/kvc_harness), which pytest
+imports through ``pythonpath = ["testbed"]`` in pyproject.toml; tests import it,
 never this file."""
 
 from __future__ import annotations

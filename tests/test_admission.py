@@ -115,8 +115,8 @@ def test_submit_routes_again_when_its_server_is_removed_meanwhile():
     real = lb._router.submit
     removed: List[str] = []
 
-    def submit_then_remove(rid, addr, n, pin, known, ticket):
-        got = real(rid, addr, n, pin, -1, ticket)  # a stale generation: the id comes back
+    def submit_then_remove(rid, addr, n, pin, known, ticket, **kw):
+        got = real(rid, addr, n, pin, -1, ticket, **kw)  # a stale generation: the id comes back
         if got is not None and not removed:
             removed.append(got[2])
             lb.remove_servers([got[2]])

@@ -16,6 +16,7 @@ N_CLIENTS = 8
 PAIRS = 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["default", "kvc_aware"])
 def test_eight_client_actors(ray_cluster, make_actor, mode):
     ray = ray_cluster

@@ -37,22 +37,20 @@ def upstream():
 def _check_upstream(cfg):
     assert cfg.type == "kvc_aware"
     assert cfg.sticky_max_size == 10000
-    # Only what the block sets crosses to the library ...
-    assert cfg.strategies == (
-        {
-            "name": "kvc_aware",
-            "weight": 1.0,
-            "params": {"alpha": 0.7, "load_threshold": 0.9, "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1}},
-        },
-    )
-    assert cfg.collector_names == ("vllm_metrics",)
-    native = cfg.native()
-    assert native["router"] == {"mode": "kvc_aware", "sticky_max_size": 10000, "strategies": list(cfg.strategies)}
-    assert native["collectors"] == {"collectors": [{"name": "vllm_metrics"}]}
-    # ... and the library fills in the rest.
-    (s,) = cfg.validate()["router"]["strategies"]
+    # What the block sets reaches the library, which fills in the rest.
+    (s,) = cfg.strategies
     defaults = library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
-    assert s["params"] == {**defaults, "alpha": 0.7}
+    assert (s["name"], s["weight"]) == ("kvc_aware", 1.0)
+    assert s["params"] == {
+        **defaults,
+        "alpha": 0.7,
+        "load_threshold": 0.9,
+        "layer_weights": {"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
+    }
+    assert cfg.collector_names == ("vllm_metrics",)
+    assert cfg.validate() == cfg.effective
+    # The balancer's document carries the configuration as written.
+    assert cfg.native(sticky_default=5)["max_cache_size"] == 5
 
 
 def test_upstream_block_every_shape(upstream, tmp_path):
@@ -75,11 +73,9 @@ def test_upstream_block_every_shape(upstream, tmp_path):
 def test_packaged_defaults():
     d = load_router_config(None)
     assert d.type == "default" and d.collector_names == ()
-    assert d.native(sticky_default=123)["router"] == {
-        "mode": "default",
-        "sticky_max_size": 123,
-        "strategies": [{"name": "least_inflight", "weight": 1.0}],
-    }
+    d123 = load_router_config(None, max_cache_size=123)
+    assert d123.sticky_max_size == 123
+    assert d123.strategies == ({"name": "least_inflight", "weight": 1.0, "params": {}},)
     k = load_router_config("kvc_aware")
     assert k.type == "kvc_aware" and k.collector_names == ("vllm_metrics",)
     assert load_router_config({"type": "kvc_aware"}) == k
@@ -115,29 +111,28 @@ def test_full_translation():
             },
         }
     )
-    n = cfg.native()
+    n = cfg.effective
     r = n["router"]
-    assert r["strategies"] == [
-        {"name": "kvc_aware", "weight": 1.0, "params": {"alpha": 0.5}},
-        {"name": "least_inflight", "weight": 0.5},
+    assert [(s["name"], s["weight"], s["params"].get("alpha")) for s in r["strategies"]] == [
+        ("kvc_aware", 1.0, 0.5),
+        ("least_inflight", 0.5, None),
     ]
-    assert r["block_size"] == 32 and r["model"] == "m" and r["speculate"] is False
+    assert r["block_size"] == 32 and r["model"] == "m" and r["speculate"] is False and r["max_prompt_tokens"] == 65536
     assert r["servers"] == {"a:1": {"block_size": 16, "events": False}}
-    assert r["load"] == {"max_num_seqs": 64, "unhealthy_after": 5} and r["index"] == {"max_entries": 1000}
-    assert n["max_procs"] == 2 and "log_level" not in n
+    assert (r["load"]["max_num_seqs"], r["load"]["unhealthy_after"], r["index"]["max_entries"]) == (64, 5, 1000)
+    assert n["max_procs"] == 2 and n["log_level"] == "warn"
     zmq, met = n["collectors"]["collectors"]
     library_keys = {"interval_ms": 250, "urls": {"a:1": "http://a:1/m"}, "replay_timeout_ms": 100}
-    assert zmq == {
-        "name": "vllm_zmq",
-        **library_keys,
-        "endpoints": {
-            "a:1": [
-                {"endpoint": "tcp://a:5557", "topic": "kv-event"},
-                {"endpoint": "tcp://a:5558", "replay": "tcp://a:5559", "topic": "kv-event"},
-            ]
-        },
+    assert zmq["name"] == "vllm_zmq" and met["name"] == "vllm_metrics"
+    assert {k: zmq[k] for k in library_keys} == {k: met[k] for k in library_keys} == library_keys
+    assert zmq["endpoints"] == {
+        "a:1": [
+            {"endpoint": "tcp://a:5557", "topic": "kv-event"},
+            {"endpoint": "tcp://a:5558", "replay": "tcp://a:5559", "topic": "kv-event"},
+        ]
     }
-    assert met == {"name": "vllm_metrics", **library_keys}
+    assert [e.endpoint for e in cfg.collector.endpoints["a:1"]] == ["tcp://a:5557", "tcp://a:5558"]
+    assert cfg.collector.topic == "kv-event" and cfg.collector.use_handle_endpoints
     # The library accepts it.
     KVCAwareBalancer({"a:1": None}, router_config=cfg).close()
 
@@ -156,6 +151,9 @@ def test_packaged_yaml_is_the_library_defaults():
     assert written == lib_strategy["params"]
     assert strategy["weight"] == lib_strategy["weight"]
     effective = load_router_config("kvc_aware").validate()
+    # The packaged file and the library's default for a bare type agree.
+    assert load_router_config(packaged_config_path("kvc_aware")) == load_router_config("kvc_aware")
+    assert load_router_config(packaged_config_path("default")) == load_router_config("default")
     # The collector entry shows the settings it runs with.
     assert effective["collectors"] == {
         "collectors": [
@@ -220,7 +218,7 @@ S0 = ("router", "config", "strategies", 0)
         (
             ("router", "config", "collector"),
             {"endpoints": {"s": "http://x:1"}},
-            "router.config.collector.endpoints['s'][0]",
+            'router.config.collector.endpoints["s"][0]',
             "allowed schemes",
         ),
         (("router", "config", "max_prompt_tokens"), -1, "router.config.max_prompt_tokens", "must be positive"),
@@ -333,7 +331,6 @@ def test_kvc_aware_refinement_knobs_reach_the_native_config() -> None:
         }
     )
     set_params = {"marginal": False, "token_load": False, "saved_scale_tokens": 0, "kv_tokens": 1000}
-    assert cfg.strategies[0]["params"] == set_params  # only what was set crosses
     params = cfg.validate()["router"]["strategies"][0]["params"]
     assert {k: params[k] for k in set_params} == set_params
     assert params["alpha"] == library_defaults("kvc_aware")["router"]["strategies"][0]["params"]["alpha"]
@@ -424,29 +421,17 @@ def _resolves(tree, key):
 
 @settings(max_examples=250, deadline=None)
 @given(_block)
-def test_python_and_library_agree(tree):
+def test_every_rejection_names_the_users_key(tree):
+    """One parser (the library's): a rejected configuration names a key of
+    the input, as the user wrote it; an accepted one builds a router."""
     from kvc_router import _native
 
     try:
-        unchecked = load_router_config(tree, validate=False)
-    except ConfigError as e:  # a shape or a Python-only key: Python's own check
-        assert e.key and _resolves(tree, e.key), (e.key, str(e))
-        return
-    try:
-        _native.validate_config(unchecked.validation_document())
-        library_accepts = True
-    except ConfigError:
-        library_accepts = False
-    try:
         cfg = load_router_config(tree)
     except ConfigError as e:
-        # Rejected: the library said no too, and the user sees their key.
-        assert not library_accepts, f"Python rejected what the library accepts: {e}"
         assert e.key and _resolves(tree, e.key), (e.key, str(e))
         assert str(e).startswith(e.key + ": ")
         return
-    # Accepted by Python: the library builds a router from it.
-    assert library_accepts
     _native.Router(cfg.native(sticky_default=10000)).close()
 
 
@@ -455,7 +440,7 @@ def test_strategy_dataclass_covers_the_library_params_and_sends_only_what_is_set
     parameter the library's kvc_aware takes, and sends only the fields set."""
     import dataclasses
 
-    from kvc_router import KVCAwareStrategyConfig, RouterConfig, library_defaults
+    from kvc_router import KVCAwareStrategyConfig, library_defaults
 
     params = library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
     names = {f.name for f in dataclasses.fields(KVCAwareStrategyConfig)}
@@ -463,9 +448,10 @@ def test_strategy_dataclass_covers_the_library_params_and_sends_only_what_is_set
     s = KVCAwareStrategyConfig(alpha=0.6, collector_names=("vllm_zmq",), weight=2.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.alpha = 0.1  # type: ignore[misc]
-    rc = RouterConfig(type="kvc_aware", strategies=(s,))
-    assert rc.strategies == ({"name": "kvc_aware", "weight": 2.0, "params": {"alpha": 0.6}},)
-    assert rc.collector_names == ("vllm_zmq",)
+    assert s.to_dict() == {"_target_": KVCAwareStrategyConfig.target, "alpha": 0.6, "collector_names": ["vllm_zmq"],
+                           "weight": 2.0}  # fmt: skip
+    rc = load_router_config({"type": "kvc_aware", "config": {"strategies": [s]}})
+    assert rc.collector_names == ("vllm_zmq",) and rc.strategies[0]["weight"] == 2.0
     eff = rc.validate()["router"]["strategies"][0]["params"]
     assert eff == {**params, "alpha": 0.6}
     with pytest.raises(ConfigError, match=r"strategies\[0\]\.alpha"):
@@ -516,3 +502,67 @@ def test_deep_configs_raise_config_error(where, tmp_path):
     with pytest.raises(ConfigError) as info:
         load_router_config(ok_depth)
     assert "nested" not in str(info.value)
+
+
+def test_whole_verl_config_is_recognised(upstream, tmp_path):
+    """Issue 31: a whole verl YAML (actor_rollout_ref: ...) passed as the
+    router config takes its router block; without one, the error names the
+    key to add and how."""
+    import yaml
+
+    whole = {"actor_rollout_ref": {"rollout": {"name": "vllm", **upstream}}, "trainer": {"n_gpus_per_node": 8}}
+    _check_upstream(load_router_config(whole))
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump(whole))
+    _check_upstream(load_router_config(str(path)))
+    # A composed verl config whose other sections hold interpolations this
+    # process cannot resolve still gives its router block.
+    from omegaconf import OmegaConf
+
+    composed = OmegaConf.create({**whole, "trainer": {"project": "${oc.env:NO_SUCH_VARIABLE_KVC}"}})
+    _check_upstream(load_router_config(composed))
+    with pytest.raises(ConfigError, match=r"\+actor_rollout_ref\.rollout\.router\.type=kvc_aware") as info:
+        load_router_config({"actor_rollout_ref": {"rollout": {"name": "vllm"}}, "data": {}})
+    assert info.value.key == "actor_rollout_ref.rollout.router"
+    bad = copy.deepcopy(whole)
+    bad["actor_rollout_ref"]["rollout"]["router"]["config"]["strategies"][0]["alpha"] = 2
+    with pytest.raises(ConfigError) as info:
+        load_router_config(bad)
+    assert info.value.key == "actor_rollout_ref.rollout.router.config.strategies[0].alpha"
+
+
+def test_router_config_from_keywords():
+    """verl PR #6940's KVCAwareConfig(strategies=[...]) form builds the same
+    configuration as the mapping; no keys is the default router."""
+    from kvc_router import KVCAwareConfig, KVCAwareStrategyConfig, RouterConfig
+
+    s = KVCAwareStrategyConfig(alpha=0.6, collector_names=("vllm_metrics",))
+    kw = KVCAwareConfig(type="kvc_aware", strategies=(s,), sticky_max_size=77)
+    assert kw == load_router_config({"type": "kvc_aware", "config": {"strategies": [s], "sticky_max_size": 77}})
+    assert kw.sticky_max_size == 77 and kw.strategies[0]["params"]["alpha"] == 0.6
+    assert RouterConfig(strategies=[s]).type == "kvc_aware"
+    assert RouterConfig() == load_router_config(None)
+    with pytest.raises(ConfigError, match="alpha"):
+        RouterConfig(type="kvc_aware", strategies=[KVCAwareStrategyConfig(alpha=3)])
+
+
+def test_integration_keys_come_from_the_library():
+    """The keys only Python acts on are the library's too: defaults filled
+    in, YAML's `off` (false) read as off, errors named."""
+    cfg = load_router_config({"kv_events": False, "metrics": False, "collector": {"handle_timeout_ms": 250}})
+    assert (cfg.kv_events, cfg.kv_events_base_port, cfg.enable_server_metrics, cfg.metrics_flavor) == (
+        "off",
+        0,
+        False,
+        "vllm",
+    )
+    assert cfg.metrics.enabled is False and cfg.metrics.period_s == 5.0
+    assert cfg.collector.handle_timeout_ms == 250 and cfg.collector.use_handle_endpoints is True
+    for inner, key in [
+        ({"metrics": {"period_s": 0}}, "metrics.period_s"),
+        ({"kv_events_base_port": 70000}, "kv_events_base_port"),
+        ({"collector": {"use_handle_endpoints": "yes"}}, "collector.use_handle_endpoints"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load_router_config({"type": "kvc_aware", "config": inner})
+        assert info.value.key == "config." + key

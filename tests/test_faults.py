@@ -1,11 +1,11 @@
 """Faults end to end: real vllm-sim processes on loopback, the balancer with
 live vllm_metrics (50 ms) and vllm_zmq collectors.
 
-- a server killed mid-run is unhealthy within two scrape intervals plus the
-  scrape timeout, gets no new request after that, its sticky sessions rebind,
-  callers' releases bring get_total_inflight() back to 0; restarted on the
-  same ports it is detected (sequence restart), its index is cleared and
-  rebuilt, and it receives traffic again;
+- a server killed mid-run is marked unhealthy by its refused scrape (not
+  after unhealthy_after failures), gets no new request after that, its
+  sticky sessions rebind, callers' releases bring get_total_inflight() back
+  to 0; restarted on the same ports it is detected (sequence restart), its
+  index is cleared and rebuilt, and it receives traffic again;
 - KV events withheld from the live stream: the gap is detected and closed by
   replay (index == engine); without replay the index is cleared instead;
 - a /metrics endpoint that is slow, hangs, answers 500 or garbage: routing
@@ -14,11 +14,13 @@ live vllm_metrics (50 ms) and vllm_zmq collectors.
 - every server removed, then re-added: the exact empty-pool error, then
   normal service, with collectors following and no goroutine left behind.
 
-The long, repeated versions are in scripts/chaos.py (``make chaos``).
+The long, repeated versions are in testbed/scripts/chaos.py (``make chaos``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import time
@@ -71,7 +73,10 @@ CYCLES = int(os.environ.get("KVR_CHAOS_CYCLES", "1"))
 def test_kill_and_restart(reaper):
     sims = [Sim(reaper).start() for _ in range(3)]
     by_id = {s.id: s for s in sims}
-    lb = start_balancer(reaper, sims)
+    # Failures other than a refused connection would need 1,000 scrapes in
+    # a row to mark a server unhealthy: a kill can only be seen through the
+    # refused scrape, which is the property under test (not a time budget).
+    lb = start_balancer(reaper, sims, load={"unhealthy_after": 1000})
     detect, heal = [], []
     for cycle in range(CYCLES):
         d, h = kill_and_restart_cycle(lb, sims, by_id, cycle)
@@ -82,7 +87,7 @@ def test_kill_and_restart(reaper):
     print(
         f"\n{CYCLES} kill/restart cycles: unhealthy after "
         f"{detect[0]:.0f}/{detect[len(detect) // 2]:.0f}/{detect[-1]:.0f} ms "
-        f"(min/median/max, budget {2 * INTERVAL_MS + TIMEOUT_MS} ms), healthy again after restart "
+        f"(min/median/max; scrape interval {INTERVAL_MS} ms, timeout {TIMEOUT_MS} ms), healthy again after restart "
         f"{heal[0]:.0f}/{heal[len(heal) // 2]:.0f}/{heal[-1]:.0f} ms; 0 requests routed to a server known dead"
     )
 
@@ -105,7 +110,7 @@ def kill_and_restart_cycle(lb, sims, by_id, cycle):
     routed_after, seen_unhealthy_at, n = [], None, 0
     t0 = time.monotonic()
     victim.kill()
-    while time.monotonic() - t0 < 5:
+    while time.monotonic() - t0 < 30:  # a hang guard; detection is measured, not asserted
         sid, _ = lb.acquire_server(f"probe-{n % 50}", prompt(1000 + n % 50, 64))
         lb.release_server(sid)
         n += 1
@@ -119,9 +124,8 @@ def kill_and_restart_cycle(lb, sims, by_id, cycle):
                 break
     assert seen_unhealthy_at is not None, "killed server never marked unhealthy"
     detect_ms = (seen_unhealthy_at - t0) * 1000
-    budget_ms = 2 * INTERVAL_MS + TIMEOUT_MS
-    # +200 ms: this loop polls status from Python on a shared, loaded machine.
-    assert detect_ms <= budget_ms + 200, f"unhealthy after {detect_ms:.0f} ms, budget {budget_ms} ms (+200 ms slack)"
+    target = poller_target(lb.get_status(), victim.id)
+    assert target["unhealthy"] and "refused" in target["last_error"], target
     assert routed_after and victim.id not in routed_after
     for k in range(200):
         sid, _ = lb.acquire_server(f"any-{k}", prompt(7, 64))
@@ -220,11 +224,15 @@ def test_lost_events(reaper, replay):
     assert lb.get_total_inflight() == 0
 
 
-def _log_count(text: str, msg: str, server: str) -> int:
-    return len(re.findall(rf'msg="{re.escape(msg)}" server={re.escape(server)}\b', text))
+def _log_count(records, msg: str, server: str) -> int:
+    """Records of the library's log (re-emitted on kvc_router.native) with
+    this message about this server."""
+    pat = re.compile(rf"{re.escape(msg)} server={re.escape(server)}\b")
+    return sum(1 for r in records if r.name == "kvc_router.native" and pat.match(r.getMessage()))
 
 
-def test_bad_metrics_endpoint(reaper, capfd):
+def test_bad_metrics_endpoint(reaper, caplog):
+    caplog.set_level(logging.WARNING, logger="kvc_router.native")
     a = MetricsStub(reaper, lambda: metrics_text(running=1))
     b = MetricsStub(reaper, lambda: metrics_text(running=1))
     cfg = kvc_config(
@@ -257,7 +265,9 @@ def test_bad_metrics_endpoint(reaper, capfd):
         "scraped",
     )
 
-    # Slow but within the timeout: scrapes succeed, acquire latency unaffected.
+    # Slow but within the timeout: scrapes succeed; acquire latency meanwhile
+    # is measured and printed (a figure, not a pass mark: below, an acquire
+    # returning while a scrape is held is the property).
     a.mode, a.delay = "slow", 0.15
     lat = []
     t_end = time.monotonic() + 1.0
@@ -268,8 +278,29 @@ def test_bad_metrics_endpoint(reaper, capfd):
         lb.release_server(sid)
     p50, p99 = percentiles(lat, 50, 99)
     assert sa()["load"]["healthy"] and poller_target(lb.get_status(), "srv-a")["errors"] == 0
-    assert p99 < 0.05, f"acquire p99 {p99 * 1e3:.1f} ms while /metrics is slow"
     slow = f"slow /metrics: acquire p50 {p50 * 1e6:.0f} us p99 {p99 * 1e6:.0f} us"  # printed after capfd
+
+    # An acquire never waits for a scrape: one returns while a scrape is
+    # held in the stub (the poller has not counted it yet). A stall longer
+    # than the scrape timeout makes one try inconclusive, so up to 5 tries;
+    # an acquire that waited for the scrape makes every try fail.
+    def acquire_during_held_scrape() -> bool:
+        a.holding.clear()
+        a.release.clear()
+        a.mode, a.delay = "held", 10.0
+        try:
+            assert a.holding.wait(10), "no scrape reached the held stub"
+            before = poller_target(lb.get_status(), "srv-a")
+            sid, _ = lb.acquire_server(f"r{next(calls)}", prompt(1, 32))
+            lb.release_server(sid)
+            after = poller_target(lb.get_status(), "srv-a")
+            return (after["scrapes"], after["errors"]) == (before["scrapes"], before["errors"])
+        finally:
+            a.mode = "ok"
+            a.release.set()
+
+    assert any(acquire_during_held_scrape() for _ in range(5)), "acquire waited for a held /metrics scrape"
+    wait_for(lambda: sa()["load"]["healthy"], 10, "held: healthy")
 
     episodes, took = 0, {}
     for mode in ("hang", "500", "garbage"):
@@ -310,14 +341,21 @@ def test_bad_metrics_endpoint(reaper, capfd):
     a.mode = b.mode = "ok"
     wait_for(lambda: all(s["load"]["healthy"] for s in lb.get_status()["router"]["servers"]), 10, "recovered")
     lb.close()
-    err = capfd.readouterr().err
-    down, up = (
-        _log_count(err, "metrics: server unhealthy", "srv-a"),
-        _log_count(err, "metrics: server healthy again", "srv-a"),
-    )
+
+    def counts():
+        return (
+            _log_count(caplog.records, "metrics: cannot scrape server", "srv-a"),
+            _log_count(caplog.records, "metrics: server answers again", "srv-a"),
+        )
+
+    # The log arrives through a pipe and a reader thread: wait for the lines.
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: counts() == (episodes, episodes), 5, "log lines")
+    down, up = counts()
     print(f"\n{slow}; unhealthy after " + ", ".join(f"{m} {v:.0f} ms" for m, v in took.items()))
-    print(f"srv-a: {episodes} failure episodes, {down} unhealthy log lines, {up} recovery log lines")
-    assert down == episodes and up == episodes, err[-3000:]
+    print(f"srv-a: {episodes} failure episodes, {down} failure log lines, {up} recovery log lines")
+    # One line per episode however many scrapes failed in it (rate-limited).
+    assert down == episodes and up == episodes, [r.getMessage() for r in caplog.records][-20:]
 
 
 # Bodies no engine can produce (issue 20 D2), each with the sample it names.
@@ -356,11 +394,12 @@ def test_impossible_metrics_are_rejected(reaper):
     for name, (body, reason) in IMPOSSIBLE_METRICS.items():
         a.body_fn = lambda body=body: body
         m0 = poller_target(lb.get_status(), "srv-a")["malformed"]
-        wait_for(lambda: not sa()["load"]["healthy"], 10, f"{name}: unhealthy")
+        # Unhealthy can come with the first malformed scrape, before the last
+        # good metrics age out (stale_after_ms): wait for both.
+        wait_for(lambda: not sa()["load"]["healthy"] and not sa()["load"]["fresh"], 10, f"{name}: unhealthy, stale")
         t = poller_target(lb.get_status(), "srv-a")
         assert t["malformed"] > m0 and "impossible value" in t["last_error"] and reason in t["last_error"], (name, t)
         assert "impossible value" in sa()["load"]["last_error"], sa()
-        assert not sa()["load"]["fresh"]  # the last good metrics aged out
         picks = [lb.acquire_server(f"r{next(calls)}", prompt(i, 32))[0] for i in range(40)]
         assert set(picks) == {"srv-b"}, (name, picks)
         for sid in picks:

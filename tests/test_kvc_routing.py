@@ -33,8 +33,19 @@ def kvc_lb(ray_cluster, make_actor):
     return lb
 
 
-def test_prompt_goes_to_prefix_holder(ray_cluster, kvc_lb):
-    ray, lb = ray_cluster, kvc_lb
+@pytest.fixture
+def kvc_lb_together(ray_cluster, make_actor):
+    """group_spread 0 (the default, stated): a prompt's requests follow its
+    prefix holder (test_grpo_group_spreads_with_group_spread spreads them)."""
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0}
+    cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
+    push_idle_metrics(ray_cluster, lb, SERVERS)
+    return lb
+
+
+def test_prompt_goes_to_prefix_holder(ray_cluster, kvc_lb_together):
+    ray, lb = ray_cluster, kvc_lb_together
     p = prompt(1)
     assert ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
     sid, _ = ray.get(lb.acquire_server.remote(request_id="grpo-0", prompt_ids=p))
@@ -52,12 +63,41 @@ def test_prompt_goes_to_prefix_holder(ray_cluster, kvc_lb):
     assert status["router"]["collectors"]["push_events"]["stored_blocks"] == 24
 
 
-def test_prompt_ids_containers(ray_cluster, kvc_lb):
+def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
+    """With group_spread (opt-in), after one-request sessions, a GRPO group's
+    samples (one prompt, new request ids) spread evenly over the servers:
+    their lengths are correlated, so a group kept whole on one server would
+    make it the step's straggler when the group is long."""
+    ray = ray_cluster
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0.1}
+    cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
+    push_idle_metrics(ray, lb, SERVERS)
+    # A history of one-request sessions (a GRPO step so far): the spread is
+    # for one-request siblings, and a fresh router presumes multi-turn ones.
+    for i in range(300):
+        sid, _ = ray.get(lb.acquire_server.remote(request_id=f"warm-{i}", prompt_ids=prompt(1000 + i, 32)))
+        ray.get(lb.release_server.remote(sid))
+    p = prompt(11)
+    ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
+    got = [ray.get(lb.acquire_server.remote(request_id=f"g-{i}", prompt_ids=p))[0] for i in range(12)]
+    assert got[0] == "s2"  # the first sample still goes to the prefix holder
+    assert {s: got.count(s) for s in SERVERS} == {"s0": 4, "s1": 4, "s2": 4}
+    # The decision view shows each candidate's placed siblings and the term.
+    ray.get(lb.acquire_server.remote(request_id="g-12", prompt_ids=p))  # a 13th: s0 gets a 5th
+    last = ray.get(lb.get_status.remote())["router"]["last_decision"]
+    cands = {c["server"]: c for c in last["candidates"]}
+    assert {s: c["siblings"] for s, c in cands.items()} == {"s0": 4, "s1": 4, "s2": 4}
+    assert all("group_load" in {t["name"] for t in c["terms"]} for c in last["candidates"])
+    assert last["decision"]["server"] == "s0"  # all even again: ties go to the first added
+
+
+def test_prompt_ids_containers(ray_cluster, kvc_lb_together):
     import array
 
     import numpy as np
 
-    ray, lb = ray_cluster, kvc_lb
+    ray, lb = ray_cluster, kvc_lb_together
     p = prompt(3, 256)
     ray.get(lb.update_kv_events.remote("s1", event_batch(block_stored(p))))
     for i, form in enumerate(
@@ -76,8 +116,17 @@ def test_overload_breaks_stickiness(ray_cluster, kvc_lb):
     ray.get(lb.update_metrics.remote("s1", metrics_text(running=256, waiting=512, kv_usage=1.0)))
     moved = ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0]
     assert moved != "s1"
-    counters = ray.get(lb.get_status.remote())["router"]["counters"]
-    assert counters["sticky_broken"] == 1
+    router = ray.get(lb.get_status.remote())["router"]
+    assert router["counters"]["sticky_broken"] == 1
+    # get_status() explains the breakout stage by stage (kvctl explain prints it).
+    last = router["last_decision"]
+    assert last["request_id"] == "conv" and last["pool"] == ["s0", "s1", "s2"]
+    assert last["session"]["bound"] == "s1" and last["session"]["rule"] == "breakout_overloaded"
+    assert last["scored"] and last["decision"]["server"] == moved and last["decision"]["reason"] == "rebalanced"
+    by_server = {c["server"]: c for c in last["candidates"]}
+    terms = {t["name"]: t["value"] for t in by_server["s1"]["terms"]}
+    assert terms["overload_penalty"] == -1 and terms["score"] == by_server["s1"]["score"]
+    assert by_server[moved]["score"] == max(c["score"] for c in last["candidates"])
     # The new binding sticks.
     assert ray.get(lb.acquire_server.remote(request_id="conv", prompt_ids=p))[0] == moved
 

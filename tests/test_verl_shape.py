@@ -100,6 +100,87 @@ def test_configure_replica_and_endpoints():
     assert "vllm_zmq" in rc.collector_names and len(rc.collector.endpoints["10.0.0.7:8000"]) == 2
 
 
+def test_configure_sglang_replica():
+    """rollout.name: sglang: ServerArgs-shaped settings in engine_kwargs["sglang"]
+    (enable_metrics, kv_events_config as a JSON string, page_size = the router's
+    block size) and a balancer reading sglang:* metrics plus the KV events."""
+    import json
+
+    cfg = types.SimpleNamespace(
+        engine_kwargs={"sglang": {"page_size": 1, "mem_fraction_static": 0.5}}, data_parallel_size=1
+    )
+    rep = types.SimpleNamespace(config=cfg, replica_rank=2, nnodes=1)
+    spec = ports.configure_replica(rep, True, True, 30000, engine="sglang", block_size=32)
+    sk = cfg.engine_kwargs["sglang"]
+    assert "vllm" not in cfg.engine_kwargs
+    assert sk["enable_metrics"] is True and sk["page_size"] == 32 and sk["mem_fraction_static"] == 0.5
+    kv = json.loads(sk["kv_events_config"])  # SGLang's ServerArgs takes a JSON string
+    assert kv == {"publisher": "zmq", "endpoint": "tcp://*:30004", "replay_endpoint": "tcp://*:30005",
+                  "topic": "kvc-router.replica-2"}  # fmt: skip
+    mgr = types.SimpleNamespace(_kvc_events={2: spec}, rollout_replicas=[rep], server_addresses=["10.0.0.7:9000"])
+    block = ports.balancer_block(
+        {"type": "kvc_aware", "config": {"kv_events": "auto"}}, ports.endpoints_for(mgr), engine="sglang"
+    )
+    rc = load_router_config(block)
+    assert set(rc.collector_names) == {"sglang_metrics", "vllm_zmq"} and rc.metrics_flavor == "sglang"
+    # A user's strategy naming vllm_metrics reads SGLang's names instead.
+    block = ports.balancer_block(
+        {"type": "kvc_aware", "config": {"strategies": [{"name": "kvc_aware", "collector_names": ["vllm_metrics"]}]}},
+        {},
+        engine="sglang",
+    )
+    assert load_router_config(block).collector_names == ("sglang_metrics",)
+
+
+def test_prefill_decode_replicas_get_distinct_event_ports():
+    """verl 0.9.x prefill/decode replicas (rollout.disaggregation): 1 prefill +
+    N decode servers launched from one replica config. Each launch gets its
+    own KV-event ports (vLLM's _spawn_pd_server, SGLang's async _launch_one),
+    disjoint across servers and replicas; the balancer subscribes to the
+    prefill server's, the one verl routes to."""
+    import asyncio
+    import json
+
+    class FakeVLLMPD:  # the call shape of vLLMPDReplica._spawn_pd_server
+        def _spawn_pd_server(self, role, actor_name):
+            kv = self.config.engine_kwargs["vllm"]["kv_events_config"]
+            self.seen.append((role, kv["endpoint"], kv["replay_endpoint"], kv["topic"]))
+            return actor_name
+
+    class FakeSGLangPD:  # SGLangPDReplica._launch_one is a coroutine
+        async def _launch_one(self, role, actor_name):
+            await asyncio.sleep(0)
+            kv = json.loads(self.config.engine_kwargs["sglang"]["kv_events_config"])
+            self.seen.append((role, kv["endpoint"], kv["replay_endpoint"], kv["topic"]))
+            return [actor_name]
+
+    patches._wrap_method(FakeVLLMPD, "_spawn_pd_server", patches._make_pd_launch)
+    patches._wrap_method(FakeSGLangPD, "_launch_one", patches._make_pd_launch)
+    disagg = {"enabled": True, "decode_replicas": 2}
+    ports_seen = []
+    for engine, cls in (("vllm", FakeVLLMPD), ("sglang", FakeSGLangPD)):
+        for rank in (0, 1):
+            rep = cls()
+            rep.seen, rep.replica_rank, rep.nnodes = [], rank, 1
+            rep.config = types.SimpleNamespace(engine_kwargs={}, data_parallel_size=1, disaggregation=disagg)
+            spec = ports.configure_replica(rep, True, True, 30000, engine=engine, block_size=32)
+            before = rep.config.engine_kwargs
+            for role, name in (("prefill", "p"), ("decode", "d0"), ("decode", "d1")):
+                if engine == "vllm":
+                    rep._spawn_pd_server(role, name)
+                else:
+                    asyncio.run(rep._launch_one(role, name))
+            assert rep.config.engine_kwargs is before  # the replica's own config is restored
+            assert [s[0] for s in rep.seen] == ["prefill", "decode", "decode"]
+            assert rep.seen[0][1] == f"tcp://*:{spec['pub']}" and len({s[3] for s in rep.seen}) == 3
+            mgr = types.SimpleNamespace(_kvc_events={rank: spec}, rollout_replicas=[rep], server_addresses=["h:1"])
+            assert ports.endpoints_for(mgr)["h:1"][0]["endpoint"] == f"tcp://h:{spec['pub']}"
+            for s in rep.seen:
+                ports_seen += [s[1], s[2]]
+        assert len(set(ports_seen)) == len(ports_seen) == 12  # 2 replicas x 3 servers x (pub, replay)
+        ports_seen.clear()
+
+
 def test_config_strip_on_plain_dict():
     calls = []
     mod = types.SimpleNamespace(omega_conf_to_dataclass=lambda c, t=None: calls.append(dict(c)) or "ok")
@@ -273,16 +354,81 @@ def test_verl_own_llm_router_wins(tmp_path):
     assert len(lines) == 1, err
 
 
-def test_status_command_reports_patch_records():
-    import json
+def _status(*args, root=None, **env):
+    """``python -m kvc_router.verl status ARGS`` in a child: (exit code, stdout, stderr)."""
+    import os
     import subprocess
     import sys
 
+    e = {k: v for k, v in os.environ.items() if k != "KVC_ROUTER_VERL_HOOK"}
+    if root is not None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        e["PYTHONPATH"] = os.pathsep.join([str(root), os.path.join(os.path.dirname(here), "python")])
+    e.update(env)
     out = subprocess.run(
-        [sys.executable, "-m", "kvc_router.verl", "status"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kvc_router.verl", "status", *args], env=e, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0, out.stderr
-    st = json.loads(out.stdout)
-    assert st["pth"].endswith("kvc_router_verl.pth") and st["patches"] == {} and st["balancers_in_process"] == 0
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_status_without_verl_says_so_and_what_to_do():
+    """This venv has no verl: the pre-flight check says verl is not installed,
+    names the supported releases and the install command, and exits 1."""
+    import json
+
+    rc, text, err = _status()
+    assert rc == 1, err
+    assert "verl: NOT INSTALLED" in text and "verl >= 0.8.0 (tested: 0.8.0, 0.9.0, 0.9.1)" in text, text
+    assert "NOT READY" in text and "fix: pip install verl==0.9.1" in text, text
+    assert "engines: vllm " in text and "sglang " in text and "ray " in text, text
+    rc, out, err = _status("--json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["ready"] is False and rep["verl"]["installed"] is False, err
+    assert rep["verl"]["version"] is None and rep["patches"] == {}
+    assert rep["kvc_router"]["error"] is None and rep["kvc_router"]["build"]["abi_version"] == 1
+    assert rep["hook"]["pth"].endswith("kvc_router_verl.pth") and rep["hook"]["balancers_in_process"] == 0
+    assert set(rep["engines"]) == {"vllm", "sglang"}
+    assert any("verl is not installed" in p["what"] for p in rep["problems"]), rep["problems"]
+    rc, _, err = _status("--bogus")
+    assert rc == 2 and "usage" in err
+    import subprocess
+    import sys
+
     bad = subprocess.run([sys.executable, "-m", "kvc_router.verl", "bogus"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "usage" in bad.stderr
+    assert bad.returncode == 2 and "usage" in bad.stderr and "pre-flight" in bad.stderr
+
+
+def _fake_release(root, version):
+    """A verl package with published metadata of ``version`` and none of the
+    modules the hook patches (what a release before 0.8.0 looks like to it).
+    The real 0.7.1 wheel is checked in tests/verl (make test-verl)."""
+    _fake_verl(root)
+    meta = root / f"verl-{version}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: verl\nVersion: {version}\n")
+    return root
+
+
+def test_status_on_an_unsupported_release_names_it_and_the_upgrade(tmp_path):
+    import json
+
+    rc, text, err = _status(root=_fake_release(tmp_path, "0.7.1"))
+    assert rc == 1, err
+    assert "verl: 0.7.1 at " in text and "NOT SUPPORTED" in text, text
+    assert "verl 0.7.1 has no LLMServerManager" in text and "fix: upgrade verl: pip install verl==0.9.1" in text
+    rc, out, _ = _status("--json", root=tmp_path)
+    rep = json.loads(out)
+    assert rep["verl"]["version"] == "0.7.1" and rep["verl"]["supported"] is False
+    # Each patch was tried by importing its module: this release has none of them.
+    assert rep["patches"]["verl.workers.rollout.llm_server.LLMServerManager._init_global_load_balancer"] == {
+        "state": "module absent",
+        "detail": "this verl has no verl.workers.rollout.llm_server",
+    }
+
+
+def test_status_reports_the_hook_switched_off(tmp_path):
+    rc, text, _ = _status(root=_fake_release(tmp_path, "0.9.1"), KVC_ROUTER_VERL_HOOK="0")
+    assert rc == 1 and "start-up hook: OFF" in text and "fix: unset KVC_ROUTER_VERL_HOOK" in text, text
+    # A supported version whose modules are missing: named per patch, with the fix.
+    assert "verl: 0.9.1 at " in text and "supported (tested)" in text, text
+    assert "patch verl.utils.config.omega_conf_to_dataclass: this verl has no verl.utils.config" in text, text

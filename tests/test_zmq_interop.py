@@ -60,7 +60,9 @@ class Publisher:
 
     def __init__(self, reply_layout: int) -> None:
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        # XPUB: a PUB that also hands us its subscribers' subscriptions, so
+        # a test can wait for one instead of sleeping.
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.router = self.ctx.socket(zmq.ROUTER)
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
@@ -94,6 +96,14 @@ class Publisher:
                 self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
             else:
                 self.router.send_multipart([ident, b"", END_SEQ, b""])
+
+    def wait_subscribed(self, timeout_s: float) -> bool:
+        """Wait until a subscriber's subscription has reached the socket."""
+        end = time.monotonic() + timeout_s
+        while (left := end - time.monotonic()) > 0:
+            if self.pub.poll(int(left * 1000), zmq.POLLIN) and self.pub.recv()[:1] == b"\x01":
+                return True
+        return False
 
     def publish(self, events: list[object], drop: bool = False) -> int:
         payload = msgpack.packb([time.time(), events, 0], use_bin_type=True)
@@ -141,7 +151,7 @@ def test_kvctl_watch_decodes_libzmq_publisher_and_replays_gap(kvctl: str, layout
         # slow joiner) and seq 3 is dropped: all three come back via replay.
         pub.publish([stored([big, 7], tokens, layout)])
         pub.publish([removed([7], layout)])
-        time.sleep(0.5)  # let kvctl connect
+        assert pub.wait_subscribed(20), "kvctl never subscribed"  # 0 and 1 went before it
         pub.publish([stored([11], list(range(100, 116)), layout, parent=big)])
         pub.publish([["AllBlocksCleared"] if layout == "array" else {"type": "AllBlocksCleared"}], drop=True)
         # Keep publishing no-op batches until kvctl has its 4 batches.

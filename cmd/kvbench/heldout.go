@@ -11,8 +11,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/tooling/bench"
-	"github.com/kvc-router/kvc-router/core/tooling/sim"
+	"github.com/kvc-router/kvc-router/testbed/bench"
 )
 
 // tuneGrid is each tunable policy's main knob, four points each (the same
@@ -25,6 +24,17 @@ var tuneGrid = map[string][]string{
 	"llmd_weighted":      {`{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
 	"llmd_precise":       {`{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
 	"dynamo_cost":        {`{"overlap_score_credit":1}`, `{"overlap_score_credit":0.5}`, `{"overlap_score_credit":2}`, `{"overlap_score_credit":4}`},
+	"smg_cache_aware":    {`{"balance_abs_threshold":64,"balance_rel_threshold":1.5}`, `{"balance_abs_threshold":32,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":8,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":2,"balance_rel_threshold":1.05}`},
+}
+
+// gridFor is a policy's tuning grid: its own when it has one, else its
+// base policy's. Every variant ("+ttl", "+session", ...) is tuned on its
+// own seeds-only search, never handed its base policy's choice.
+func gridFor(name string) []string {
+	if g, ok := tuneGrid[name]; ok {
+		return g
+	}
+	return tuneGrid[bench.BaseName(name)]
 }
 
 // runJob is one replay: a policy (with parameters) on one seed.
@@ -89,10 +99,19 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, 
 				errs[i] = fmt.Errorf("%s seed %d: %w", j.policy, j.seed, err)
 				return
 			}
-			sums[i] = bench.Summarise(res, 0)
+			sums[i] = c.summarise(res)
 			if j.free {
-				lower[i], _ = bench.LowerBound(res.Records, sim.Config{BlockSize: c.blockSize, NumGPUBlocks: c.gpuBlocks,
-					MaxNumSeqs: c.maxSeqs, MaxNumBatchedTokens: c.maxBatched}, c.engines)
+				lc, err := (bench.EngineSpec{BlockSize: c.blockSize, GPUBlocks: c.gpuBlocks, MaxNumSeqs: c.maxSeqs,
+					MaxBatchedTokens: c.maxBatched, Model: c.engineModel}).SimConfig()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				var steps []float64
+				lower[i], steps = bench.LowerBound(res.Records, lc, c.engines)
+				if c.fromStep > 0 {
+					lower[i] = sumFrom(steps, c.fromStep)
+				}
 			}
 		}(i, j)
 	}
@@ -183,6 +202,14 @@ func statOf(xs []float64) stat {
 	return st
 }
 
+// seedResult is one reported seed's outcome of a row.
+type seedResult struct {
+	Seed     uint64  `json:"seed"`
+	Makespan float64 `json:"makespan_s"`
+	TTFTP99  float64 `json:"ttft_p99_s"`
+	HitRate  float64 `json:"hit_rate"`
+}
+
 // heldoutRow is one policy's held-out result. Every tunable peer has two
 // rows: its launcher defaults (Tuned false) and the grid point chosen on
 // the tuning seeds (Tuned true). kvc_aware runs its frozen configuration
@@ -199,7 +226,10 @@ type heldoutRow struct {
 	TTFTP50        stat `json:"ttft_p50_s"`
 	TTFTP99        stat `json:"ttft_p99_s"`
 	Makespan       stat `json:"makespan_s"`
-	MakespanR      stat `json:"makespan_over_verl"`
+	// PerSeed holds the reported seeds' values, so any two rows can be
+	// compared paired by seed (the renderers' one statistical rule).
+	PerSeed   []seedResult `json:"per_seed"`
+	MakespanR stat         `json:"makespan_over_verl"`
 	// GainShare is Σ(verl − policy) / Σ(verl − bound) over the seeds.
 	GainShare float64 `json:"makespan_gain_share"`
 	// BoundShare is Σ(verl − policy) / Σ(verl − lower bound) over the
@@ -242,19 +272,19 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	}
 	var points []point
 	tuned := map[string]bool{}
-	for _, full := range names {
-		// Variants are tuned through their base policy; a frozen kvc_aware
-		// is not tuned at all.
-		n := bench.BaseName(full)
-		if tuned[n] || (n == "kvc_aware" && c.kvcFrozen != "") {
+	for _, n := range names {
+		// Each variant is tuned on its own runs (its parameters are its
+		// base policy's knobs); a frozen kvc_aware is not tuned at all.
+		base := bench.BaseName(n)
+		if tuned[n] || (base == "kvc_aware" && c.kvcFrozen != "") {
 			continue
 		}
 		tuned[n] = true
-		for _, raw := range tuneGrid[n] {
+		for _, raw := range gridFor(n) {
 			points = append(points, point{n, raw})
 			for _, s := range tune {
 				jobs = append(jobs, runJob{seed: s, policy: n, spread: c.spread,
-					params: map[string]json.RawMessage{n: json.RawMessage(raw)}})
+					params: map[string]json.RawMessage{base: json.RawMessage(raw)}})
 			}
 		}
 	}
@@ -273,7 +303,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	for _, p := range points {
 		var o float64
 		for i, j := range jobs {
-			if j.policy == p.policy && string(j.params[p.policy]) == p.raw {
+			if j.policy == p.policy && string(j.params[bench.BaseName(p.policy)]) == p.raw {
 				o += objective(sums[i], base[j.seed])
 			}
 		}
@@ -292,7 +322,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		variants = append(variants, variant{n, ""})
 		// Each grid's first point is the launcher default.
-		if raw, ok := chosen[bench.BaseName(n)]; ok && raw != tuneGrid[bench.BaseName(n)][0] {
+		if raw, ok := chosen[n]; ok && raw != gridFor(n)[0] {
 			variants = append(variants, variant{n, raw})
 		}
 	}
@@ -306,7 +336,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			if bench.BaseName(v.policy) == "kvc_aware" && c.kvcFrozen != "" {
 				j.params = map[string]json.RawMessage{"kvc_aware": c.params["kvc_aware"]}
 			}
-			// A variant ("+spec", "+session") runs with its base's choice.
+			// A variant runs with its own choice (its base policy's knobs).
 			if v.raw != "" {
 				j.params = map[string]json.RawMessage{bench.BaseName(v.policy): json.RawMessage(v.raw)}
 			}
@@ -334,11 +364,13 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		n := v.policy
 		var hit, p50, p99, mk, mr, imb []float64
 		var gained, gap, lgap float64
+		var per []seedResult
 		for i, j := range jobs {
 			if jv[i] != vi {
 				continue
 			}
 			s := sums[i]
+			per = append(per, seedResult{Seed: j.seed, Makespan: s.Makespan, TTFTP99: s.TTFTP99, HitRate: s.HitRate})
 			hit, p50, p99, mk, imb = append(hit, s.HitRate), append(p50, s.TTFTP50), append(p99, s.TTFTP99), append(mk, s.Makespan), append(imb, s.Imbalance)
 			mr = append(mr, s.Makespan/verl[j.seed])
 			gained += verl[j.seed] - s.Makespan
@@ -346,7 +378,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			lgap += verl[j.seed] - lower[j.seed]
 		}
 		r := heldoutRow{Policy: n, HitRate: statOf(hit), TTFTP50: statOf(p50), TTFTP99: statOf(p99), Makespan: statOf(mk),
-			MakespanR: statOf(mr), Imbalance: statOf(imb)}
+			MakespanR: statOf(mr), Imbalance: statOf(imb), PerSeed: per}
 		if gap > 0 {
 			r.GainShare = gained / gap
 		}
@@ -355,7 +387,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		}
 		if v.raw != "" {
 			r.Params, r.Tuned = json.RawMessage(v.raw), true
-		} else if raw, ok := chosen[bench.BaseName(n)]; ok && raw == tuneGrid[bench.BaseName(n)][0] {
+		} else if raw, ok := chosen[n]; ok && raw == gridFor(n)[0] {
 			r.DefaultIsTuned = true
 		}
 		if bench.BaseName(n) == "kvc_aware" && c.kvcFrozen != "" {
@@ -383,7 +415,20 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		doc := map[string]any{"workload": c.workload, "tune_seeds": tune, "report_seeds": report, "arrival_spread_s": c.spread,
 			"engines": c.engines, "max_num_seqs": c.maxSeqs, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps),
 			"makespan_lower_bound_s": statOf(lbs), "best_over_lower_bound": statOf(best), "rows": rows,
-			"kvc_frozen": map[string]string{"path": c.kvcFrozen, "commit": c.frozenCommit}}
+			"kvc_frozen":   map[string]string{"path": c.kvcFrozen, "commit": c.frozenCommit},
+			"engine_model": c.engineModel, "arrivals": c.arrivals, "report_from_step": c.fromStep}
+		if c.arrivals == "verl" {
+			doc["client_rate"], doc["client_workers"] = c.clientRate, c.clientWorkers
+		}
+		if c.shaped {
+			doc["shape"] = c.shape()
+		}
+		if c.toolPareto != "" {
+			doc["tool_pareto"] = c.toolPareto
+		}
+		if c.steps > 0 {
+			doc["steps"] = c.steps
+		}
 		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
 			return err
@@ -469,7 +514,7 @@ func sweepSpread(c *config, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// frozenFile is docs/frozen-kvc-aware.json (scripts/freeze_kvc_aware.py):
+// frozenFile is docs/frozen-kvc-aware.json (testbed/scripts/freeze_kvc_aware.py):
 // kvc_aware's whole configuration as the library reported it at a commit.
 type frozenFile struct {
 	Commit   string          `json:"commit"`

@@ -10,7 +10,7 @@
 //	kvbench --heldout --workload W ...     tune on some seeds, report others
 //	kvbench --sweep-spread 0,0.1,0.5 ...   policies under arrival spread
 //
-// Every policy runs through the same router interface (core/router) with
+// Every policy runs through the same router interface (core/internal/router) with
 // KV events carried by the live code path (kvevents.Encode +
 // collector.ApplyPayload) and metrics pushed every --scrape-interval.
 package main
@@ -29,8 +29,40 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/tooling/bench"
+	"github.com/kvc-router/kvc-router/testbed/bench"
+	"github.com/kvc-router/kvc-router/testbed/sim"
 )
+
+// shape is the RL shape the flags ask for.
+func (c *config) shape() bench.Shape {
+	return bench.Shape{LengthCorr: c.lengthCorr, Truncate: c.truncate, DatasetPrompts: c.datasetPrompts, EpochCorr: c.epochCorr}
+}
+
+// pareto parses --tool-pareto.
+func (c *config) pareto() (*bench.BoundedPareto, error) {
+	v, err := parseFloats(c.toolPareto)
+	if err != nil || len(v) != 3 || v[0] <= 0 || v[1] <= v[0] || v[2] <= 0 {
+		return nil, fmt.Errorf("--tool-pareto wants MIN,MAX,ALPHA with 0 < MIN < MAX and ALPHA > 0, got %q", c.toolPareto)
+	}
+	return &bench.BoundedPareto{Min: v[0], Max: v[1], Alpha: v[2]}, nil
+}
+
+// summarise is bench.Summarise with --report-from-step applied.
+func (c *config) summarise(res *bench.Result) bench.Summary {
+	s := bench.Summarise(res, 0)
+	if c.fromStep > 0 {
+		s.Makespan = sumFrom(s.MakespanSteps, c.fromStep)
+	}
+	return s
+}
+
+func sumFrom(xs []float64, from int) float64 {
+	t := 0.0
+	for i := from; i < len(xs); i++ {
+		t += xs[i]
+	}
+	return t
+}
 
 type config struct {
 	workload, trace, policies, jsonOut, csvOut, plotOut, kvcParams string
@@ -51,6 +83,13 @@ type config struct {
 	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
 	// frozenCommit the commit it records.
 	kvcFrozen, frozenCommit string
+	// The RL workload shape (issue 26): shaped is set when any of its
+	// flags is given; nil-shape workloads keep independent draws.
+	shaped                                  bool
+	lengthCorr, truncate, epochCorr         float64
+	datasetPrompts, fromStep, clientWorkers int
+	arrivals, engineModel, toolPareto       string
+	clientRate                              float64
 }
 
 // paramFlag collects repeated --params NAME=JSON.
@@ -127,8 +166,43 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.sweepSeeds, "sweep-seeds", "1", "sensitivity: seeds")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress bar")
 	fs.BoolVar(&c.oracleLPT, "oracle-longest-first", false, "reference only: submit each step's requests longest response first (length knowledge no router has)")
+	fs.Float64Var(&c.lengthCorr, "length-corr", 0, "grpo/agent: within-group correlation rho of log response length (a per-prompt difficulty plus per-sample noise; marginal unchanged; stratified draws)")
+	fs.Float64Var(&c.truncate, "truncate", 0, "grpo/agent (shaped): share of responses that reach the response maximum (max_tokens)")
+	fs.IntVar(&c.datasetPrompts, "dataset-prompts", 0, "grpo/agent: a step's prompts come from a dataset of N prompts in shuffled epochs (0 = fresh prompts every step)")
+	fs.Float64Var(&c.epochCorr, "epoch-corr", bench.DefaultEpochCorr, "grpo/agent: correlation of a prompt's difficulty between epochs")
+	fs.StringVar(&c.arrivals, "arrivals", "burst", "burst (a step's requests all at its start) | verl (batch order, chunked per agent-loop worker, at --client-rate)")
+	fs.Float64Var(&c.clientRate, "client-rate", bench.DefaultClientRate, "--arrivals verl: acquires per second through verl's client path")
+	fs.IntVar(&c.clientWorkers, "client-workers", bench.DefaultClientWorkers, "--arrivals verl: agent-loop workers")
+	fs.StringVar(&c.engineModel, "engine-model", "default", "engine step-time model: default | hbm (prefill attention, decode from KV bytes and memory bandwidth)")
+	fs.StringVar(&c.toolPareto, "tool-pareto", "", "agent: tool latency as a bounded Pareto MIN,MAX,ALPHA in seconds (e.g. 1,60,0.8); empty = the workload's lognormal")
+	fs.IntVar(&c.fromStep, "report-from-step", 0, "held-out: makespans count steps from this 0-based index on (1 = epoch >= 2 with --dataset-prompts equal to a step's prompts)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "length-corr", "truncate", "dataset-prompts", "epoch-corr":
+			c.shaped = true
+		}
+	})
+	if c.arrivals != "burst" && c.arrivals != "verl" {
+		return nil, fmt.Errorf("--arrivals must be burst or verl, got %q", c.arrivals)
+	}
+	if c.clientRate <= 0 || c.clientWorkers < 1 || c.fromStep < 0 {
+		return nil, errors.New("--client-rate and --client-workers must be positive, --report-from-step not negative")
+	}
+	if _, err := (sim.Config{}).WithModel(c.engineModel); err != nil {
+		return nil, err
+	}
+	if c.shaped {
+		if err := c.shape().Validate(0); err != nil {
+			return nil, err
+		}
+	}
+	if c.toolPareto != "" {
+		if _, err := c.pareto(); err != nil {
+			return nil, err
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -240,6 +314,13 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		if c.responseMedian > 0 {
 			g.Response.Median = c.responseMedian
 		}
+		if c.shaped {
+			sh := c.shape()
+			if err := sh.Validate(g.Prompts); err != nil {
+				return nil, 0, err
+			}
+			g.Shape = &sh
+		}
 		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
 	default:
 		a := bench.DefaultAgent()
@@ -267,17 +348,35 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		if c.responseMedian > 0 {
 			a.Response.Median = c.responseMedian
 		}
+		if c.shaped {
+			sh := c.shape()
+			if err := sh.Validate(a.Tasks); err != nil {
+				return nil, 0, err
+			}
+			a.Shape = &sh
+		}
+		if c.toolPareto != "" {
+			p, err := c.pareto()
+			if err != nil {
+				return nil, 0, err
+			}
+			a.ToolPareto = p
+		}
 		return func() bench.Workload { return bench.NewAgent(a) }, a.Steps * a.Tasks * a.Group * (a.MinTurns + a.MaxTurns) / 2, nil
 	}
 }
 
 func (c *config) options(progress *atomic.Int64) bench.Options {
-	return bench.Options{
+	o := bench.Options{
 		Engines: bench.EngineSpec{Engines: c.engines, GPUBlocks: c.gpuBlocks, CPUBlocks: c.cpuBlocks, BlockSize: c.blockSize,
-			MaxNumSeqs: c.maxSeqs, MaxBatchedTokens: c.maxBatched, Seed: c.seed},
+			MaxNumSeqs: c.maxSeqs, MaxBatchedTokens: c.maxBatched, Seed: c.seed, Model: c.engineModel},
 		ScrapeInterval: c.scrape, EventDelay: c.eventDelay, ArrivalSpread: c.spread, Progress: progress,
 		OracleLongestFirst: c.oracleLPT,
 	}
+	if c.arrivals == "verl" {
+		o.ClientRate, o.ClientWorkers = c.clientRate, c.clientWorkers
+	}
+	return o
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -351,6 +450,16 @@ func single(c *config, stdout, stderr io.Writer) error {
 		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
 		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
+		"engine_model": c.engineModel, "arrivals": c.arrivals,
+	}
+	if c.arrivals == "verl" {
+		rep.Config["client_rate"], rep.Config["client_workers"] = c.clientRate, c.clientWorkers
+	}
+	if c.shaped {
+		rep.Config["shape"] = c.shape()
+	}
+	if c.toolPareto != "" {
+		rep.Config["tool_pareto"] = c.toolPareto
 	}
 	if len(c.params) > 0 {
 		rep.Config["params"] = c.params

@@ -182,6 +182,10 @@ func TestHeldoutSmall(t *testing.T) {
 				Mean, SD, CI95 float64
 				N              int
 			} `json:"makespan_s"`
+			PerSeed []struct {
+				Seed     uint64  `json:"seed"`
+				Makespan float64 `json:"makespan_s"`
+			} `json:"per_seed"`
 		} `json:"rows"`
 	}
 	b, err := os.ReadFile(jsonPath)
@@ -206,6 +210,11 @@ func TestHeldoutSmall(t *testing.T) {
 		t.Fatalf("rows %d (want %d) seeds %v", len(doc.Rows), want, doc.ReportSeeds)
 	}
 	for i, r := range doc.Rows {
+		// Per-seed values in report-seed order, their mean the row's.
+		if len(r.PerSeed) != 2 || r.PerSeed[0].Seed != 1 || r.PerSeed[1].Seed != 2 ||
+			math.Abs((r.PerSeed[0].Makespan+r.PerSeed[1].Makespan)/2-r.Makespan.Mean) > 1e-9 {
+			t.Fatalf("%s: per_seed %+v, makespan mean %v", r.Policy, r.PerSeed, r.Makespan.Mean)
+		}
 		if r.Makespan.N != 2 || math.Abs(r.Makespan.CI95-12.706*r.Makespan.SD/math.Sqrt2) > 1e-9 {
 			t.Fatalf("%s: makespan stat %+v, want N 2 and CI95 = t(0.975, 1) SD / sqrt 2", r.Policy, r.Makespan)
 		}
@@ -226,7 +235,7 @@ func TestHeldoutSmall(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, g := range tuneGrid[strings.Split(r.Policy, "+")[0]] {
+		for _, g := range gridFor(r.Policy) {
 			inGrid = inGrid || got.String() == g
 		}
 		if r.Policy == "verl_default" || !inGrid {

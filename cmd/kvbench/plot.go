@@ -11,7 +11,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/kvc-router/kvc-router/core/tooling/bench"
+	"github.com/kvc-router/kvc-router/testbed/bench"
 )
 
 var palette = []color.RGBA{

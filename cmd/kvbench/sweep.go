@@ -11,7 +11,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/tooling/bench"
+	"github.com/kvc-router/kvc-router/testbed/bench"
 )
 
 type sweepPoint struct {

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"io"
 
-	"github.com/kvc-router/kvc-router/core/kvcrouter/refdoc"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 )
 
 // configDoc prints the configuration reference generated from the Go
@@ -16,7 +16,7 @@ func configDoc(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	doc, err := refdoc.Generate(*root)
+	doc, err := kvcrouter.ConfigReference(*root)
 	if err != nil {
 		return err
 	}

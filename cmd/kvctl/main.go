@@ -1,6 +1,7 @@
 // Command kvctl is the operator's tool for kvc-router: decode captured KV
 // events, scrape a server's /metrics as the router sees it, watch a live
-// event stream, and compute block keys.
+// event stream, compute block keys, explain a routing decision, and check a
+// configuration and the servers it names before a job starts (preflight).
 package main
 
 import (
@@ -19,12 +20,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
-	"github.com/kvc-router/kvc-router/core/blockhash"
-	"github.com/kvc-router/kvc-router/core/collector"
-	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/metrics"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 const usage = `kvctl: operator tool for kvc-router
@@ -34,6 +31,14 @@ Usage:
   kvctl scrape URL                fetch and parse a /metrics endpoint, print the load snapshot as JSON
   kvctl watch ENDPOINT            subscribe to a KV-event publisher and print decoded events live
   kvctl keys --block-size N       read token ids (a JSON array) on stdin, print the block keys
+  kvctl explain FILE|-            print the last routing decision stage by stage from a status
+                                  document (get_status() or kvr_status JSON, or its last_decision)
+  kvctl explain --dry-run FILE|-  the same for the decision a scenario's request would get (config,
+                                  servers' metrics, cached prompts, in-flight counts, sessions); nothing is routed
+  kvctl preflight [--config FILE] [--server ID]...
+                                  check a router configuration (verl's router: block or whole YAML)
+                                  as the library does, probe each server's /metrics and KV-event
+                                  publisher, and say what to do about what fails
   kvctl config-doc [--root DIR]   print the configuration reference (docs/configuration.md) from the
                                   Go model; DIR is the source checkout (default .)
 
@@ -67,6 +72,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = keys(args[1:], stdin, stdout, stderr)
 	case "config-doc":
 		err = configDoc(args[1:], stdout, stderr)
+	case "explain":
+		err = explain(args[1:], stdin, stdout, stderr)
+	case "preflight":
+		err = preflight(ctx, args[1:], stdin, stdout, stderr)
 	default:
 		err = fmt.Errorf("unknown command %q\n\n%s", args[0], usage)
 	}
@@ -95,7 +104,9 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// eventJSON is one event as kvctl prints it.
+// eventJSON is one event as kvctl prints it: every field of vLLM's
+// BlockStored / BlockRemoved (null when absent), plus what the decoder
+// concluded (bigram token pairs, a dropped event's reason).
 type eventJSON struct {
 	Seq             *uint64  `json:"seq,omitempty"`
 	Type            string   `json:"type"`
@@ -106,16 +117,31 @@ type eventJSON struct {
 	Medium          *string  `json:"medium"`
 	LoraID          *int64   `json:"lora_id"`
 	LoraName        *string  `json:"lora_name"`
+	ExtraKeys       any      `json:"extra_keys"`
+	GroupIdx        *int     `json:"group_idx"`
+	KVCacheSpecKind *string  `json:"kv_cache_spec_kind"`
+	SlidingWindow   *int     `json:"kv_cache_spec_sliding_window"`
+	BigramTokens    bool     `json:"bigram_token_ids,omitempty"`
+	Dropped         string   `json:"dropped,omitempty"`
+	DropError       string   `json:"drop_error,omitempty"`
 	TS              float64  `json:"ts"`
 	DPRank          *int     `json:"dp_rank"`
 }
 
-func printBatch(w io.Writer, b *kvevents.Batch, seq *uint64) error {
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func printBatch(w io.Writer, b *kvcrouter.EventBatch, seq *uint64) error {
 	enc := json.NewEncoder(w)
 	for i := range b.Events {
 		ev := &b.Events[i]
 		out := eventJSON{Seq: seq, Type: ev.TypeName, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs,
-			BlockSize: ev.BlockSize, TS: b.TS}
+			BlockSize: ev.BlockSize, TS: b.TS, Medium: strPtr(ev.Medium), LoraName: strPtr(ev.LoraName),
+			KVCacheSpecKind: strPtr(ev.KVCacheSpecKind), BigramTokens: ev.Bigram}
 		if out.Type == "" {
 			out.Type = ev.Kind.String()
 		}
@@ -129,17 +155,30 @@ func printBatch(w io.Writer, b *kvevents.Batch, seq *uint64) error {
 			p := ev.ParentBlockHash
 			out.ParentBlockHash = &p
 		}
-		if ev.Medium != "" {
-			m := ev.Medium
-			out.Medium = &m
-		}
 		if ev.LoraID >= 0 {
 			l := ev.LoraID
 			out.LoraID = &l
 		}
-		if ev.LoraName != "" {
-			l := ev.LoraName
-			out.LoraName = &l
+		if ev.GroupIdx >= 0 {
+			g := ev.GroupIdx
+			out.GroupIdx = &g
+		}
+		if ev.HasSlidingWindow {
+			sw := ev.SlidingWindow
+			out.SlidingWindow = &sw
+		}
+		if len(ev.ExtraKeys) > 0 {
+			// Raw msgpack as the engine sent it (a list, one entry per block).
+			var v any
+			if err := msgpack.Unmarshal(ev.ExtraKeys, &v); err == nil {
+				out.ExtraKeys = v
+			}
+		}
+		if ev.Drop != kvcrouter.EventDropNone {
+			out.Dropped = ev.Drop.String()
+			if ev.DropErr != nil {
+				out.DropError = ev.DropErr.Error()
+			}
 		}
 		if b.DPRank >= 0 {
 			d := b.DPRank
@@ -159,27 +198,11 @@ func decodeEvents(args []string, stdin io.Reader, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	var r io.Reader = stdin
-	if p := pos[0]; p != "-" {
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		r = f
-	}
-	data, err := io.ReadAll(io.LimitReader(r, int64(*limit)+1))
+	data, err := readInput(fs, pos, stdin, *limit, "payload")
 	if err != nil {
 		return err
 	}
-	if len(data) > *limit {
-		return fmt.Errorf("payload larger than %d bytes", *limit)
-	}
-	b, err := kvevents.Decode(data)
+	b, err := kvcrouter.DecodeEvents(data)
 	if err != nil {
 		return err
 	}
@@ -190,7 +213,7 @@ func scrape(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags("scrape", "scrape URL\n\nFetches a /metrics endpoint (e.g. http://127.0.0.1:8000/metrics) and prints what the router learns from it.", stderr)
 	flavor := fs.String("flavor", "vllm", "engine metric names: vllm or sglang")
 	timeout := fs.Duration("timeout", 5*time.Second, "request timeout")
-	limit := fs.Int64("max-bytes", metrics.DefaultLimit, "response size limit")
+	limit := fs.Int64("max-bytes", kvcrouter.DefaultMetricsLimit, "response size limit")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -199,18 +222,18 @@ func scrape(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.Usage()
 		return errUsage
 	}
-	var fl metrics.Flavor
+	var fl kvcrouter.MetricsFlavor
 	switch *flavor {
 	case "vllm":
-		fl = metrics.VLLM
+		fl = kvcrouter.MetricsVLLM
 	case "sglang":
-		fl = metrics.SGLang
+		fl = kvcrouter.MetricsSGLang
 	default:
 		return fmt.Errorf("--flavor %q (allowed: vllm, sglang)", *flavor)
 	}
 	url := pos[0]
 	if !strings.Contains(url, "://") {
-		url = collector.MetricsURL(url)
+		url = kvcrouter.MetricsURL(url)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -226,7 +249,7 @@ func scrape(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s answered %s", url, resp.Status)
 	}
-	m, err := metrics.Parse(resp.Body, fl, *limit)
+	m, err := kvcrouter.ParseMetrics(resp.Body, fl, *limit)
 	if err != nil {
 		return err
 	}
@@ -254,6 +277,8 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	topic := fs.String("topic", "", "topic prefix filter")
 	count := fs.Int("count", 0, "exit after this many batches (0 = until interrupted)")
 	duration := fs.Duration("duration", 0, "exit after this long (0 = until interrupted)")
+	maxPayload := fs.Int("max-payload-bytes", kvcrouter.DefaultMaxEventPayloadBytes,
+		"largest batch accepted; a larger frame drops the connection (counted on stderr) before it is read")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -267,21 +292,15 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
 	}
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(10), zmq4.WithDialerRetry(200*time.Millisecond))
-	defer sub.Close()
-	if err := sub.SetOption(zmq4.OptionSubscribe, *topic); err != nil {
-		return err
-	}
-	if err := sub.Dial(pos[0]); err != nil {
-		return err
-	}
+	live := &watchConn{endpoint: pos[0], topic: *topic, maxPayload: *maxPayload, stderr: stderr}
+	defer live.close()
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
-	var b kvevents.Batch
+	var b kvcrouter.EventBatch
 	var last uint64
 	started, seen := false, 0
 	emit := func(seq uint64, payload []byte) {
-		if err := kvevents.DecodeInto(payload, &b); err != nil {
+		if err := kvcrouter.DecodeEventsInto(payload, &b); err != nil {
 			fmt.Fprintf(stderr, "kvctl watch: seq %d: %v\n", seq, err)
 			return
 		}
@@ -290,26 +309,27 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		out.Flush()
 	}
 	for *count == 0 || seen < *count {
-		m, err := sub.Recv()
+		frames, err := live.recv(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
-			fmt.Fprintf(stderr, "kvctl watch: ignoring a %d-frame message\n", len(m.Frames))
+		if len(frames) != 3 || len(frames[1]) != 8 {
+			fmt.Fprintf(stderr, "kvctl watch: ignoring a %d-frame message\n", len(frames))
 			continue
 		}
 		// Unsigned 64-bit, as vLLM sends them; a lower seq is a new run.
-		seq := binary.BigEndian.Uint64(m.Frames[1])
+		seq := binary.BigEndian.Uint64(frames[1])
 		if *replay != "" && (!started || seq < last || seq-last > 1) {
 			from := last + 1
 			if !started || seq < last {
 				from = 0
 			}
 			if from < seq {
-				ok, _, err := collector.Replay(ctx, *replay, from, seq, 5*time.Second, time.Second, !started, emit)
+				ok, _, err := kvcrouter.ReplayEventsWith(ctx, *replay, from, seq, kvcrouter.EventReplayOptions{Timeout: 5 * time.Second,
+					DialTimeout: time.Second, Partial: !started, MaxPayloadBytes: *maxPayload}, emit)
 				if !ok || err != nil {
 					fmt.Fprintf(stderr, "kvctl watch: replay [%d, %d) incomplete: %v\n", from, seq, err)
 				}
@@ -317,11 +337,83 @@ func watch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		} else if started && seq != last+1 {
 			fmt.Fprintf(stderr, "kvctl watch: sequence jumped from %d to %d\n", last, seq)
 		}
-		emit(seq, m.Frames[2])
+		emit(seq, frames[2])
 		last, started = seq, true
 		seen++
 	}
 	return nil
+}
+
+// watchConn is kvctl watch's subscription: it dials on first use and
+// after a dropped connection, with a backoff that ends with ctx (200 ms
+// doubling to 3.2 s; 10 failures in a row give up).
+type watchConn struct {
+	endpoint, topic string
+	maxPayload      int
+	stderr          io.Writer
+	c               *kvcrouter.LiveEvents
+	dropped         int
+}
+
+func (w *watchConn) recv(ctx context.Context) ([][]byte, error) {
+	fails := 0
+	for {
+		if w.c == nil {
+			c, err := kvcrouter.DialLiveEvents(ctx, w.endpoint, w.topic, w.maxPayload, time.Second)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if fails++; fails >= 10 {
+					return nil, err
+				}
+				if !sleep(ctx, 200*time.Millisecond<<min(fails-1, 4)) {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+			w.c = c
+		}
+		frames, err := w.c.Recv()
+		if err == nil {
+			return frames, nil
+		}
+		w.close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if kvcrouter.IsHostileEventPeer(err) {
+			w.dropped++
+			fmt.Fprintf(w.stderr, "kvctl watch: connection dropped (%d so far): %v\n", w.dropped, err)
+		} else {
+			fmt.Fprintf(w.stderr, "kvctl watch: connection lost: %v; reconnecting\n", err)
+		}
+		if fails++; fails >= 10 {
+			return nil, err
+		}
+		if !sleep(ctx, 200*time.Millisecond<<min(fails-1, 4)) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (w *watchConn) close() {
+	if w.c != nil {
+		w.c.Close()
+		w.c = nil
+	}
+}
+
+// sleep waits d unless ctx ends first; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // parse parses flags that may stand before or after positional arguments
@@ -342,7 +434,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func keys(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlags("keys", "keys --block-size N [--model M] [--lora L]\n\nReads token ids as a JSON array on stdin and prints the router's block keys (one per full block) as a JSON array.", stderr)
-	bs := fs.Int("block-size", blockhash.DefaultBlockSize, "tokens per block")
+	bs := fs.Int("block-size", kvcrouter.DefaultBlockSize, "tokens per block")
 	model := fs.String("model", "", "model name (part of the key namespace; must match the router's config)")
 	lora := fs.String("lora", "", "LoRA adapter name (part of the key namespace)")
 	if err := fs.Parse(args); err != nil {
@@ -363,9 +455,36 @@ func keys(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 		ids[i] = int32(t)
 	}
-	out := blockhash.Keys(ids, *bs, blockhash.Namespace(*model, *lora))
+	out := kvcrouter.BlockKeys(ids, *bs, kvcrouter.HashNamespace(*model, *lora))
 	if out == nil {
 		out = []uint64{}
 	}
 	return json.NewEncoder(stdout).Encode(out)
+}
+
+// readInput reads the one positional FILE (or - for stdin), refusing more
+// than limit bytes without reading past limit+1: kvctl's commands take
+// documents an operator copied from anywhere.
+func readInput(fs *flag.FlagSet, pos []string, stdin io.Reader, limit int, what string) ([]byte, error) {
+	if len(pos) != 1 {
+		fs.Usage()
+		return nil, errUsage
+	}
+	var r io.Reader = stdin
+	if p := pos[0]; p != "-" {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	data, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > limit {
+		return nil, fmt.Errorf("%s larger than %d bytes", what, limit)
+	}
+	return data, nil
 }

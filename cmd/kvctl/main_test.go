@@ -14,10 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 
-	"github.com/kvc-router/kvc-router/core/blockhash"
-	"github.com/kvc-router/kvc-router/core/kvevents"
+	"github.com/go-zeromq/zmq4"
 )
 
 func runCmd(t *testing.T, stdin string, args ...string) (int, string, string) {
@@ -27,18 +26,18 @@ func runCmd(t *testing.T, stdin string, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-func samplePayload(t *testing.T, layout kvevents.Layout) []byte {
+func samplePayload(t *testing.T, layout kvcrouter.EventLayout) []byte {
 	t.Helper()
 	toks := make([]int32, 32)
 	for i := range toks {
 		toks[i] = int32(i + 1)
 	}
-	b := &kvevents.Batch{TS: 1789095808.5, DPRank: 0, Events: []kvevents.Event{
-		{Kind: kvevents.KindStored, BlockHashes: []uint64{0xDEADBEEFCAFEBABE, 7}, TokenIDs: toks, BlockSize: 16, LoraID: -1, Medium: "GPU", GroupIdx: -1},
-		{Kind: kvevents.KindRemoved, BlockHashes: []uint64{7}, Medium: "GPU", LoraID: -1, GroupIdx: -1},
-		{Kind: kvevents.KindCleared, LoraID: -1, GroupIdx: -1},
+	b := &kvcrouter.EventBatch{TS: 1789095808.5, DPRank: 0, Events: []kvcrouter.Event{
+		{Kind: kvcrouter.EventStored, BlockHashes: []uint64{0xDEADBEEFCAFEBABE, 7}, TokenIDs: toks, BlockSize: 16, LoraID: -1, Medium: "GPU", GroupIdx: -1},
+		{Kind: kvcrouter.EventRemoved, BlockHashes: []uint64{7}, Medium: "GPU", LoraID: -1, GroupIdx: -1},
+		{Kind: kvcrouter.EventCleared, LoraID: -1, GroupIdx: -1},
 	}}
-	p, err := kvevents.Encode(b, layout)
+	p, err := kvcrouter.EncodeEvents(b, layout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +45,7 @@ func samplePayload(t *testing.T, layout kvevents.Layout) []byte {
 }
 
 func TestDecodeEvents(t *testing.T) {
-	for _, layout := range []kvevents.Layout{kvevents.LayoutArray, kvevents.LayoutMap} {
+	for _, layout := range []kvcrouter.EventLayout{kvcrouter.EventLayoutArray, kvcrouter.EventLayoutMap} {
 		path := filepath.Join(t.TempDir(), "batch.msgpack")
 		if err := os.WriteFile(path, samplePayload(t, layout), 0o600); err != nil {
 			t.Fatal(err)
@@ -129,7 +128,7 @@ func TestKeys(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := blockhash.Keys(toks, 16, blockhash.Namespace("m", ""))
+	want := kvcrouter.BlockKeys(toks, 16, kvcrouter.HashNamespace("m", ""))
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("got %v want %v", got, want)
 	}
@@ -165,7 +164,7 @@ func TestWatch(t *testing.T) {
 	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	payload := samplePayload(t, kvevents.LayoutMap)
+	payload := samplePayload(t, kvcrouter.EventLayoutMap)
 	done := make(chan struct{})
 	go func() {
 		var seq uint64

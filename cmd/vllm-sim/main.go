@@ -1,4 +1,4 @@
-// Command vllm-sim serves simulated vLLM engines (core/sim) with vLLM's HTTP
+// Command vllm-sim serves simulated vLLM engines (testbed/sim) with vLLM's HTTP
 // API, Prometheus metrics and ZMQ KV-cache events. It runs one server, or a
 // fleet of N servers on consecutive ports (--fleet N --base-port P), and
 // prints one JSON line per server on stdout:
@@ -21,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"io"
 	"log/slog"
 	"net"
@@ -31,9 +32,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/tooling/sim"
-	"github.com/kvc-router/kvc-router/core/tooling/sim/server"
+	"github.com/kvc-router/kvc-router/testbed/sim"
+	"github.com/kvc-router/kvc-router/testbed/sim/server"
 )
 
 func main() {
@@ -112,7 +112,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.baseEventPort, "base-event-port", 0, "first ZMQ port of the fleet (PUB E+2i, replay E+2i+1); 0 = use --kv-events-* (single server)")
 	fs.StringVar(&o.hashAlgo, "prefix-caching-hash-algo", "xxhash", "value reported in vllm:cache_config_info")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug|info|warn|error")
+	engineModel := fs.String("engine-model", "default", "step-time model: default | hbm (prefill attention over the context, decode cost from KV bytes and memory bandwidth)")
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	var err error
+	if o.ec, err = o.ec.WithModel(*engineModel); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -178,7 +183,7 @@ func serverConfig(o *options, i int, log *slog.Logger) (server.Config, error) {
 		Logger:                log.With("server", i),
 	}
 	if o.encoding == "map" {
-		cfg.KVEventsLayout = kvevents.LayoutMap
+		cfg.KVEventsLayout = kvcrouter.EventLayoutMap
 	}
 	if o.baseEventPort > 0 {
 		p := o.baseEventPort + 2*i*o.dp

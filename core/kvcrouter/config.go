@@ -13,10 +13,10 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/collector"
-	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
-	"github.com/kvc-router/kvc-router/core/strictjson"
+	"github.com/kvc-router/kvc-router/core/internal/collector"
+	"github.com/kvc-router/kvc-router/core/internal/metrics"
+	"github.com/kvc-router/kvc-router/core/internal/router"
+	"github.com/kvc-router/kvc-router/core/internal/strictjson"
 )
 
 // Defaults of the library's own keys.
@@ -24,6 +24,9 @@ const (
 	DefaultLogLevel        = "warn"
 	DefaultMaxMetricsBytes = metrics.DefaultLimit
 	DefaultMaxEventBytes   = 64 << 20
+	// MaxPushBytes bounds push.max_metrics_bytes and push.max_event_bytes:
+	// one pushed payload is copied whole into Go memory.
+	MaxPushBytes = 1 << 30
 	// MaxProcsLimit bounds max_procs.
 	MaxProcsLimit = 4096
 )
@@ -38,25 +41,39 @@ type Config struct {
 	// Router configures routing: mode, strategies, sticky sessions, and
 	// the sizes of the block index (router.index) and load store
 	// (router.load).
+	// When to change: see its keys.
 	Router router.Config `json:"router"`
 	// Collectors lists the live sources of server state.
+	// When to change: see its keys.
 	Collectors collector.Config `json:"collectors"`
 	// MaxProcs > 0 calls runtime.GOMAXPROCS (process-wide) when a library
 	// instance is built.
+	// When to change: set it to the CPUs the balancer should use when its
+	// process sees many (Go otherwise uses every visible CPU).
 	MaxProcs int `json:"max_procs"`
 	// LogLevel of the collectors' logger on stderr: debug, info, warn or
 	// error.
+	// When to change: info or debug to see collectors' connection and scrape
+	// problems.
 	LogLevel string `json:"log_level"`
 	// Push bounds the payloads callers push (kvr_update_metrics,
 	// kvr_update_events).
+	// When to change: see its keys.
 	Push PushConfig `json:"push"`
+	// Integration holds the keys only the Python package and its verl
+	// hook act on; the library checks them and reports their defaults.
+	// When to change: see its keys.
+	Integration Integration `json:"integration"`
 }
 
 // PushConfig bounds pushed payloads; 0 means the default.
 type PushConfig struct {
 	// MaxMetricsBytes bounds one pushed Prometheus text (kvr_update_metrics).
+	// When to change: raise it when pushed metrics are refused as too large.
 	MaxMetricsBytes int64 `json:"max_metrics_bytes"`
 	// MaxEventBytes bounds one pushed KV-event payload (kvr_update_events).
+	// When to change: raise it when pushed KV-event batches are refused as too
+	// large.
 	MaxEventBytes int64 `json:"max_event_bytes"`
 }
 
@@ -117,6 +134,8 @@ type raw struct {
 	MaxProcs   int             `json:"max_procs"`
 	LogLevel   string          `json:"log_level"`
 	Push       PushConfig      `json:"push"`
+	// Integration is decoded strictly with the rest.
+	Integration Integration `json:"integration"`
 }
 
 func isNull(b []byte) bool {
@@ -126,17 +145,23 @@ func isNull(b []byte) bool {
 
 // Parse decodes a configuration document strictly and validates it. The
 // result is normalised: Validate has filled in the defaults a router
-// applies at construction. Errors are *FieldError.
+// applies at construction. Errors are *FieldError. The document is either
+// the library's own (Config) or, when it has a router_config key, the
+// Python balancer's (Balancer: the configuration in the shape users write,
+// translated in user.go).
 func Parse(data []byte) (Config, error) {
 	var c Config
 	if isNull(data) {
 		data = []byte("{}")
 	}
+	if isBalancer(data) {
+		return parseBalancer(data)
+	}
 	var r raw
 	if err := strictjson.Decode(data, &r); err != nil {
 		return c, fieldError("", err)
 	}
-	c.MaxProcs, c.LogLevel, c.Push = r.MaxProcs, r.LogLevel, r.Push
+	c.MaxProcs, c.LogLevel, c.Push, c.Integration = r.MaxProcs, r.LogLevel, r.Push, r.Integration
 	if err := c.validateTop(); err != nil {
 		return c, err
 	}
@@ -177,6 +202,10 @@ func (c *Config) Validate() error {
 	if err := c.Collectors.Validate(); err != nil {
 		return fieldError("collectors", err)
 	}
+	if err := c.Integration.validate(); err != nil {
+		fe := fieldError("", err)
+		return &FieldError{Key: strictjson.Join("integration", fe.Key), Reason: fe.Reason}
+	}
 	return nil
 }
 
@@ -184,11 +213,16 @@ func (c *Config) validateTop() error {
 	if c.MaxProcs < 0 || c.MaxProcs > MaxProcsLimit {
 		return &FieldError{Key: "max_procs", Reason: fmt.Sprintf("must be in [0, %d], got %d", MaxProcsLimit, c.MaxProcs)}
 	}
-	if c.Push.MaxMetricsBytes < 0 {
-		return &FieldError{Key: "push.max_metrics_bytes", Reason: fmt.Sprintf("must not be negative, got %d", c.Push.MaxMetricsBytes)}
-	}
-	if c.Push.MaxEventBytes < 0 {
-		return &FieldError{Key: "push.max_event_bytes", Reason: fmt.Sprintf("must not be negative, got %d", c.Push.MaxEventBytes)}
+	for _, v := range []struct {
+		key string
+		n   int64
+	}{{"push.max_metrics_bytes", c.Push.MaxMetricsBytes}, {"push.max_event_bytes", c.Push.MaxEventBytes}} {
+		if v.n < 0 {
+			return &FieldError{Key: v.key, Reason: fmt.Sprintf("must not be negative, got %d", v.n)}
+		}
+		if v.n > MaxPushBytes {
+			return &FieldError{Key: v.key, Reason: fmt.Sprintf("must be at most %d (1 GiB; 0 = default), got %d", int64(MaxPushBytes), v.n)}
+		}
 	}
 	if c.Push.MaxMetricsBytes == 0 {
 		c.Push.MaxMetricsBytes = DefaultMaxMetricsBytes

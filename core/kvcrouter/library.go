@@ -9,9 +9,9 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/kvc-router/kvc-router/core/collector"
-	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/internal/collector"
+	"github.com/kvc-router/kvc-router/core/internal/metrics"
+	"github.com/kvc-router/kvc-router/core/internal/router"
 )
 
 // Library is one router and the collectors that feed it, closed together.
@@ -35,6 +35,10 @@ var ErrClosed = errors.New("kvcrouter: library is closed")
 type Options struct {
 	// LogOutput receives the collectors' log; nil means os.Stderr.
 	LogOutput io.Writer
+	// LogJSON writes one JSON object per record (time, level, msg, then
+	// the attributes) instead of logfmt text: for a host that re-emits the
+	// records through its own logging (the C ABI's kvr_set_log_fd).
+	LogJSON bool
 }
 
 // New validates cfg, builds the router and starts the configured
@@ -58,7 +62,12 @@ func New(cfg Config, opts Options) (*Library, error) {
 	if out == nil {
 		out = os.Stderr
 	}
-	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+	hopts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler = slog.NewTextHandler(out, hopts)
+	if opts.LogJSON {
+		handler = slog.NewJSONHandler(out, hopts)
+	}
+	logger := slog.New(handler)
 	coll, err := collector.Start(r, cfg.Collectors, logger)
 	if err != nil {
 		return nil, fieldError("collectors", err)

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvc-router/kvc-router/core/kvevents"
-	"github.com/kvc-router/kvc-router/core/metrics"
-	"github.com/kvc-router/kvc-router/core/router"
+	"github.com/kvc-router/kvc-router/core/internal/kvevents"
+	"github.com/kvc-router/kvc-router/core/internal/metrics"
+	"github.com/kvc-router/kvc-router/core/internal/router"
 )
 
 // TestLibraryLifecycle: New builds a router fed by its collectors (a real

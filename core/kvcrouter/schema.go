@@ -5,9 +5,9 @@ import (
 
 	json "github.com/goccy/go-json"
 
-	"github.com/kvc-router/kvc-router/core/collector"
-	"github.com/kvc-router/kvc-router/core/router"
-	"github.com/kvc-router/kvc-router/core/strategy"
+	"github.com/kvc-router/kvc-router/core/internal/collector"
+	"github.com/kvc-router/kvc-router/core/internal/router"
+	"github.com/kvc-router/kvc-router/core/internal/strategy"
 )
 
 // Schema lists what a configuration may name: router modes, strategies
@@ -22,6 +22,11 @@ type Schema struct {
 	Targets    map[string]string `json:"targets"`
 	Collectors []string          `json:"collectors"`
 	LogLevels  []string          `json:"log_levels"`
+	// MetricsFlavors are the pushed metrics dialects; a flavour's index
+	// is its code in kvr_update_metrics.
+	MetricsFlavors []string `json:"metrics_flavors"`
+	// KVEventsModes are the kv_events values.
+	KVEventsModes []string `json:"kv_events_modes"`
 }
 
 // ConfigSchema builds the Schema from the registries.
@@ -32,6 +37,9 @@ func ConfigSchema() (Schema, error) {
 		Targets:     strategy.Targets(),
 		Collectors:  collector.Names(),
 		LogLevels:   append([]string(nil), LogLevels...),
+
+		MetricsFlavors: append([]string(nil), MetricsFlavors...),
+		KVEventsModes:  append([]string(nil), KVEventsModes...),
 	}
 	for _, name := range strategy.Names() {
 		st, err := strategy.Build(name, nil)

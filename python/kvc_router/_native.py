@@ -45,7 +45,7 @@ LIB_NAME = "libkvcrouter.so"
 # (tests/test_errors.py checks them). A library of the same major and a minor
 # at least ABI_MINOR is accepted.
 ABI_VERSION = 1
-ABI_MINOR = 2
+ABI_MINOR = 4
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -157,6 +157,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvr_status": ([c_uint64, err, err], c_int32),
         "kvr_clear_sticky": ([c_uint64, err, err], c_int32),
         "kvr_reset_cache": ([c_uint64, err], c_int32),
+        "kvr_set_log_fd": ([c_int32, err], c_int32),
     }
     SIGNATURES.update(sig)
     for name, (args, res) in sig.items():
@@ -203,6 +204,10 @@ def _load_locked() -> ctypes.CDLL:
         except AttributeError as e:
             raise NativeError(f"{path} is not a compatible libkvcrouter: {e}") from e
         _lib, _lib_path, _pid = lib, path, os.getpid()
+        # The collectors' log into Python's logging (KVC_ROUTER_LOG=stderr: not).
+        from . import _logs
+
+        _logs.route(lib)
         return lib
 
 
@@ -276,7 +281,7 @@ def lookup_id(sid: Any) -> Optional[bytes]:
     return sid.encode("utf-8", "surrogatepass")
 
 
-def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Optional[int], int]:
+def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Any, int]:
     """Packs token ids as int32 without copying when the input already is.
 
     Returns ``(keepalive, address, count)``; ``address`` is an int or a bytes
@@ -325,9 +330,7 @@ def pack_tokens(prompt_ids: Any, limit: Optional[int] = None) -> Tuple[Any, Opti
             "(pass a list, tuple, array('i') or a 1-D integer numpy array)"
         )
     elif isinstance(prompt_ids, (Mapping, AbstractSet)):
-        raise TypeError(
-            f"prompt_ids must be an ordered sequence of int token ids, got {type(prompt_ids).__name__}"
-        )
+        raise TypeError(f"prompt_ids must be an ordered sequence of int token ids, got {type(prompt_ids).__name__}")
     elif hasattr(prompt_ids, "tolist"):
         return pack_tokens(_flat_list(prompt_ids.tolist()), limit)
     else:
@@ -378,8 +381,8 @@ def _int32_array(values: Sequence[Any]) -> array:
     try:
         return array("i", values)
     except OverflowError:
-        bad = next((v for v in values if isinstance(v, int) and not INT32_MIN <= v <= INT32_MAX), None)
-        raise ValueError(f"prompt_ids: token id {bad} is outside the int32 range [{INT32_MIN}, {INT32_MAX}]") from None
+        big = next((v for v in values if isinstance(v, int) and not INT32_MIN <= v <= INT32_MAX), None)
+        raise ValueError(f"prompt_ids: token id {big} is outside the int32 range [{INT32_MIN}, {INT32_MAX}]") from None
     except TypeError:
         bad = next((v for v in values if not isinstance(v, int)), None)
         raise TypeError(f"prompt_ids must contain only int token ids, found {type(bad).__name__} {bad!r}") from None
@@ -424,11 +427,11 @@ def validate_config(config: dict) -> dict:
     code = lib.kvr_validate_config(data, len(data), byref(out), byref(err))
     doc = json.loads(take_string(lib, out) or "{}")
     if code != KVR_OK:
-        e = error_for(code, take_string(lib, err) or "")
-        if isinstance(e, NativeConfigError):
+        exc = error_for(code, take_string(lib, err) or "")
+        if isinstance(exc, NativeConfigError):
             # The library's key path and reason, structured (ABI 1.1).
-            e.key, e.reason = doc.get("key"), doc.get("reason")
-        raise e
+            exc.key, exc.reason = doc.get("key"), doc.get("reason")
+        raise exc
     return doc
 
 
@@ -524,8 +527,20 @@ class Router:
     ) -> Tuple[int, int]:
         idx, gen, err = c_int32(-1), c_int64(0), c_void_p()
         code = self._lib.kvr_acquire(
-            self._h(), request_id, len(request_id), addr, n, pin, lora, len(lora), known_gen,
-            byref(idx), byref(gen), sid, out, byref(err),
+            self._h(),
+            request_id,
+            len(request_id),
+            addr,
+            n,
+            pin,
+            lora,
+            len(lora),
+            known_gen,
+            byref(idx),
+            byref(gen),
+            sid,
+            out,
+            byref(err),
         )
         if code:
             _check(self._lib, code, err)
@@ -534,8 +549,16 @@ class Router:
     # -- admission (ABI 1.2) -------------------------------------------------
 
     def submit(
-        self, request_id: bytes, addr: Optional[int], n: int, pin: int, known_gen: int, ticket: int, lora: bytes = b""
-    ) -> Optional[Tuple[int, int, Optional[str]]]:
+        self,
+        request_id: bytes,
+        addr: Optional[int],
+        n: int,
+        pin: int,
+        known_gen: int,
+        ticket: int,
+        lora: bytes = b"",
+        detail: bool = False,
+    ) -> Optional[Tuple[Any, ...]]:
         """:meth:`acquire` through router-side admission: ``None`` when the
         request is held under ``ticket`` (a later :meth:`release_admit` or
         :meth:`pump` lists it once admitted). A full queue raises
@@ -546,14 +569,21 @@ class Router:
             tokens=addr if buf is None else ctypes.cast(buf, c_void_p),
             n_tokens=n, pin=pin, lora=lora, lora_len=len(lora), known_generation=known_gen, ticket=ticket, submit=1,
         )  # fmt: skip
-        idx, gen, sid, err = c_int32(-1), c_int64(0), c_void_p(), c_void_p()
-        code = self._lib.kvr_acquire_with(self._h(), byref(opts), byref(idx), byref(gen), byref(sid), None, byref(err))
+        idx, gen, sid, err, dec = c_int32(-1), c_int64(0), c_void_p(), c_void_p(), c_void_p()
+        code = self._lib.kvr_acquire_with(
+            self._h(), byref(opts), byref(idx), byref(gen), byref(sid), byref(dec) if detail else None, byref(err)
+        )
         del buf
         if code == KVR_HELD:
             return None
         if code:
             _check(self._lib, code, err)
-        return idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+        got = idx.value, gen.value, (take_string(self._lib, sid) if sid.value else None)
+        if not detail:
+            return got
+        d = json.loads(take_string(self._lib, dec) or "{}") if dec.value else {}
+        d["index"], d["generation"] = got[0], got[1]
+        return (*got, d)
 
     def release_admit(self, server_id: bytes) -> Tuple[bool, list]:
         """:meth:`release` that admits held requests into the freed room:

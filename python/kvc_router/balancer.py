@@ -16,8 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from . import _native, metrics
 from .config import RouterConfig, load_router_config, parse_endpoint
-from .endpoints import _join
-from .errors import ConfigError, NativeError, NoServerError
+from .errors import ConfigError, NativeError, NoServerError, allowed_text
 
 logger = logging.getLogger("kvc_router")
 
@@ -79,30 +78,17 @@ class KVCAwareBalancer:
         if router_config is None and _is_mapping(max_cache_size):
             # ray.remote(cls).remote(servers, yaml_config): verl's plugin route.
             router_config, max_cache_size = max_cache_size, DEFAULT_ROUTING_CACHE_SIZE
-            if "router_class" in router_config and len(router_config) == 1:
-                router_config = "kvc_aware"
-        if isinstance(max_cache_size, bool) or not isinstance(max_cache_size, int) or max_cache_size < 1:
-            raise ConfigError(
-                f"max_cache_size must be a positive integer, got {max_cache_size!r}",
-                key="max_cache_size",
-                allowed="[1, inf)",
-            )
         if not isinstance(full_determinism, bool):
             raise ConfigError(
                 f"full_determinism must be true or false, got {full_determinism!r}",
                 key="full_determinism",
                 allowed=(True, False),
             )
-        self._config: RouterConfig = load_router_config(router_config)
-        if self._config.admission_enabled and not self._ADMISSION:
-            raise ConfigError(
-                f"{_join(self._config.prefix, 'admission')}.enabled: router-side admission holds acquire calls, "
-                "which needs the async balancer: use kvc_router.KVCAwareAdmissionBalancer (in verl's "
-                "router_config_path YAML: router_class: kvc_router.KVCAwareAdmissionBalancer); kvc_router's "
-                "verl integration (router.type kvc_aware) picks it by itself",
-                key=_join(self._config.prefix, "admission.enabled"),
-                allowed=(False,),
-            )
+        # The library checks max_cache_size and refuses admission to the
+        # synchronous class, naming the key.
+        self._config: RouterConfig = load_router_config(
+            router_config, max_cache_size=max_cache_size, sync_balancer=not self._ADMISSION
+        )
         self._full_determinism = full_determinism
         self._flavor = _native.METRICS_FLAVORS[self._config.metrics_flavor]
         self._zmq = "vllm_zmq" in self._config.collector_names
@@ -113,12 +99,16 @@ class KVCAwareBalancer:
         #: releases and in-flight lookups of non-str ids (no-ops)
         self._ignored_ids = 0
         # (pool order, handles, generation): replaced as a whole on every
-        # membership change, read without locking on the hot path.
+        # membership change, read without locking on the hot path. The one
+        # copy of the pool outside the router: an acquire that knows the
+        # generation gets an index into it instead of the id string, which
+        # saves 2-4 us of the actor's CPU per acquire+release
+        # (docs/performance.md, "The pool has one copy").
         self._view: Tuple[Tuple[str, ...], Dict[str, Any], int] = ((), {}, -1)
         self._lock = threading.Lock()  # serialises pool changes (threaded actors)
         #: route_batch calls and what they carried (status: is client batching on?)
         self._batches = {"calls": 0, "acquires": 0, "releases": 0}
-        self._router = _native.Router(self._config.native(sticky_default=max_cache_size))
+        self._router = _native.Router(self._config.native())
         self._finalizer = weakref.finalize(self, self._router.close_in_owner)
         #: max_prompt_tokens: longer prompts are refused before being packed
         self._max_tokens: Optional[int] = self._router.status()["router"].get("max_prompt_tokens") or None
@@ -317,8 +307,9 @@ class KVCAwareBalancer:
         fl = self._flavor
         if flavor is not None:
             if flavor not in _native.METRICS_FLAVORS:
+                allowed = tuple(_native.METRICS_FLAVORS)
                 raise ConfigError(
-                    f"flavor: {flavor!r} (allowed: 'vllm', 'sglang')", key="flavor", allowed=("vllm", "sglang")
+                    f"flavor: {flavor!r} (allowed: {allowed_text(allowed)})", key="flavor", allowed=allowed
                 )
             fl = _native.METRICS_FLAVORS[flavor]
         return self._router.update_metrics(sid, body, fl)

@@ -31,12 +31,20 @@ asks the actor ``await_admission(tickets)`` for all of them at once (a call
 that returns as soon as one is decided), while acquires and releases keep
 flowing in their own batches. A caller cancelled while held sends
 ``cancel_admission``; a slot admitted to a caller that is gone is released.
+
+A held request never reached a server, so when the actor restarts
+(``max_restarts``) under it — the poll fails with Ray's actor error, or the
+new instance answers :class:`~kvc_router.admission.StaleTicketError` — the
+batcher acquires it again (up to ``RESUBMITS`` times) instead of failing its
+caller. So are the acquires of a batch whose call failed because the actor
+died: the dead instance's counts died with it.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import functools
 import logging
 import os
 import struct
@@ -44,7 +52,7 @@ import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from .admission import Held
+from .admission import Held, StaleTicketError
 
 logger = logging.getLogger("kvc_router")
 
@@ -63,6 +71,19 @@ MAX_BATCH = 256
 #: Ray passes task arguments up to 100 KiB inline with the call and puts
 #: larger ones in the object store, which costs more than the batching saves.
 MAX_BATCH_BYTES = 64 * 1024
+#: Times one acquire is sent again after the actor restarted under it.
+RESUBMITS = 5
+
+
+def _actor_lost(e: BaseException) -> bool:
+    """Ray's error for a call to an actor that died or is restarting."""
+    if isinstance(e, StaleTicketError):
+        return True
+    try:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - Ray is how a batcher exists
+        return False
+    return isinstance(e, (RayActorError, ActorUnavailableError))
 
 
 def enabled() -> bool:
@@ -107,8 +128,14 @@ class Batcher:
     """Coalesces the acquire/release calls of one event loop to one balancer
     actor. Use :func:`batcher_for`; every method must run on that loop."""
 
-    def __init__(self, handle: Any, loop: asyncio.AbstractEventLoop, max_inflight: int = MAX_INFLIGHT,
-                 max_batch: int = MAX_BATCH, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        loop: asyncio.AbstractEventLoop,
+        max_inflight: int = MAX_INFLIGHT,
+        max_batch: int = MAX_BATCH,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+    ) -> None:
         if max_inflight < 1 or max_batch < 1:
             raise ValueError("max_inflight and max_batch must be >= 1")
         self._handle = handle
@@ -117,6 +144,8 @@ class Batcher:
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
         self._acquires: List[Tuple[str, Any, asyncio.Future, int]] = []
+        #: times each caller's future was sent again (actor restarts)
+        self._resent: Dict[asyncio.Future, int] = {}
         self._releases: List[str] = []
         self._inflight = 0
         self._scheduled = False
@@ -126,6 +155,8 @@ class Batcher:
         self._collectors: Set[asyncio.Task] = set()
         #: held acquires (router-side admission): ticket -> caller's future
         self._held: Dict[int, asyncio.Future] = {}
+        #: held acquires: ticket -> (request_id, prompt), to send again
+        self._held_req: Dict[int, Tuple[str, Any]] = {}
         self._poller: Optional[asyncio.Task] = None
         self._cancels: List[int] = []
         #: batches sent, requests carried (acquires + releases): for tests and status.
@@ -134,6 +165,8 @@ class Batcher:
         #: acquires the actor held, and admission polls sent
         self.held = 0
         self.polls = 0
+        #: acquires sent again after the actor restarted under them
+        self.resubmitted = 0
 
     async def acquire(self, request_id: str, prompt_ids: Any = None) -> Tuple[str, Any]:
         """``(server_id, handle)``, as ``lb.acquire_server.remote(...)`` returns."""
@@ -186,16 +219,38 @@ class Batcher:
             self._inflight += 1
             self.batches += 1
             self.carried += len(batch) + len(releases)
-            task = self._loop.create_task(self._collect(ref, [fut for _, _, fut, _ in batch]))
+            task = self._loop.create_task(self._collect(ref, batch))
             self._collectors.add(task)
             task.add_done_callback(self._collectors.discard)
 
-    async def _collect(self, ref: Any, futures: Sequence[asyncio.Future]) -> None:
+    def _resubmit(self, request_id: str, prompt: Any, fut: asyncio.Future, err: BaseException) -> bool:
+        """Sends an acquire that never reached a server again after the
+        actor restarted under it; False (the caller gets ``err``) after
+        RESUBMITS tries or when its caller is gone."""
+        n = self._resent.get(fut, 0)
+        if fut.done() or n >= RESUBMITS or not _actor_lost(err):
+            self._resent.pop(fut, None)
+            return False
+        self._resent[fut] = n + 1
+        self.resubmitted += 1
+        logger.warning("kvc-router: balancer actor lost under acquire %r (%r); sending it again", request_id, err)
+        # A restarting actor takes calls once it is back; a short pause
+        # keeps a dead one from being hammered.
+        self._loop.call_later(0.1 * (n + 1), self._requeue, request_id, prompt, fut)
+        return True
+
+    def _requeue(self, request_id: str, prompt: Any, fut: asyncio.Future) -> None:
+        if not fut.done():
+            self._acquires.append((request_id, prompt, fut, _payload(prompt)))
+            self._kick()
+
+    async def _collect(self, ref: Any, batch: Sequence[Tuple[str, Any, asyncio.Future, int]]) -> None:
+        futures = [fut for _, _, fut, _ in batch]
         try:
             results = await ref
         except BaseException as e:  # noqa: BLE001 - the actor call failed: fail its callers alike
-            for fut in futures:
-                if not fut.done():
+            for rid, prompt, fut, _ in batch:
+                if not fut.done() and not self._resubmit(rid, prompt, fut, e):
                     fut.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
             if not isinstance(e, Exception):
                 raise
@@ -210,9 +265,11 @@ class Batcher:
                 if not fut.done():
                     fut.set_exception(err)
             return
-        for fut, res in zip(futures, results):
+        for (rid, prompt, fut, _), res in zip(batch, results):
+            if not isinstance(res, Held):
+                self._resent.pop(fut, None)
             if isinstance(res, Held):
-                self._hold(res.ticket, fut)
+                self._hold(res.ticket, fut, (rid, prompt))
             elif isinstance(res, BaseException):
                 if not fut.done():
                     fut.set_exception(res)
@@ -225,13 +282,14 @@ class Batcher:
 
     # -- router-side admission ---------------------------------------------
 
-    def _hold(self, ticket: int, fut: asyncio.Future) -> None:
+    def _hold(self, ticket: int, fut: asyncio.Future, req: Tuple[str, Any]) -> None:
         self.held += 1
         if fut.done():  # the caller gave up before the batch came back
             self._cancel(ticket)
             return
         self._held[ticket] = fut
-        fut.add_done_callback(lambda f, t=ticket: self._held_done(t, f))
+        self._held_req[ticket] = req
+        fut.add_done_callback(functools.partial(self._held_done, ticket))
         if self._poller is None or self._poller.done():
             self._poller = self._loop.create_task(self._poll())
             self._collectors.add(self._poller)
@@ -240,6 +298,8 @@ class Batcher:
     def _held_done(self, ticket: int, fut: asyncio.Future) -> None:
         # The poller pops a ticket before resolving it: one still here was
         # cancelled by its caller.
+        self._held_req.pop(ticket, None)
+        self._resent.pop(fut, None)
         if self._held.pop(ticket, None) is not None:
             self._cancel(ticket)
 
@@ -266,11 +326,17 @@ class Batcher:
             except Exception as e:  # noqa: BLE001 - the actor call failed: fail the callers it held
                 for t in tickets:
                     fut = self._held.pop(t, None)
-                    if fut is not None and not fut.done():
+                    rid, prompt = self._held_req.pop(t, ("", None))
+                    if fut is not None and not fut.done() and not self._resubmit(rid, prompt, fut, e):
                         fut.set_exception(e)
                 continue
             for t, res in decided:
                 fut = self._held.pop(t, None)
+                rid, prompt = self._held_req.pop(t, ("", None))
+                if fut is not None and isinstance(res, BaseException) and self._resubmit(rid, prompt, fut, res):
+                    continue  # held by an instance that is gone: acquired again
+                if fut is not None:
+                    self._resent.pop(fut, None)
                 if fut is None or fut.done():
                     # Its caller gave up after the actor admitted it.
                     if not isinstance(res, BaseException):

@@ -1,73 +1,257 @@
-"""The balancer configuration: verl's shapes in, the library's JSON out.
+"""The balancer configuration, as the user wrote it, handed to the library.
 
-The library owns every default, every check and the ``_target_`` allow-list
-of the routing configuration (``kvr_validate_config``, ``kvr_config_schema``;
-docs/configuration.md). This module only accepts verl's shapes
-(:func:`load_router_config`: ``None``, a router type, a YAML path, the whole
-``{"router": {"type", "config"}}`` block, the ``{"type", "config"}`` block,
-the inner ``config`` mapping, dicts or OmegaConf, or a :class:`RouterConfig`),
-resolves ``_target_`` through the library's allow-list (nothing is imported),
-checks the few keys only Python reads, and passes on what the user set.
+The library owns the one schema: every key, default, check and error, and
+the shapes a configuration may take (verl's ``router:`` block, the whole
+verl config, a router type, the bare ``config`` mapping ...; see
+docs/configuration.md). This module only reads what Python alone can read
+(a YAML path, OmegaConf containers, strategy objects), sends it unchanged as
+the balancer's document ``{"router_config": ...}`` and wraps the library's
+answer, the effective configuration, in :class:`RouterConfig`.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Dict, List, Mapping, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 from . import _native
 from .endpoints import KVEventEndpoint, _join, _plain, parse_endpoint
 from .errors import ConfigError, NativeError, allowed_text
-from .options import (
-    _TOP_KEYS,
-    CollectorConfig,
-    KVCAwareConfig,
-    KVCAwareStrategyConfig,
-    LeastInflightStrategyConfig,
-    MetricsConfig,
-    RouterConfig,
-    StrategyOptions,
-    check_bool,
-    check_choice,
-    check_int,
-    collector_names,
-    no_unknown,
-    parse_collector,
-    parse_metrics,
-)
 
-ROUTER_TYPES = ("default", "kvc_aware")
-METRICS_FLAVORS = ("vllm", "sglang")
-#: ``kv_events``: ``auto`` gives every vLLM replica a KV-event publisher
-#: (kvc_router.verl); ``off`` leaves the servers alone.
-KV_EVENTS_MODES = ("off", "auto")
-_ROUTER_KEYS = ("sticky_max_size", "load_threshold", "sticky_overload", "block_size", "model", "speculate",
-                "events_default", "max_prompt_tokens", "servers", "index", "load", "admission",
-                "session_moves")  # fmt: skip
-_PY_KEYS = ("metrics_flavor", "kv_events", "kv_events_base_port", "enable_server_metrics", "metrics")
-_INNER_KEYS = ("strategies", "collector", *_ROUTER_KEYS, *_TOP_KEYS, *_PY_KEYS)
 _CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+#: Deepest nesting accepted in a router config (real ones are < 8 deep).
+MAX_CONFIG_DEPTH = 64
+_SCHEMA_LISTS = {"ROUTER_TYPES": "router_modes", "COLLECTOR_NAMES": "collectors",
+                 "METRICS_FLAVORS": "metrics_flavors", "KV_EVENTS_MODES": "kv_events_modes"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
-    """``STRATEGY_TARGETS`` and ``COLLECTOR_NAMES`` come from the library."""
+    """Names the library's schema defines (``ROUTER_TYPES``, ``STRATEGY_TARGETS`` ...)."""
     if name == "STRATEGY_TARGETS":
         return dict(_native.config_schema()["targets"])
-    if name == "COLLECTOR_NAMES":
-        return _collectors()
+    if name in _SCHEMA_LISTS:
+        return tuple(_native.config_schema()[_SCHEMA_LISTS[name]])
     raise AttributeError(name)
 
 
+class StrategyOptions:
+    """A strategy as an object (verl's style); :meth:`to_dict` is its mapping form."""
+
+    name: ClassVar[str]
+    target: ClassVar[str]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The mapping form with only the fields that were set."""
+        out: Dict[str, Any] = {"_target_": self.target}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = dict(v) if isinstance(v, Mapping) else list(v) if isinstance(v, tuple) else v
+        return out
+
+
+@dataclass(frozen=True)
+class KVCAwareStrategyConfig(StrategyOptions):
+    """kvc_aware, as verl PR #6940 names it (also its ``_target_``). A field
+    left ``None`` takes the library's default (docs/configuration.md, which
+    also says what each means; a test keeps the fields equal to the
+    library's parameters)."""
+
+    alpha: Optional[float] = None
+    load_threshold: Optional[float] = None
+    layer_weights: Optional[Mapping[str, float]] = None
+    collector_names: Optional[Tuple[str, ...]] = None
+    weight: Optional[float] = None
+    marginal: Optional[bool] = None
+    token_load: Optional[bool] = None
+    kv_tokens: Optional[int] = None
+    saved_scale_tokens: Optional[int] = None
+    session_weight: Optional[float] = None
+    sibling_spread: Optional[bool] = None
+    group_spread: Optional[float] = None
+
+    name: ClassVar[str] = "kvc_aware"
+    target: ClassVar[str] = "kvc_router.config.KVCAwareStrategyConfig"
+
+
+@dataclass(frozen=True)
+class LeastInflightStrategyConfig(StrategyOptions):
+    """verl's default: fewest in-flight requests, ties to the first-added server."""
+
+    weight: Optional[float] = None
+
+    name: ClassVar[str] = "least_inflight"
+    target: ClassVar[str] = "kvc_router.config.LeastInflightStrategyConfig"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``router.config.metrics``: the router's metrics in Ray's Prometheus
+    export (:mod:`kvc_router.metrics`); defaults and ranges are the library's."""
+
+    enabled: Optional[bool] = None  # None: on inside a Ray actor, off elsewhere
+    period_s: float = 5.0
+    max_server_labels: int = 64
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """What the balancer itself reads of ``router.config.collector``: the
+    configured KV-event endpoints and how to ask server handles for theirs."""
+
+    endpoints: Mapping[str, Tuple[KVEventEndpoint, ...]] = field(default_factory=dict)
+    topic: str = ""
+    use_handle_endpoints: bool = True
+    handle_timeout_ms: int = 5000
+
+
+class RouterConfig:
+    """A configuration the library accepted: ``effective`` is its effective
+    document (kvr_validate_config's: every default filled in, the keys only
+    Python acts on under ``integration``); ``document`` is what was sent.
+    ``RouterConfig(type=..., **config)`` builds one from router.config's
+    keys (verl PR #6940's ``KVCAwareConfig(strategies=[...])``); without a
+    type, config keys mean kvc_aware and no keys the default router."""
+
+    def __init__(self, type: Optional[str] = None, **config: Any) -> None:
+        src = {"type": type, "config": config or None} if type else (config or None)
+        self.effective, self.document = _load(src, {})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RouterConfig) and self.effective == other.effective
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RouterConfig({self.document.get('router_config')!r})"
+
+    type = property(lambda self: str(self.effective["router"]["mode"]))
+
+    strategies = property(lambda self: tuple(self.effective["router"]["strategies"]))
+
+    @property
+    def collector_names(self) -> Tuple[str, ...]:
+        return tuple(c["name"] for c in self.effective["collectors"]["collectors"])
+
+    sticky_max_size = property(lambda self: int(self.effective["router"]["sticky_max_size"]))
+
+    @property
+    def admission_enabled(self) -> bool:
+        """Router-side admission is on (kvc_aware mode only: kvc_router.admission)."""
+        return self.type == "kvc_aware" and bool(self.effective["router"]["admission"]["enabled"])
+
+    @property
+    def admission_claim_timeout_s(self) -> float:
+        """``admission.claim_timeout_ms`` in seconds: how long the admission
+        balancer keeps a ticket whose owner neither claims nor asks for it."""
+        ms = self.effective["router"]["admission"].get("claim_timeout_ms") or 30_000
+        return float(ms) / 1000.0
+
+    @property
+    def integration(self) -> Mapping[str, Any]:
+        """The keys only the Python package and its verl hook act on."""
+        return self.effective["integration"]
+
+    metrics_flavor = property(lambda self: str(self.integration["metrics_flavor"]))
+    kv_events = property(lambda self: str(self.integration["kv_events"]))
+    kv_events_base_port = property(lambda self: int(self.integration["kv_events_base_port"]))
+    enable_server_metrics = property(lambda self: bool(self.integration["enable_server_metrics"]))
+
+    @property
+    def metrics(self) -> MetricsConfig:
+        return MetricsConfig(**self.integration["metrics"])
+
+    @property
+    def collector(self) -> CollectorConfig:
+        zmq = [c for c in self.effective["collectors"]["collectors"] if c["name"] == "vllm_zmq"]
+        eps = (zmq[0].get("endpoints") or {}) if zmq else {}
+        return CollectorConfig(
+            endpoints={s: tuple(KVEventEndpoint(e["endpoint"], e.get("replay"), e.get("topic", "")) for e in v)
+                       for s, v in eps.items()},
+            **self.integration["collector"],
+        )  # fmt: skip
+
+    def native(self, sticky_default: Optional[int] = None) -> dict:
+        """The kvr_router_new document; ``sticky_default`` (the balancer's
+        ``max_cache_size``) applies when sticky_max_size is unset."""
+        doc = dict(self.document)
+        if sticky_default is not None:
+            doc["max_cache_size"] = sticky_default
+        return doc
+
+    def validate(self) -> dict:
+        """The effective configuration (the library checked it on load)."""
+        return _native.validate_config(dict(self.document))
+
+
+KVCAwareConfig = RouterConfig  # upstream verl's name
+
+
 def library_defaults(router_type: str = "default") -> dict:
-    """The library's effective configuration for a router type: its defaults."""
-    if router_type not in ROUTER_TYPES:
-        raise ConfigError(f"router type {router_type!r} (allowed: {allowed_text(ROUTER_TYPES)})", key="type")
-    return _native.validate_config({"router": {"mode": router_type}})
+    """The library's effective configuration for a router type with an empty config."""
+    return _validate({"router_config": {"type": router_type, "config": {}}})
 
 
 def packaged_config_path(name: str) -> str:
     """Path of a packaged YAML config (``default`` or ``kvc_aware``)."""
     return os.path.join(_CONFIG_DIR, f"{name}.yaml")
+
+
+def load_router_config(
+    source: Any = None, validate: bool = True, *, max_cache_size: Optional[int] = None, sync_balancer: bool = False
+) -> RouterConfig:
+    """Any accepted input (``None``, a router type, a YAML path, verl's
+    router block or the whole verl config, the bare ``config`` mapping, as
+    dicts or OmegaConf, or a :class:`RouterConfig`) as a :class:`RouterConfig`.
+    The library checks it (``validate`` is kept for compatibility: there is
+    no unchecked configuration), so every error is a :class:`ConfigError`
+    naming the key as the user wrote it. ``max_cache_size`` and
+    ``sync_balancer`` are the balancer's (see :class:`KVCAwareBalancer`)."""
+    if isinstance(source, RouterConfig):
+        if max_cache_size is None and not sync_balancer:
+            return source
+        source = source.document.get("router_config")
+    extra: Dict[str, Any] = {"max_cache_size": max_cache_size} if max_cache_size is not None else {}
+    if sync_balancer:
+        extra["sync_balancer"] = True
+    rc = RouterConfig.__new__(RouterConfig)
+    rc.effective, rc.document = _load(source, extra)
+    return rc
+
+
+def _load(source: Any, extra: Dict[str, Any]) -> Tuple[Mapping[str, Any], Dict[str, Any]]:
+    doc = {"router_config": _json_ready(_read(source)), **extra}
+    return _validate(doc), doc
+
+
+def _validate(doc: dict) -> dict:
+    try:
+        return _native.validate_config(doc)
+    except ConfigError as e:  # the library's {"key", "reason"}: the user's key
+        key, reason = e.key or "router_config", getattr(e, "reason", None)
+        raise ConfigError(f"{key}: {reason}" if reason else str(e), key=key) from None
+
+
+def _read(src: Any) -> Any:
+    """The configuration as data: YAML files read, OmegaConf made plain."""
+    types = __getattr__("ROUTER_TYPES")
+    if isinstance(src, str) and src in types:
+        return src
+    if isinstance(src, os.PathLike) or (
+        isinstance(src, str) and (src.endswith((".yaml", ".yml")) or os.path.isfile(src))
+    ):
+        data = _read_yaml(os.fspath(src))
+        return {} if data is None else data
+    if isinstance(src, str):
+        raise ConfigError(f"router_config: {src!r} is neither a router type ({allowed_text(types)}) "
+                          "nor a YAML file path", key="router_config", allowed=types)  # fmt: skip
+    src = _plain(src)
+    if src is not None and not isinstance(src, Mapping):
+        raise ConfigError(f"router_config must be a dict, DictConfig, YAML path or None, got {type(src).__name__}",
+                          key="router_config")  # fmt: skip
+    return src
 
 
 def _read_yaml(path: str) -> Any:
@@ -77,168 +261,46 @@ def _read_yaml(path: str) -> Any:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
     except RecursionError:
-        raise ConfigError(
-            f"router config {path!r} is nested too deeply to read (limit {MAX_CONFIG_DEPTH} levels)",
-            key="router_config",
-        ) from None
+        raise ConfigError(f"router config {path!r} is nested too deeply to read (limit {MAX_CONFIG_DEPTH} levels)",
+                          key="router_config") from None  # fmt: skip
     except OSError as e:
         raise ConfigError(f"cannot read router config {path!r}: {e}", key="router_config") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"router config {path!r} is not valid YAML: {e}", key="router_config") from e
 
 
-#: Deepest nesting accepted in a router config (real ones are < 8 deep).
-MAX_CONFIG_DEPTH = 64
-
-
-def _check_depth(value: Any, key: str = "router_config") -> None:
-    """Refuses a config nested deeper than MAX_CONFIG_DEPTH (or holding a
-    cycle) with a ConfigError naming where, before anything recursive (JSON
-    encoding, the parsers) walks it. Iterative, so it cannot hit Python's
-    recursion limit itself."""
-    stack = [(value, key, 0)]
+def _json_ready(value: Any) -> Any:
+    """A plain JSON copy of ``value``: OmegaConf containers and strategy
+    objects become dicts and lists. Refuses, naming the key, what JSON cannot
+    carry (non-finite numbers, other objects) and nesting deeper than
+    MAX_CONFIG_DEPTH (or a mapping containing itself). Iterative, so it
+    cannot hit Python's recursion limit."""
+    root: list = [None]
+    stack: list = [(value, root, 0, "", 0)]
     while stack:
-        v, p, depth = stack.pop()
-        if isinstance(v, (Mapping, list, tuple)) and depth >= MAX_CONFIG_DEPTH:
-            raise ConfigError(
-                f"{p}: nested more than {MAX_CONFIG_DEPTH} levels deep (or a mapping that contains itself)", key=p
-            )
-        if isinstance(v, Mapping):
-            stack.extend((x, f"{p}.{k}", depth + 1) for k, x in v.items())
-        elif isinstance(v, (list, tuple)):
-            stack.extend((x, f"{p}[{i}]", depth + 1) for i, x in enumerate(v))
-
-
-def load_router_config(source: Any = None, validate: bool = True) -> RouterConfig:
-    """Any accepted input as a :class:`RouterConfig`; with ``validate`` the
-    library checks it too, so every error is a :class:`ConfigError` here."""
-    cfg = _load(source)
-    if validate:
-        cfg.validate()
-    return cfg
-
-
-def _load(src: Any) -> RouterConfig:
-    if isinstance(src, RouterConfig):
-        return src
-    if src is None or (isinstance(src, str) and src in ROUTER_TYPES):
-        src = packaged_config_path(src or "default")
-    if isinstance(src, os.PathLike) or (
-        isinstance(src, str) and (src.endswith((".yaml", ".yml")) or os.path.isfile(src))
-    ):
-        data = _read_yaml(os.fspath(src))
-        return _parse_any({} if data is None else data)
-    if isinstance(src, str):
-        raise ConfigError(f"router_config: {src!r} is neither a router type ({allowed_text(ROUTER_TYPES)}) "
-                          "nor a YAML file path", key="router_config", allowed=ROUTER_TYPES)  # fmt: skip
-    return _parse_any(src, "router_config must be a dict, DictConfig, YAML path or None")
-
-
-def _parse_any(data: Any, what: str = "router config must be a mapping") -> RouterConfig:
-    data = _plain(data)
-    _check_depth(data)
-    data = _strategy_dict(data)
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{what}, got {type(data).__name__}", key="router_config")
-    if "router_class" in data:  # verl >= 0.9.1 router_config_path: the whole YAML
-        data = {k: v for k, v in data.items() if k != "router_class"}
-        if not data:
-            return _load("kvc_aware")
-    if "router" in data:
-        no_unknown(data, ("router",), "")
-        return _parse_block(_plain(data["router"]), "router")
-    if "type" in data or (data and set(data) <= {"config"}):
-        return _parse_block(data, "")
-    return _parse_inner(data, "", "kvc_aware")
-
-
-def _parse_block(block: Any, prefix: str) -> RouterConfig:
-    where = prefix or "router_config"
-    block = {} if block is None else block
-    if not isinstance(block, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {type(block).__name__}", key=where)
-    no_unknown(block, ("type", "config"), prefix)
-    rtype = check_choice(block.get("type", "default"), _join(prefix, "type"), ROUTER_TYPES)
-    inner = _plain(block.get("config"))
-    return _load(rtype) if inner is None else _parse_inner(inner, _join(prefix, "config"), rtype)
-
-
-def _names(rtype: str, names: List[str]) -> Tuple[str, ...]:
-    """Collectors to run, vllm_polling as vllm_metrics, once each (none in
-    the default mode: it reads no live state)."""
-    out: List[str] = []
-    for n in ("vllm_metrics" if n == "vllm_polling" else n for n in names):
-        if rtype == "kvc_aware" and n not in out:
-            out.append(n)
-    return tuple(out)
-
-
-def _parse_inner(cfg: Any, prefix: str, rtype: str) -> RouterConfig:
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"{prefix or 'router_config'} must be a mapping, got {type(cfg).__name__}",
-                          key=prefix or "router_config")  # fmt: skip
-    no_unknown(cfg, _INNER_KEYS, prefix)
-    p = lambda k: _join(prefix, k)  # noqa: E731
-    strategies, wanted, keys = _parse_strategies(_plain(cfg.get("strategies")), p("strategies"))
-    coll = parse_collector(_plain(cfg.get("collector")), p("collector"), _collectors())
-    kv = cfg.get("kv_events")
-    return RouterConfig(
-        type=rtype, strategies=tuple(strategies), collector_names=_names(rtype, [*coll.names, *wanted]),
-        router={k: _plain(cfg[k]) for k in _ROUTER_KEYS if cfg.get(k) is not None},
-        max_procs=cfg.get("max_procs"), log_level=cfg.get("log_level"), collector=coll,
-        metrics_flavor=check_choice(cfg.get("metrics_flavor"), p("metrics_flavor"), METRICS_FLAVORS) or "vllm",
-        kv_events="off" if kv is None or kv is False else check_choice(kv, p("kv_events"), KV_EVENTS_MODES),
-        kv_events_base_port=check_int(cfg.get("kv_events_base_port"), p("kv_events_base_port"), 0, 65535) or 0,
-        enable_server_metrics=bool(check_bool(cfg.get("enable_server_metrics"), p("enable_server_metrics"))),
-        metrics=parse_metrics(_plain(cfg.get("metrics")), p("metrics")),
-        prefix=prefix, strategy_keys=tuple(keys),
-    )  # fmt: skip
-
-
-def _strategy_dict(s: Any) -> Any:
-    return s.to_dict() if isinstance(s, StrategyOptions) else s
-
-
-def _collectors() -> Tuple[str, ...]:
-    return tuple(_native.config_schema()["collectors"])
-
-
-def _parse_strategies(value: Any, key: str) -> Tuple[List[dict], List[str], List[str]]:
-    """Native specs, the collectors they ask for, and the key naming each."""
-    if value is None:
-        return [], [], []
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{key} must be a list of strategies, got {type(value).__name__}", key=key)
-    specs, wanted, keys = [], [], []
-    targets = dict(_native.config_schema()["targets"])
-    allowed = tuple(sorted(targets))
-    for i, s in enumerate(_plain(_strategy_dict(v)) for v in value):
-        prefix = f"{key}[{i}]"
-        if not isinstance(s, Mapping):
-            raise ConfigError(f"{prefix} must be a mapping, got {type(s).__name__}", key=prefix)
-        name, tkey = None, _join(prefix, "_target_")
-        if "_target_" in s:
-            if not isinstance(s["_target_"], str) or s["_target_"] not in targets:
-                raise ConfigError(f"{tkey}: {s['_target_']!r} is not an allowed strategy (allowed: "
-                                  f"{allowed_text(allowed)})", key=tkey, allowed=allowed)  # fmt: skip
-            name = targets[s["_target_"]]
-        if "name" in s and name is not None and s["name"] != name:
-            nkey = _join(prefix, "name")
-            raise ConfigError(f"{nkey}: {s['name']!r} contradicts _target_ ({name!r})", key=nkey, allowed=(name,))
-        name = s.get("name", name)
-        if name is None:
-            raise ConfigError(f"{prefix}: a strategy needs '_target_' (allowed: {allowed_text(allowed)}) or 'name'",
-                              key=prefix, allowed=allowed)  # fmt: skip
-        spec: Dict[str, Any] = {"name": name, "weight": 1.0 if s.get("weight") is None else s["weight"]}
-        params = {k: _plain(v) for k, v in s.items() if k not in ("_target_", "name", "weight", "collector_names")}
-        if any(v is not None for v in params.values()):
-            spec["params"] = {k: v for k, v in params.items() if v is not None}
-        specs.append(spec)
-        wanted.extend(collector_names(s.get("collector_names"), _join(prefix, "collector_names"), _collectors()))
-        keys.append("name" if "name" in s else "_target_")
-    return specs, wanted, keys
+        v, parent, slot, path, depth = stack.pop()
+        v = _plain(v.to_dict() if isinstance(v, StrategyOptions) else v)
+        key = path or "router_config"
+        if isinstance(v, (Mapping, list, tuple)):
+            if depth >= MAX_CONFIG_DEPTH:
+                raise ConfigError(f"{key}: nested more than {MAX_CONFIG_DEPTH} levels deep (or a mapping that contains "
+                                  "itself)", key=key)  # fmt: skip
+            new: Any
+            if isinstance(v, Mapping):
+                parent[slot] = new = {}
+                stack.extend((x, new, str(k), _join(path, str(k)), depth + 1) for k, x in v.items())
+            else:
+                parent[slot] = new = [None] * len(v)
+                stack.extend((x, new, i, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key}: must be a finite number, got {v}", key=key)
+        elif v is None or isinstance(v, (str, int, float)):
+            parent[slot] = v
+        else:
+            raise ConfigError(f"{key}: a {type(v).__name__} is not a configuration value", key=key)
+    return root[0]
 
 
 __all__ = ["ConfigError", "NativeError", "RouterConfig", "KVCAwareConfig", "KVCAwareStrategyConfig",
-           "LeastInflightStrategyConfig", "CollectorConfig", "MetricsConfig", "KVEventEndpoint", "KV_EVENTS_MODES",
+           "LeastInflightStrategyConfig", "CollectorConfig", "MetricsConfig", "KVEventEndpoint",
            "load_router_config", "library_defaults", "packaged_config_path", "parse_endpoint"]  # fmt: skip

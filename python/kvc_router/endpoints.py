@@ -1,10 +1,10 @@
-"""KV-event publisher endpoints, as configured (``collector.endpoints``) or
-reported by a server handle: parsed into :class:`KVEventEndpoint`."""
+"""KV-event publisher endpoints reported by a server handle, parsed into
+:class:`KVEventEndpoint` (configured ones are the library's to check)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -25,6 +25,8 @@ def _plain(obj: Any) -> Any:
             return OmegaConf.to_container(obj, resolve=True)
         except RecursionError:
             raise ConfigError("router_config: nested too deeply to convert", key="router_config") from None
+        except Exception:  # noqa: BLE001 - an interpolation elsewhere in a whole verl config
+            return OmegaConf.to_container(obj, resolve=False)
     return obj
 
 
@@ -81,18 +83,3 @@ def parse_endpoint(value: Any, key: str, topic: str = "") -> KVEventEndpoint:
         replay=None if replay in (None, "") else normalise_endpoint(replay, _join(key, "replay")),
         topic=t,
     )
-
-
-def parse_endpoints(value: Any, key: str, topic: str) -> Dict[str, Tuple[KVEventEndpoint, ...]]:
-    """``collector.endpoints``: server id -> one endpoint or a list of them."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key} must be a mapping of server id -> endpoints", key=key)
-    out = {}
-    for sid, eps in value.items():
-        eps = _plain(eps)
-        if not isinstance(eps, (list, tuple)):
-            eps = [eps]
-        out[str(sid)] = tuple(parse_endpoint(e, f"{key}[{sid!r}][{i}]", topic) for i, e in enumerate(eps))
-    return out

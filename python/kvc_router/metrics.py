@@ -17,9 +17,11 @@ cost is one status call and a few hundred metric records per period.
   call per observation, which would put a per-decision cost back.
   ``histogram_quantile(0.99, sum by (le) (rate(ray_kvc_router_decision_seconds_bucket_total[5m])))``
   reads it.
-* ``server`` labels are bounded: the first ``max_server_labels`` server ids
-  seen keep their own label value, later ones share ``_other`` (summed). A
-  removed server's gauges go to 0.
+* ``server`` labels are bounded: at most ``max_server_labels`` live server
+  ids keep their own label value, others share ``_other`` (summed); a
+  removed server's gauges go to 0 and its slot goes to a live server.
+  Label values are printable ASCII of at most 64 characters (longer or
+  non-ASCII ids keep a prefix and a hash suffix; see :func:`label_value`).
 
 Configuration: ``router.config.metrics`` (:class:`MetricsConfig`) --
 ``enabled`` (default: on inside a Ray actor, off elsewhere), ``period_s``
@@ -31,13 +33,14 @@ See docs/observability.md for the metric list and the Grafana dashboard.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .config import MetricsConfig
 
@@ -292,6 +295,23 @@ def merge(ss: List[Sample]) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], flo
 # Recording
 
 
+#: Longest exported label value: longer ids are cut and keep a hash suffix.
+MAX_LABEL_CHARS = 64
+_LABEL_SAFE = re.compile(r"[^!-~]")  # printable ASCII without space
+
+
+def label_value(sid: str) -> str:
+    """A server id as a metric label value: Ray encodes label values as
+    ASCII (one non-ASCII id stopped every kvc-router metric), and a 70 KB id
+    was exported verbatim. Printable-ASCII ids up to MAX_LABEL_CHARS stay as
+    they are; others become their ASCII-safe prefix, ``~`` and 12 hex digits
+    of a hash of the whole id (distinct ids stay distinct)."""
+    if len(sid) <= MAX_LABEL_CHARS and not _LABEL_SAFE.search(sid):
+        return sid
+    digest = hashlib.blake2b(sid.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return _LABEL_SAFE.sub("_", sid[: MAX_LABEL_CHARS - 13]) + "~" + digest
+
+
 class _Gone(Exception):
     """The balancer was collected: the exporter thread ends."""
 
@@ -316,9 +336,26 @@ class Exporter:
         label = self._labels.get(sid)
         if label is None:
             own = sum(1 for v in self._labels.values() if v != OTHER)
-            label = sid if own < self._cfg.max_server_labels and sid != OTHER else OTHER
+            label = label_value(sid) if own < self._cfg.max_server_labels and sid != OTHER else OTHER
             self._labels[sid] = label
         return label
+
+    def prune(self, live: Iterable[str]) -> None:
+        """Follows the pool: ids no longer live give up their label (their
+        gauges already went to 0), and live ids folded into ``_other`` take
+        the freed slots in the order they were first seen. Without it the
+        first ``max_server_labels`` ids ever seen kept every slot: after
+        churn every live server was ``_other`` and the map grew forever."""
+        live = set(live)
+        for sid in [k for k in self._labels if k not in live]:
+            del self._labels[sid]
+        free = self._cfg.max_server_labels - sum(1 for v in self._labels.values() if v != OTHER)
+        for sid, label in list(self._labels.items()):
+            if free <= 0:
+                break
+            if label == OTHER and sid != OTHER:
+                self._labels[sid] = label_value(sid)
+                free -= 1
 
     def _metric(self, name: str) -> Any:
         m = self._metrics.get(name)
@@ -342,7 +379,9 @@ class Exporter:
         before servers are folded into ``_other``, so a folded server that
         leaves, or one publisher that restarts, never makes the others'
         counts look new."""
-        raw = merge(samples(self._status() if status is None else status))
+        st = self._status() if status is None else status
+        self.prune(s["id"] for s in (st.get("router") or {}).get("servers") or ())
+        raw = merge(samples(st))
         incs: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
         gauges: Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float] = {}
         for (name, labels), v in raw.items():

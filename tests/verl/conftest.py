@@ -1,6 +1,6 @@
 """tests/verl: the published verl package around simulated vLLM servers.
 
-Runs in the environment `make test-verl` builds (scripts/verl_venv.sh), once
+Runs in the environment `make test-verl` builds (testbed/scripts/verl_venv.sh), once
 per verl release the hook claims: the venv's own verl, then each other
 release installed with ``pip install --no-deps --target`` into an overlay
 directory that leads ``PYTHONPATH`` (torch and the rest are shared).

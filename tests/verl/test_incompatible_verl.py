@@ -109,12 +109,12 @@ print(json.dumps({"version": verl_version(), "error": err}))
 
 
 def test_unsupported_release_refuses_kvc_aware_at_start_up():
-    """verl 0.7.1 (published wheel, a --no-deps overlay from scripts/verl_venv.sh)."""
+    """verl 0.7.1 (published wheel, a --no-deps overlay from testbed/scripts/verl_venv.sh)."""
     import pytest
 
     overlay = os.path.join(sys.prefix, "verl-overlays", UNSUPPORTED)
     if not os.path.isdir(overlay):
-        pytest.skip(f"no verl {UNSUPPORTED} overlay at {overlay} (scripts/verl_venv.sh makes it)")
+        pytest.skip(f"no verl {UNSUPPORTED} overlay at {overlay} (testbed/scripts/verl_venv.sh makes it)")
     env = {k: v for k, v in os.environ.items() if k != "KVC_ROUTER_VERL_HOOK"}
     env["PYTHONPATH"] = overlay
     out = subprocess.run([sys.executable, "-c", OLD_CHILD], env=env, capture_output=True, text=True, timeout=300)

@@ -11,11 +11,18 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 import ray
-from verl_sim import AgentLoopWorkerStandIn, SimActorWorkers, SimLLMServerManager, _http, verl_at_least
+from verl_sim import (
+    AgentLoopWorkerStandIn,
+    SimActorWorkers,
+    SimLLMServerManager,
+    _http,
+    free_base_port,
+    verl_at_least,
+    wait_for,
+)
 
 KVC_EVENTS = [
     "+actor_rollout_ref.rollout.router.type=kvc_aware",
@@ -37,41 +44,6 @@ def lb_classes(lb):
     return ray.get(
         lb.__ray_call__.remote(lambda self: [f"{c.__module__}.{c.__qualname__}" for c in type(self).__mro__])
     )
-
-
-def wait_for(pred, timeout=20.0, every=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    return pred()
-
-
-def free_base_port(span=8):
-    """A base for the kv_events port block (2 replicas x 2 ports, with room):
-    every port of the block is checked. Drawn from 20000-32000: below the
-    kernel's ephemeral range (where the simulated servers' HTTP ports and
-    other processes' sockets land) and above Ray's worker ports (10002-19999)."""
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - span)
-        socks = []
-        try:
-            for p in range(base, base + span):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 @pytest.fixture
@@ -386,8 +358,11 @@ def test_admission_cap_defaults_to_the_rollout_slots(manager):
         "+actor_rollout_ref.rollout.router.config.admission={enabled:true}",
     )
     rc = m.config.actor_rollout_ref.rollout
-    got = ray.get(m.global_load_balancer.__ray_call__.remote(lambda self: dict(self._config.router["admission"])))
-    assert got == {"enabled": True, "max_inflight": rc.max_num_seqs * rc.data_parallel_size}
+    got = ray.get(
+        m.global_load_balancer.__ray_call__.remote(lambda self: dict(self._config.effective["router"]["admission"]))
+    )
+    # The library fills every other admission key with its default.
+    assert got["enabled"] is True and got["max_inflight"] == rc.max_num_seqs * rc.data_parallel_size, got
 
 
 @pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import time
@@ -38,6 +39,40 @@ def verl_at_least(*version: int) -> bool:
 
     vt = version_tuple(verl_version())
     return vt is not None and vt >= version
+
+
+def wait_for(pred, timeout=30.0, every=0.05):
+    """pred()'s first truthy value within timeout seconds (its last value otherwise)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def free_base_port(span=8):
+    """A base for the kv_events port block (2 replicas x 2 ports, with room):
+    every port of the block is checked. Drawn from 20000-32000: below the
+    kernel's ephemeral range (where the simulated servers' HTTP ports and
+    other processes' sockets land) and above Ray's worker ports (10002-19999)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - span)
+        socks = []
+        try:
+            for p in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
 
 
 def free_port() -> int:

@@ -97,7 +97,7 @@ def bound_balancer_class(block: dict, full_determinism: bool) -> type:
 
     base: Any = balancer_class(block)
 
-    class VerlKVCAwareBalancer(base):  # type: ignore[misc, valid-type]
+    class VerlKVCAwareBalancer(base):
         _kvc_router_config = block
         _kvc_full_determinism = bool(full_determinism)
 
@@ -122,7 +122,7 @@ def create_actor(servers: Dict[str, Any], block: dict, full_determinism: bool) -
 
     from ..balancer import DEFAULT_ROUTING_CACHE_SIZE
 
-    cls = ray.remote(balancer_class(block))
+    cls: Any = ray.remote(balancer_class(block))
     opts = actor_options(block)
     if opts:
         cls = cls.options(**opts)

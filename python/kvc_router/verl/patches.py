@@ -27,9 +27,18 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import batching
+from ..config import load_router_config
 from . import actor
 from .detection import SUPPORTED_TEXT, asks_for_router, get, is_tested, router_block, unsupported_reason, verl_version
-from .ports import balancer_block, base_port, configure_replica, endpoints_for, warn_once
+from .ports import (
+    ENGINES,
+    balancer_block,
+    base_port,
+    configure_replica,
+    endpoints_for,
+    server_engine_kwargs,
+    warn_once,
+)
 
 logger = logging.getLogger("kvc_router.verl")
 
@@ -41,6 +50,8 @@ INIT_SERVERS = "verl.workers.rollout.llm_server.LLMServerManager._initialize_llm
 INIT_LB = "verl.workers.rollout.llm_server.LLMServerManager._init_global_load_balancer"
 ACQUIRE = "verl.workers.rollout.llm_server.LLMServerClient._acquire_server"
 UPDATE_WEIGHTS = "verl.checkpoint_engine.base.CheckpointEngineManager.update_weights"
+PD_VLLM = "verl.workers.rollout.vllm_rollout.vllm_pd_replica.vLLMPDReplica._spawn_pd_server"
+PD_SGLANG = "verl.workers.rollout.sglang_rollout.sglang_pd_replica.SGLangPDReplica._launch_one"
 
 APPLIED = "applied"
 NOT_NEEDED = "not needed"
@@ -263,19 +274,19 @@ def _make_initialize(orig: Any) -> Any:
         if plan is None:
             return None
         rc = self.rollout_config
-        inner = plan["config"]
-        name = get(rc, "name")
-        metrics_on = bool(inner.get("enable_server_metrics"))
-        kv_auto = inner.get("kv_events") == "auto"
-        if name not in ("vllm", None) and (metrics_on or kv_auto):
+        settings = load_router_config(plan)  # the library's effective values
+        name = get(rc, "name") or "vllm"
+        metrics_on = settings.enable_server_metrics
+        kv_auto = settings.kv_events == "auto"
+        if name not in ENGINES and (metrics_on or kv_auto):
             warn_once(
                 "non-vllm",
-                "kvc-router: kv_events/enable_server_metrics only configure vLLM servers; rollout.name=%r is "
-                "left as it is",
+                "kvc-router: kv_events/enable_server_metrics configure vLLM and SGLang servers only; "
+                "rollout.name=%r is left as it is",
                 name,
             )
             return None
-        if get(rc, "disable_log_stats", True) and not metrics_on:
+        if name == "vllm" and get(rc, "disable_log_stats", True) and not metrics_on:
             warn_once(
                 "log-stats",
                 "kvc-router: actor_rollout_ref.rollout.disable_log_stats is true, so vLLM's /metrics gauges "
@@ -285,14 +296,16 @@ def _make_initialize(orig: Any) -> Any:
             )
         if not (metrics_on or kv_auto):
             return None
-        base = base_port(inner)
+        base = base_port(settings.kv_events_base_port)
+        # SGLang's page_size must be the block size the router keys prompts with.
+        block_size = int(settings.effective["router"].get("block_size") or 0)
         events: Dict[int, dict] = {}
         orig_cls = self.rollout_replica_class
 
         def make_replica(*args, **kwargs):
             replica = orig_cls(*args, **kwargs)
             try:
-                spec = configure_replica(replica, metrics_on, kv_auto, base)
+                spec = configure_replica(replica, metrics_on, kv_auto, base, engine=name, block_size=block_size)
             except Exception as e:  # noqa: BLE001
                 logger.warning(
                     "kvc-router: could not configure replica %s: %r", getattr(replica, "replica_rank", "?"), e
@@ -318,12 +331,12 @@ def _make_init_lb(orig: Any) -> Any:
         plan = plan_for(self)
         if plan is None:
             return None
-        block = balancer_block(plan, endpoints_for(self))
+        block = balancer_block(plan, endpoints_for(self), engine=get(self.rollout_config, "name") or "vllm")
         block = actor.admission_cap(
             block, get(self.rollout_config, "max_num_seqs", None), get(self.rollout_config, "data_parallel_size", 1)
         )
         fd = bool(get(self.rollout_config, "full_determinism", False))
-        if plan["config"].get("kv_events") != "auto":
+        if load_router_config(plan).kv_events != "auto":
             logger.info("kvc-router: kv_events is off: the balancer runs in approximate mode (see get_status())")
         attr = next((a for a in ("_load_balancer_cls", "load_balancer_cls") if a in self.__dict__), None)
         if attr is not None:
@@ -509,6 +522,41 @@ def patch_checkpoint_engine(module: Any) -> str:
     return APPLIED
 
 
+# --------------------------------------------------------------------------
+# verl 0.9.x prefill/decode replicas: 1 prefill + N decode servers built from
+# one replica config, launched one after the other (prefill first). Each
+# launch gets that server's own KV-event ports (kv_events: auto), else they
+# would all bind the replica's.
+
+
+def _make_pd_launch(orig: Any) -> Any:
+    def before(self):
+        pd = getattr(self, "_kvc_pd", None)
+        if not pd:
+            return None
+        k = pd["next"]
+        pd["next"] = k + 1
+        if k == 0 or k >= pd["servers"]:
+            return None
+        saved = self.config.engine_kwargs
+        self.config.engine_kwargs = server_engine_kwargs(saved, pd, k)
+        return (saved,)
+
+    def after(self, state):
+        if state is not None:
+            self.config.engine_kwargs = state[0]
+
+    return _maybe_async(orig, before, after)
+
+
+def patch_pd_vllm(module: Any) -> str:
+    return _wrap_method(_need(module, "vLLMPDReplica", module.__name__), "_spawn_pd_server", _make_pd_launch)
+
+
+def patch_pd_sglang(module: Any) -> str:
+    return _wrap_method(_need(module, "SGLangPDReplica", module.__name__), "_launch_one", _make_pd_launch)
+
+
 #: module -> [(patch name, apply)], applied in order after the module executed.
 #: verl.workers.rollout.router (0.9.1) needs no patch: the manager passes
 #: load_balancer_cls, which wins over router_config_path.
@@ -520,6 +568,8 @@ _TABLE: Dict[str, List[Tuple[str, Callable[[Any], str]]]] = {
         (ACQUIRE, patch_client),
     ],
     "verl.checkpoint_engine.base": [(UPDATE_WEIGHTS, patch_checkpoint_engine)],
+    "verl.workers.rollout.vllm_rollout.vllm_pd_replica": [(PD_VLLM, patch_pd_vllm)],
+    "verl.workers.rollout.sglang_rollout.sglang_pd_replica": [(PD_SGLANG, patch_pd_sglang)],
 }
 
 #: Module names the boot's finder watches.

@@ -1,12 +1,18 @@
-"""KV-event ports and per-replica vLLM settings for ``kv_events: auto``.
+"""KV-event ports and per-replica engine settings for ``kv_events: auto``.
 
 Each replica gets its own block of ports and ZMQ topic through verl's
-``engine_kwargs["vllm"]`` (merged last into ``vllm serve``'s arguments); the
-balancer is then told where to subscribe.
+``engine_kwargs[<engine>]``: for vLLM (``rollout.name: vllm``) merged last
+into ``vllm serve``'s arguments; for SGLang (``rollout.name: sglang``) into
+the ``ServerArgs`` verl's SGLangHttpServer builds, where ``kv_events_config``
+is a JSON string, ``enable_metrics`` turns /metrics on and ``page_size``
+(default 1) is set to the router's block size so a resident prompt's blocks
+are the router's blocks. The balancer is then told where to subscribe and
+which /metrics names to read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,45 +35,102 @@ def warn_once(key: str, msg: str, *args: Any) -> None:
     logger.warning(msg, *args)
 
 
-def base_port(inner: dict) -> int:
-    if inner.get("kv_events_base_port"):
-        return int(inner["kv_events_base_port"])
+def base_port(configured: int) -> int:
+    """kv_events_base_port when set (not 0), else the environment's, else the default."""
+    if configured:
+        return int(configured)
     env = os.environ.get(ENV_BASE_PORT)
     return int(env) if env else DEFAULT_KV_EVENTS_BASE_PORT
 
 
-def kv_events_ports(replica_rank: int, dp_size: int, base: int) -> Tuple[int, int]:
-    """(PUB port, replay port) of DP rank 0 of a replica; vLLM adds the DP rank
-    to both. Each replica owns the block [base + 2*dp*rank, base + 2*dp*(rank+1))."""
-    first = base + 2 * dp_size * replica_rank
+def kv_events_ports(replica_rank: int, dp_size: int, base: int, servers: int = 1, server: int = 0) -> Tuple[int, int]:
+    """(PUB port, replay port) of DP rank 0 of server `server` of a replica;
+    the engine adds the DP rank to both. Each replica owns the block
+    [base + 2*dp*servers*rank, base + 2*dp*servers*(rank+1)): one server, or
+    a prefill/decode replica's 1 + N servers, each with its own ports."""
+    first = base + 2 * dp_size * (replica_rank * servers + server)
     return first, first + dp_size
 
 
-def configure_replica(replica: Any, metrics_on: bool, kv_auto: bool, base: int) -> Optional[dict]:
-    """Puts this replica's settings into its ``config.engine_kwargs["vllm"]``
-    (verl merges those last into the ``vllm serve`` arguments)."""
+def pd_servers(cfg: Any) -> int:
+    """Servers a replica runs: 1, or (rollout.disaggregation.enabled, verl
+    0.9.x prefill/decode replicas) 1 prefill + decode_replicas decode servers,
+    which share the replica's config and so would bind the same event ports."""
+    d = get(cfg, "disaggregation", None)
+    if d is not None and bool(get(d, "enabled", False)):
+        return 1 + max(1, int(get(d, "decode_replicas", 1) or 1))
+    return 1
+
+
+def _events_config(engine: str, pub: int, replay: int, topic: str) -> Any:
+    if engine == "sglang":
+        # SGLang takes a JSON string (ServerArgs.kv_events_config) and
+        # publishes whenever a publisher is named (no enable flag).
+        cfg_json = {"publisher": "zmq", "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
+        return json.dumps({**cfg_json, "topic": topic})
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+        "topic": topic,
+    }
+
+
+def server_engine_kwargs(engine_kwargs: Any, pd: dict, server: int) -> dict:
+    """The engine kwargs of server `server` (1..N: the decode servers) of a
+    prefill/decode replica: its own KV-event ports and topic. The prefill
+    server (0) keeps the replica's, the ones the balancer subscribes to."""
+    ek = dict(plain(engine_kwargs) or {})
+    vk = dict(ek.get(pd["engine"]) or {})
+    pub, replay = kv_events_ports(pd["rank"], pd["dp"], pd["base"], pd["servers"], server)
+    vk["kv_events_config"] = _events_config(pd["engine"], pub, replay, f"{TOPIC_PREFIX}{pd['rank']}.decode-{server}")
+    ek[pd["engine"]] = vk
+    return ek
+
+
+#: rollout.name values the hook configures, and the /metrics collector of each.
+ENGINES = ("vllm", "sglang")
+METRICS_COLLECTOR = {"vllm": "vllm_metrics", "sglang": "sglang_metrics"}
+
+
+def configure_replica(
+    replica: Any, metrics_on: bool, kv_auto: bool, base: int, engine: str = "vllm", block_size: int = 0
+) -> Optional[dict]:
+    """Puts this replica's settings into its ``config.engine_kwargs[engine]``
+    (verl merges those last into the server's arguments)."""
     cfg = replica.config
     ek = dict(plain(cfg.engine_kwargs) or {})
-    vk = dict(ek.get("vllm") or {})
+    vk = dict(ek.get(engine) or {})
     spec = None
     if metrics_on:
-        vk["disable_log_stats"] = False
+        if engine == "sglang":
+            vk["enable_metrics"] = True
+        else:
+            vk["disable_log_stats"] = False
+    if engine == "sglang" and block_size > 0:
+        if vk.get("page_size") not in (None, block_size):
+            logger.warning(
+                "kvc-router: engine_kwargs.sglang.page_size=%s replaced by the router's block size %d "
+                "(events and queries must use one block size)",
+                vk.get("page_size"),
+                block_size,
+            )
+        vk["page_size"] = block_size
     if kv_auto:
         dp = int(get(cfg, "data_parallel_size", 1) or 1)
         rank = int(replica.replica_rank)
-        pub, replay = kv_events_ports(rank, dp, base)
+        servers = pd_servers(cfg)
+        pub, replay = kv_events_ports(rank, dp, base, servers, 0)
         topic = f"{TOPIC_PREFIX}{rank}"
         if vk.get("kv_events_config"):
             logger.warning(
                 "kvc-router: kv_events: auto replaces engine_kwargs.vllm.kv_events_config of replica %d", rank
             )
-        vk["kv_events_config"] = {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": f"tcp://*:{pub}",
-            "replay_endpoint": f"tcp://*:{replay}",
-            "topic": topic,
-        }
+        vk["kv_events_config"] = _events_config(engine, pub, replay, topic)
+        if servers > 1:
+            # Read by the prefill/decode launch patch (one call per server).
+            replica._kvc_pd = {"engine": engine, "rank": rank, "dp": dp, "base": base, "servers": servers, "next": 0}
         nnodes = int(getattr(replica, "nnodes", 1) or 1)
         local = dp
         if nnodes > 1:
@@ -80,7 +143,7 @@ def configure_replica(replica: Any, metrics_on: bool, kv_auto: bool, base: int) 
                 local,
             )
         spec = {"pub": pub, "replay": replay, "ranks": min(dp, local), "topic": topic}
-    ek["vllm"] = vk
+    ek[engine] = vk
     cfg.engine_kwargs = ek  # a mutable field of verl's RolloutConfig
     return spec
 
@@ -112,11 +175,36 @@ def endpoints_for(manager: Any) -> Dict[str, List[dict]]:
     return out
 
 
-def balancer_block(plan: dict, endpoints: Dict[str, List[dict]]) -> dict:
-    """The router config handed to the balancer: the user's, plus the
-    vllm_zmq collector and the endpoints when kv_events is auto."""
-    inner = dict(plan["config"])
-    if inner.get("kv_events") == "auto":
+def _metrics_for(inner: dict, engine: str) -> dict:
+    """SGLang servers serve sglang:* metrics: the strategies read them with
+    the sglang_metrics collector (vllm_metrics would fail every scrape and
+    mark every server unhealthy)."""
+    if engine != "sglang":
+        return inner
+
+    def swap(names: Any) -> List[str]:
+        return ["sglang_metrics" if n in ("vllm_metrics", "vllm_polling") else n for n in list(names or [])]
+
+    strategies = [dict(s) for s in (inner.get("strategies") or [])] or [{"name": "kvc_aware"}]
+    for s in strategies:
+        s["collector_names"] = swap(s["collector_names"]) if "collector_names" in s else ["sglang_metrics"]
+    inner["strategies"] = strategies
+    coll = dict(inner.get("collector") or {})
+    if coll.get("names"):
+        coll["names"] = swap(coll["names"])
+        inner["collector"] = coll
+    inner["metrics_flavor"] = "sglang"
+    return inner
+
+
+def balancer_block(plan: dict, endpoints: Dict[str, List[dict]], engine: str = "vllm") -> dict:
+    """The router config handed to the balancer: the user's, the /metrics
+    collector of the servers' engine, plus the vllm_zmq collector (SGLang
+    publishes the same wire format) and the endpoints when kv_events is auto."""
+    from ..config import load_router_config
+
+    inner = _metrics_for(dict(plan["config"]), engine)
+    if load_router_config(plan).kv_events == "auto":
         coll = dict(inner.get("collector") or {})
         names = list(coll.get("names") or [])
         if "vllm_zmq" not in names:

@@ -1,7 +1,8 @@
 """The ``kvc_router_verl.pth`` start-up file: where it is, what is active.
 
-``python -m kvc_router.verl status|install|uninstall`` shows / writes /
-removes it (an editable install has none).
+``python -m kvc_router.verl install|uninstall`` writes / removes it (an
+editable install has none); ``status`` is the pre-flight check
+(:mod:`.preflight`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import List, Optional
 PTH_NAME = "kvc_router_verl.pth"
 PTH_LINE = "import _kvc_router_verl_boot\n"
 ENV_SWITCH = "KVC_ROUTER_VERL_HOOK"
+USAGE = (
+    "usage: python -m kvc_router.verl [status [--json] [--no-import] | install | uninstall]\n"
+    "  status     pre-flight check: verl found, its release, supported or not, each patch, engines;\n"
+    "             exit 0 when a kvc_aware config will run here, 1 when not (--json: machine-readable)"
+)
 
 
 def pth_path() -> str:
@@ -48,8 +54,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         if os.path.isfile(pth_path()):
             os.remove(pth_path())
             print(f"removed {pth_path()}")
-    elif cmd != "status":
-        print("usage: python -m kvc_router.verl [status|install|uninstall]", file=sys.stderr)
+    elif cmd == "status":
+        # The pre-flight check: verl found, its release, each patch, engines.
+        from .preflight import main as preflight
+
+        return preflight(args[1:])
+    else:
+        print(USAGE, file=sys.stderr)
         return 2
     print(json.dumps(status(), indent=1))
     return 0

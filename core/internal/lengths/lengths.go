@@ -1,0 +1,191 @@
+// Package lengths learns response lengths from what a router can see
+// (issue 26): the output token count a finished request reports at
+// release (the verl hook forwards it), else the time from acquire to
+// release as a coarse proxy. Responses to one prompt have similar lengths
+// (Seer) and a prompt's responses are similar across epochs (RhymeRL), so
+// the estimate is kept per prompt, keyed by a hash of the prompt's
+// tokens:
+//
+//   - history: the mean length of the prompt's responses in earlier steps,
+//     an exponentially weighted mean over steps (Weight on the newest). It
+//     is not part of the prefix index, so a weight sync's index reset
+//     leaves it alone;
+//   - this step: siblings that finish update their group's estimate while
+//     the rest still run or wait.
+//
+// A prompt never seen predicts the mean over every prompt seen (0 before
+// any observation: unknown).
+package lengths
+
+import (
+	"container/list"
+	"math"
+	"sync"
+)
+
+// Key identifies a prompt: FNV-1a over its token ids.
+type Key uint64
+
+// KeyOf hashes a prompt's tokens.
+func KeyOf(tokens []int32) Key {
+	h := uint64(14695981039346656037)
+	for _, t := range tokens {
+		v := uint32(t)
+		for i := 0; i < 4; i++ {
+			h ^= uint64(byte(v >> (8 * i)))
+			h *= 1099511628211
+		}
+	}
+	return Key(h)
+}
+
+// Config tunes a Tracker. Zero fields take the defaults.
+type Config struct {
+	// Weight is the newest step's weight in a prompt's history mean
+	// (default 0.6).
+	Weight float64
+	// MaxPrompts bounds the prompts remembered, least recently seen
+	// dropped first (default 1<<20).
+	MaxPrompts int
+}
+
+// Defaults.
+const (
+	DefaultWeight     = 0.6
+	DefaultMaxPrompts = 1 << 20
+)
+
+// Estimate is a prompt's predicted response length.
+type Estimate struct {
+	// Tokens is the predicted mean output length (0 = unknown).
+	Tokens float64
+	// History is true when the prompt was seen in an earlier step, and
+	// Siblings counts this step's finished responses behind the figure.
+	History  bool
+	Siblings int
+}
+
+type entry struct {
+	key Key
+	// hist is the history mean over earlier steps (valid when hasHist).
+	hist    float64
+	hasHist bool
+	// This step's finished responses.
+	sum  float64
+	n    int
+	step uint64
+	el   *list.Element
+}
+
+// Tracker is safe for concurrent use.
+type Tracker struct {
+	mu      sync.Mutex
+	cfg     Config
+	byKey   map[Key]*entry
+	lru     *list.List // front = most recently seen
+	step    uint64
+	allSum  float64
+	allN    float64
+	dropped uint64
+}
+
+// New builds a Tracker.
+func New(cfg Config) *Tracker {
+	if cfg.Weight <= 0 || cfg.Weight > 1 || math.IsNaN(cfg.Weight) {
+		cfg.Weight = DefaultWeight
+	}
+	if cfg.MaxPrompts <= 0 {
+		cfg.MaxPrompts = DefaultMaxPrompts
+	}
+	return &Tracker{cfg: cfg, byKey: map[Key]*entry{}, lru: list.New()}
+}
+
+// fold moves a finished step's responses into the history; t.mu held.
+func (t *Tracker) fold(e *entry) {
+	if e.step == t.step || e.n == 0 {
+		return
+	}
+	m := e.sum / float64(e.n)
+	if e.hasHist {
+		e.hist = t.cfg.Weight*m + (1-t.cfg.Weight)*e.hist
+	} else {
+		e.hist, e.hasHist = m, true
+	}
+	e.sum, e.n = 0, 0
+}
+
+func (t *Tracker) get(k Key, create bool) *entry {
+	e := t.byKey[k]
+	if e == nil {
+		if !create {
+			return nil
+		}
+		e = &entry{key: k, step: t.step}
+		e.el = t.lru.PushFront(e)
+		t.byKey[k] = e
+		for t.lru.Len() > t.cfg.MaxPrompts {
+			old := t.lru.Remove(t.lru.Back()).(*entry)
+			delete(t.byKey, old.key)
+			t.dropped++
+		}
+		return e
+	}
+	t.fold(e)
+	e.step = t.step
+	t.lru.MoveToFront(e.el)
+	return e
+}
+
+// Observe records one finished response of prompt k with n output tokens.
+func (t *Tracker) Observe(k Key, n int) {
+	if n <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.get(k, true)
+	e.sum += float64(n)
+	e.n++
+	t.allSum += float64(n)
+	t.allN++
+}
+
+// NextStep marks a rollout step boundary (a weight sync): this step's
+// responses become history.
+func (t *Tracker) NextStep() {
+	t.mu.Lock()
+	t.step++
+	t.mu.Unlock()
+}
+
+// Predict returns prompt k's estimate: this step's finished siblings and
+// the history combined, each sibling counting as much as one step of
+// history; the mean over all prompts when k is unknown.
+func (t *Tracker) Predict(k Key) Estimate {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.get(k, false)
+	if e == nil || (!e.hasHist && e.n == 0) {
+		if t.allN == 0 {
+			return Estimate{}
+		}
+		return Estimate{Tokens: t.allSum / t.allN}
+	}
+	est := Estimate{History: e.hasHist, Siblings: e.n}
+	switch {
+	case e.n == 0:
+		est.Tokens = e.hist
+	case !e.hasHist:
+		est.Tokens = e.sum / float64(e.n)
+	default:
+		est.Tokens = (e.hist + e.sum) / float64(1+e.n)
+	}
+	return est
+}
+
+// Len is how many prompts are remembered; Dropped how many were evicted.
+func (t *Tracker) Len() (n int, dropped uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byKey), t.dropped
+}

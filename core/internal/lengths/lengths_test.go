@@ -1,0 +1,86 @@
+package lengths
+
+import (
+	"math"
+	"testing"
+)
+
+func TestKeyOf(t *testing.T) {
+	a, b := KeyOf([]int32{1, 2, 3}), KeyOf([]int32{1, 2, 3})
+	if a != b {
+		t.Fatal("equal prompts must hash equal")
+	}
+	for _, other := range [][]int32{{1, 2}, {3, 2, 1}, {1, 2, 3, 0}, {1, 2, 4}, nil} {
+		if KeyOf(other) == a {
+			t.Fatalf("%v collides with [1 2 3]", other)
+		}
+	}
+}
+
+func TestPredict(t *testing.T) {
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
+	tr := New(Config{Weight: 0.5})
+	p, q := KeyOf([]int32{7}), KeyOf([]int32{8})
+	cases := []struct {
+		name string
+		do   func()
+		key  Key
+		want Estimate
+	}{
+		{"nothing seen: unknown", func() {}, p, Estimate{}},
+		{"siblings this step", func() { tr.Observe(p, 100); tr.Observe(p, 300) }, p, Estimate{Tokens: 200, Siblings: 2}},
+		{"unseen prompt: the mean of all", func() {}, q, Estimate{Tokens: 200}},
+		{"non-positive counts ignored", func() { tr.Observe(p, 0); tr.Observe(p, -5) }, p, Estimate{Tokens: 200, Siblings: 2}},
+		{"next step: history", func() { tr.NextStep() }, p, Estimate{Tokens: 200, History: true}},
+		{"history + a sibling, one step's weight each", func() { tr.Observe(p, 600) }, p, Estimate{Tokens: 400, History: true, Siblings: 1}},
+		{"EWMA over steps (weight 0.5)", func() { tr.NextStep() }, p, Estimate{Tokens: 400, History: true}},
+		{"third step", func() { tr.Observe(p, 1000); tr.NextStep() }, p, Estimate{Tokens: 700, History: true}},
+	}
+	for _, c := range cases {
+		c.do()
+		got := tr.Predict(c.key)
+		if !near(got.Tokens, c.want.Tokens) || got.History != c.want.History || got.Siblings != c.want.Siblings {
+			t.Fatalf("%s: got %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestBoundedMemory(t *testing.T) {
+	tr := New(Config{MaxPrompts: 3})
+	for i := int32(0); i < 5; i++ {
+		tr.Observe(KeyOf([]int32{i}), 10)
+	}
+	if n, dropped := tr.Len(); n != 3 || dropped != 2 {
+		t.Fatalf("len %d dropped %d, want 3 and 2", n, dropped)
+	}
+	if e := tr.Predict(KeyOf([]int32{0})); e.Siblings != 0 || e.History {
+		t.Fatal("the least recently seen prompt must be the one dropped")
+	}
+	if e := tr.Predict(KeyOf([]int32{4})); e.Siblings != 1 {
+		t.Fatal("the newest prompt must be kept")
+	}
+}
+
+func TestConcurrent(t *testing.T) {
+	tr := New(Config{})
+	done := make(chan struct{})
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			for i := 0; i < 1000; i++ {
+				k := KeyOf([]int32{int32(i % 17)})
+				tr.Observe(k, 1+i%50)
+				tr.Predict(k)
+				if i%100 == 0 {
+					tr.NextStep()
+				}
+			}
+			done <- struct{}{}
+		}(g)
+	}
+	for g := 0; g < 4; g++ {
+		<-done
+	}
+	if n, _ := tr.Len(); n != 17 {
+		t.Fatalf("%d prompts, want 17", n)
+	}
+}

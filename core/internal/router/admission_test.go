@@ -1,0 +1,251 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+func admitConfig(maxInflight int) Config {
+	return Config{Mode: ModeKVCAware, Model: "m", Admission: AdmissionSpec{Enabled: true, MaxInflight: maxInflight}}
+}
+
+func submit(t *testing.T, r *Router, id string, ticket uint64, tokens []int32) (string, bool) {
+	t.Helper()
+	d, queued, err := r.Submit(Request{ID: id, Tokens: tokens, Pin: -1}, ticket)
+	if err != nil {
+		t.Fatalf("submit %s: %v", id, err)
+	}
+	return d.Server, queued
+}
+
+func TestAdmissionHoldsOnlyWhenFull(t *testing.T) {
+	r := mustNew(t, admitConfig(2), "s0", "s1")
+	for i := 0; i < 4; i++ {
+		if _, q := submit(t, r, fmt.Sprint("r", i), uint64(i), prompt(64, int32(1000*i))); q {
+			t.Fatalf("request %d held while a server had room", i)
+		}
+	}
+	if r.Inflight("s0") != 2 || r.Inflight("s1") != 2 {
+		t.Fatalf("in flight %d/%d, want 2/2", r.Inflight("s0"), r.Inflight("s1"))
+	}
+	if _, q := submit(t, r, "r4", 4, prompt(64, 9000)); !q {
+		t.Fatal("request routed past every server's cap")
+	}
+	got, _ := r.ReleaseAdmit("s1", nil)
+	if len(got) != 1 || got[0].Ticket != 4 || got[0].Decision.Server != "s1" || got[0].Decision.Reason != ReasonAdmitted {
+		t.Fatalf("admitted %+v, want ticket 4 on s1", got)
+	}
+	if st := r.Status().Admission; st.Held != 0 || st.Queued != 1 || st.Admitted != 1 || !st.Enabled {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// A freed slot goes to a sibling of a prompt its server holds before an
+// older request of another prompt, and to a prompt no server holds before
+// a sibling of one held elsewhere.
+func TestAdmissionPicksSiblingsThenFreshPrompts(t *testing.T) {
+	r := mustNew(t, admitConfig(1), "s0", "s1")
+	a, b, c := prompt(64, 1), prompt(64, 5000), prompt(64, 9000)
+	sa, _ := submit(t, r, "a1", 1, a)
+	sb, _ := submit(t, r, "b1", 2, b)
+	if sa == sb {
+		t.Fatalf("a1 and b1 both on %s with cap 1", sa)
+	}
+	for i, q := range []struct {
+		id     string
+		tokens []int32
+	}{{"a2", a}, {"c1", c}, {"b2", b}} {
+		if _, held := submit(t, r, q.id, uint64(10+i), q.tokens); !held {
+			t.Fatalf("%s not held", q.id)
+		}
+	}
+	// sb frees: b2 (sibling there) beats the older a2 and c1.
+	got, _ := r.ReleaseAdmit(sb, nil)
+	if len(got) != 1 || got[0].Ticket != 12 {
+		t.Fatalf("admitted %+v, want b2 (ticket 12)", got)
+	}
+	if got[0].Decision.HitBlocks[0] == 0 {
+		t.Fatalf("b2's decision predicts no hit on its sibling's server: %+v", got[0].Decision)
+	}
+	// sb frees again: a2's prompt is held on sa, c1's nowhere: c1.
+	got, _ = r.ReleaseAdmit(sb, nil)
+	if len(got) != 1 || got[0].Ticket != 11 {
+		t.Fatalf("admitted %+v, want c1 (ticket 11)", got)
+	}
+	// sa frees: a2.
+	got, _ = r.ReleaseAdmit(sa, nil)
+	if len(got) != 1 || got[0].Ticket != 10 || got[0].Decision.Server != sa {
+		t.Fatalf("admitted %+v, want a2 (ticket 10) on %s", got, sa)
+	}
+}
+
+func TestAdmissionStickySessionWaitsForItsServer(t *testing.T) {
+	r := mustNew(t, admitConfig(1), "s0", "s1")
+	if d, _, err := r.Submit(Request{ID: "sess", Tokens: prompt(64, 1), Pin: 0}, 1); err != nil || d.Server != "s0" {
+		t.Fatalf("pinned session: %v %v", d.Server, err)
+	}
+	r.Release("s0")
+	// Another request takes s0's only slot; the session's next turn waits
+	// for s0 although s1 has room.
+	if d, err := r.Acquire(Request{ID: "x", Tokens: prompt(64, 7000), Pin: 0}); err != nil || d.Server != "s0" {
+		t.Fatalf("pinned x: %v %v", d.Server, err)
+	}
+	if _, held := submit(t, r, "sess", 2, prompt(96, 1)); !held {
+		t.Fatal("the session's turn left its server while that server was full and not overloaded")
+	}
+	if d, _, err := r.Submit(Request{ID: "y", Tokens: prompt(64, 9000), Pin: -1}, 3); err != nil || d.Server != "s1" {
+		t.Fatalf("a new request is held or misrouted while s1 has room: %v %v", d.Server, err)
+	}
+	got, _ := r.ReleaseAdmit("s1", nil)
+	if len(got) != 0 {
+		t.Fatalf("a slot on s1 went to a session bound to s0: %+v", got)
+	}
+	got, _ = r.ReleaseAdmit("s0", nil)
+	if len(got) != 1 || got[0].Ticket != 2 || got[0].Decision.Server != "s0" {
+		t.Fatalf("admitted %+v, want the session on s0", got)
+	}
+}
+
+func TestAdmissionCancelAndQueueLimit(t *testing.T) {
+	cfg := admitConfig(1)
+	cfg.Admission.MaxQueue = 2
+	r := mustNew(t, cfg, "s0")
+	submit(t, r, "a", 1, nil)
+	submit(t, r, "b", 2, nil)
+	submit(t, r, "c", 3, nil)
+	if _, _, err := r.Submit(Request{ID: "d", Pin: -1}, 4); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("err %v, want ErrQueueFull", err)
+	}
+	if !r.Cancel(2) || r.Cancel(2) || r.Cancel(99) {
+		t.Fatal("cancel: want true once for a held ticket, false after and for unknown ones")
+	}
+	got, _ := r.ReleaseAdmit("s0", nil)
+	if len(got) != 1 || got[0].Ticket != 3 {
+		t.Fatalf("admitted %+v, want ticket 3 (2 was cancelled)", got)
+	}
+	st := r.Status().Admission
+	if st.Cancelled != 1 || st.Rejected != 1 || st.Held != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestAdmissionConfigErrors(t *testing.T) {
+	for _, a := range []AdmissionSpec{{MaxInflight: -1}, {Headroom: -1}, {Headroom: 17}, {MaxQueue: -1}, {Window: -3}} {
+		if _, err := New(Config{Mode: ModeKVCAware, Admission: a}); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: err %v, want ErrConfig", a, err)
+		}
+	}
+}
+
+// Property: under random submits, releases and cancels, a request is held
+// only while every server is at its cap (or, for a bound session, its own
+// server is), no server ever exceeds its cap, every release that frees a
+// slot admits a held request that may go there, and every request is
+// accounted for exactly once.
+func TestAdmissionInvariantsRandom(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		nsrv := 1 + rng.IntN(4)
+		capacity := 1 + rng.IntN(3)
+		var names []string
+		for i := 0; i < nsrv; i++ {
+			names = append(names, fmt.Sprint("s", i))
+		}
+		r := mustNew(t, admitConfig(capacity), names...)
+		running := map[string]int{}
+		held := map[uint64]bool{}
+		var ticket uint64
+		routed := 0
+		for step := 0; step < 400; step++ {
+			full := true
+			for _, n := range names {
+				if running[n] < capacity {
+					full = false
+				}
+			}
+			switch op := rng.IntN(10); {
+			case op < 5:
+				ticket++
+				id := fmt.Sprint("q", rng.IntN(20)) // some ids repeat: sessions
+				srv, queued := submit(t, r, id, ticket, prompt(16*(1+rng.IntN(4)), int32(100*rng.IntN(5))))
+				if queued {
+					held[ticket] = true
+					if !full && r.sticky.Contains(id) == false {
+						t.Fatalf("seed %d: new request %s held while a server had room %v", seed, id, running)
+					}
+					continue
+				}
+				running[srv]++
+				routed++
+			case op < 9:
+				var busy []string
+				for _, n := range names {
+					if running[n] > 0 {
+						busy = append(busy, n)
+					}
+				}
+				if len(busy) == 0 {
+					continue
+				}
+				n := busy[rng.IntN(len(busy))]
+				running[n]--
+				got, _ := r.ReleaseAdmit(n, nil)
+				for _, a := range got {
+					if !held[a.Ticket] {
+						t.Fatalf("seed %d: admitted unknown ticket %d", seed, a.Ticket)
+					}
+					delete(held, a.Ticket)
+					running[a.Decision.Server]++
+					routed++
+				}
+				if len(got) == 0 && len(held) > 0 && r.Held() > 0 {
+					// Only sessions bound elsewhere may stay held.
+					r.mu.Lock()
+					for _, h := range r.aq.tickets {
+						if h.affinity == nil || h.affinity.id == n {
+							r.mu.Unlock()
+							t.Fatalf("seed %d: %s freed a slot but ticket %d (may go there) stayed held", seed, n, h.ticket)
+						}
+					}
+					r.mu.Unlock()
+				}
+			default:
+				for tk := range held {
+					if !r.Cancel(tk) {
+						t.Fatalf("seed %d: cancel of held ticket %d failed", seed, tk)
+					}
+					delete(held, tk)
+					break
+				}
+			}
+			for _, n := range names {
+				if running[n] > capacity {
+					t.Fatalf("seed %d: %s runs %d > cap %d", seed, n, running[n], capacity)
+				}
+				if got := r.Inflight(n); got != running[n] {
+					t.Fatalf("seed %d: router counts %d in flight on %s, test %d", seed, got, n, running[n])
+				}
+			}
+			if r.Held() != len(held) {
+				t.Fatalf("seed %d: router holds %d, test %d", seed, r.Held(), len(held))
+			}
+		}
+		if routed == 0 {
+			t.Fatalf("seed %d: nothing routed", seed)
+		}
+	}
+}
+
+func TestAdmissionOffKeepsAcquire(t *testing.T) {
+	r := mustNew(t, Config{Mode: ModeKVCAware, Admission: AdmissionSpec{MaxInflight: 1}}, "s0")
+	for i := 0; i < 3; i++ {
+		if _, q := submit(t, r, fmt.Sprint(i), uint64(i), nil); q {
+			t.Fatal("held with admission disabled")
+		}
+	}
+	if r.Inflight("s0") != 3 {
+		t.Fatalf("in flight %d", r.Inflight("s0"))
+	}
+}

@@ -1,0 +1,142 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvc-router/kvc-router/core/internal/blockhash"
+)
+
+// warmGRPO gives r a history of n one-request sessions (a GRPO step's
+// samples, each released): the group spread applies to one-request
+// siblings, and a fresh router presumes multi-turn sessions.
+func warmGRPO(t *testing.T, r *Router, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(64, int32(10_000_000+1000*i))...))
+	}
+}
+
+// TestGroupSpread: after a history of one-request sessions, a GRPO group's
+// samples (one prompt, consecutive requests) spread evenly over the
+// servers with group_spread 0.1; the default (0) keeps the group on the
+// server that holds its prompt; a weight sync (ResetCache) forgets the counts.
+func TestGroupSpread(t *testing.T) {
+	cases := []struct {
+		name   string
+		params string
+		warm   int
+		want   map[string]int
+	}{
+		{"group_spread 0.1: 16 samples over 4 servers", `{"group_spread":0.1}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}},
+		{"default (0): the group stays whole", `{}`, 400, map[string]int{"s0": 16}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}}
+			r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
+			warmGRPO(t, r, tc.warm)
+			p := prompt(1024, 7)
+			got := map[string]int{}
+			for i := 0; i < 16; i++ {
+				got[acq(t, r, fmt.Sprint("g0-", i), p...)]++
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("samples per server %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("a weight sync forgets the counts", func(t *testing.T) {
+		for _, reset := range []bool{false, true} {
+			// session_weight 0: the five sticky bindings must not decide.
+			cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"session_weight":0,"group_spread":0.1}`)}}}
+			r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
+			warmGRPO(t, r, 400)
+			p := prompt(1024, 7)
+			var placed []string
+			for i := 0; i < 5; i++ { // s0 gets two, the others one
+				placed = append(placed, acq(t, r, fmt.Sprint("a", i), p...))
+			}
+			for _, s := range placed {
+				r.Release(s)
+			}
+			if reset {
+				r.ResetCache()
+			}
+			s := acq(t, r, "next", p...)
+			// Kept counts send the sixth away from s0 (one more there);
+			// after the reset every server is equal and s0 comes first.
+			if want := map[bool]string{false: "s1", true: "s0"}[reset]; s != want {
+				t.Fatalf("reset %v: sixth sample on %s, want %s", reset, s, want)
+			}
+		}
+	})
+	t.Run("admitted requests count too", func(t *testing.T) {
+		cfg := Config{Mode: ModeKVCAware, Admission: AdmissionSpec{Enabled: true, MaxInflight: 1},
+			Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}}}
+		r := mustNew(t, cfg, "s0", "s1")
+		p := prompt(1024, 7)
+		acq(t, r, "a0", p...) // s0
+		acq(t, r, "a1", p...) // s1
+		if _, queued, err := r.Submit(Request{ID: "a2", Tokens: p, Pin: -1}, 1); err != nil || !queued {
+			t.Fatalf("queued %v err %v", queued, err)
+		}
+		out, _ := r.ReleaseAdmit("s1", nil)
+		if len(out) != 1 || out[0].Decision.Server != "s1" {
+			t.Fatalf("admitted %+v", out)
+		}
+		r.mu.Lock()
+		keys := r.memo.AppendKeys(nil, p, 16, blockhash.Namespace(r.cfg.Model, ""))
+		g, _ := r.groups.Peek(keys[blockhash.HittableBlocks(len(p), 16)-1])
+		r.mu.Unlock()
+		if fmt.Sprint(g.counts()) != "map[s0:1 s1:2]" {
+			t.Fatalf("group counts %v, want s0 1, s1 2", g.counts())
+		}
+	})
+}
+
+// TestGroupsBounded: the prompts remembered are bounded.
+func TestGroupsBounded(t *testing.T) {
+	r := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}}}, "s0")
+	s := r.byID["s0"]
+	for k := uint64(1); k <= maxPromptGroups+10; k++ {
+		r.placed(k, s)
+	}
+	if n := r.groups.Len(); n != maxPromptGroups {
+		t.Fatalf("%d groups remembered, want the bound %d", n, maxPromptGroups)
+	}
+	if _, ok := r.groups.Peek(1); ok {
+		t.Fatal("the oldest group was not forgotten")
+	}
+}
+
+// TestGroupsKeptOnlyWhenRead: the placement counts (a lookup and an update
+// on every decision) exist only when a strategy part reads siblings.
+func TestGroupsKeptOnlyWhenRead(t *testing.T) {
+	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}
+	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
+	least := StrategySpec{Name: "least_inflight", Weight: 1}
+	cases := []struct {
+		name string
+		cfg  Config
+		want bool
+	}{
+		{"kvc_aware at its defaults", Config{Mode: ModeKVCAware}, false},
+		{"group_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
+		{"group_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{spread}}, true},
+		{"one of two parts reads them", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{least, spread}}, true},
+		{"default mode", Config{Mode: ModeDefault}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, tc.cfg, "s0", "s1")
+			acq(t, r, "a", prompt(1024, 7)...)
+			if got := r.groups != nil; got != tc.want {
+				t.Fatalf("groups kept %v, want %v", got, tc.want)
+			}
+			if tc.want && r.groups.Len() != 1 {
+				t.Fatalf("%d groups after one placement, want 1", r.groups.Len())
+			}
+		})
+	}
+}

@@ -1,0 +1,255 @@
+package router
+
+import (
+	"time"
+
+	"github.com/kvc-router/kvc-router/core/internal/lengths"
+)
+
+// LengthsSpec configures response-length learning (issue 26; package
+// lengths): the router remembers each in-flight request's prompt, and a
+// release that reports the request's output token count (the verl hook
+// forwards it; ReleaseDone) teaches the prompt's length. Without counts
+// the time from acquire to release is learnt instead (a coarse proxy, in
+// milliseconds, used only while no count has arrived). The history is kept
+// per prompt hash and survives ResetCache (a weight sync ends a step).
+//
+// With admission on, LongestFirst gives a freed slot to the held request
+// with the longest predicted response (longest processing time first: the
+// step ends with its longest groups, so they should start first). A held
+// request passed over MaxSkips times goes next whatever its prediction,
+// so no request starves. While no held request has an estimate, the
+// admission order is unchanged.
+type LengthsSpec struct {
+	// Enabled turns length learning on (kvc_aware mode). When to change:
+	// on when releases report output token counts (the verl hook's
+	// release_server kwargs) or prompts recur across steps.
+	Enabled bool `json:"enabled"`
+	// Weight is the newest step's weight in a prompt's history (default
+	// 0.6). When to change: higher when lengths drift fast between epochs.
+	Weight float64 `json:"weight,omitempty"`
+	// MaxPrompts bounds the prompts remembered (default 1<<20, about
+	// 100 MiB at most). When to change: at least the dataset's prompt count.
+	MaxPrompts int `json:"max_prompts,omitempty"`
+	// LongestFirst orders admission by predicted length (default true).
+	// When to change: off to keep admission's sibling-first order.
+	LongestFirst *bool `json:"longest_first,omitempty"`
+	// MaxSkips bounds how often a held request is passed over (default
+	// 4096). When to change: lower when short requests must not wait.
+	MaxSkips int `json:"max_skips,omitempty"`
+}
+
+// Defaults of LengthsSpec.
+const (
+	DefaultLengthsMaxSkips = 4096
+	// maxLengthFlights bounds the in-flight requests remembered for
+	// ReleaseDone: callers that release without request ids would
+	// otherwise grow the table forever.
+	maxLengthFlights = 1 << 20
+)
+
+func (l *LengthsSpec) normalise() error {
+	if l.Weight < 0 || l.Weight > 1 {
+		return configErr("lengths.weight", "must be in (0, 1] (0 = default), got %v", l.Weight)
+	}
+	if l.MaxPrompts < 0 {
+		return configErr("lengths.max_prompts", "must not be negative, got %d", l.MaxPrompts)
+	}
+	if l.MaxSkips == 0 {
+		l.MaxSkips = DefaultLengthsMaxSkips
+	}
+	if l.MaxSkips < 0 {
+		return configErr("lengths.max_skips", "must be positive, got %d", l.MaxSkips)
+	}
+	return nil
+}
+
+// lenState is the router's length learning; nil when disabled.
+type lenState struct {
+	tok, dur *lengths.Tracker
+	longest  bool
+	maxSkips int
+	flights  map[string]lenFlight
+	held     map[uint64]*heldLen // by admission ticket
+	counts   LengthCounters
+	// memo holds one pick's predictions by prompt (siblings share one).
+	memo map[lengths.Key]predMemo
+}
+
+type predMemo struct {
+	p     float64
+	known bool
+}
+
+type lenFlight struct {
+	key lengths.Key
+	at  time.Time
+}
+
+type heldLen struct {
+	key   lengths.Key
+	hint  float64
+	skips int
+}
+
+// LengthCounters are the length learner's statistics.
+type LengthCounters struct {
+	Observed      uint64 `json:"observed_tokens"`
+	ObservedTimed uint64 `json:"observed_durations"`
+	Unmatched     uint64 `json:"unmatched_releases"`
+	LongestPicks  uint64 `json:"longest_first_picks"`
+	StarvedPicks  uint64 `json:"starved_picks"`
+	Prompts       int    `json:"prompts"`
+}
+
+func newLenState(spec LengthsSpec) *lenState {
+	if !spec.Enabled {
+		return nil
+	}
+	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
+	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
+		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
+		memo: map[lengths.Key]predMemo{}}
+}
+
+// lenTrack remembers a decided request's prompt; r.mu held.
+func (r *Router) lenTrack(req *Request) {
+	l := r.lens
+	if l == nil {
+		return
+	}
+	if len(l.flights) >= maxLengthFlights {
+		clear(l.flights)
+	}
+	l.flights[req.ID] = lenFlight{key: lengths.KeyOf(req.Tokens), at: r.now()}
+}
+
+// ReleaseDone is ReleaseAdmit for a caller that knows which request
+// finished: it teaches the length learner the request's output token
+// count (0 = unknown: the acquire-to-release time is learnt instead).
+func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []Admitted) ([]Admitted, bool) {
+	r.mu.Lock()
+	if l := r.lens; l != nil {
+		if f, ok := l.flights[requestID]; ok {
+			delete(l.flights, requestID)
+			if outputTokens > 0 {
+				l.tok.Observe(f.key, outputTokens)
+				l.counts.Observed++
+			} else if ms := int(r.now().Sub(f.at) / time.Millisecond); ms > 0 {
+				l.dur.Observe(f.key, ms)
+				l.counts.ObservedTimed++
+			}
+		} else {
+			l.counts.Unmatched++
+		}
+	}
+	r.mu.Unlock()
+	return r.ReleaseAdmit(server, out)
+}
+
+// PredictTokens is the learnt output length of a prompt (0 = unknown).
+func (r *Router) PredictTokens(tokens []int32) lengths.Estimate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lens == nil {
+		return lengths.Estimate{}
+	}
+	return r.lens.tok.Predict(lengths.KeyOf(tokens))
+}
+
+// LengthCounters returns the learner's statistics (zero when disabled).
+func (r *Router) LengthCounters() LengthCounters {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lens == nil {
+		return LengthCounters{}
+	}
+	c := r.lens.counts
+	c.Prompts, _ = r.lens.tok.Len()
+	return c
+}
+
+// lenNextStep ends a rollout step for the learner (a weight sync).
+func (r *Router) lenNextStep() {
+	if l := r.lens; l != nil {
+		l.tok.NextStep()
+		l.dur.NextStep()
+	}
+}
+
+// predicted is a held request's predicted length and whether it rests on
+// anything learnt (a caller's hint, history or finished siblings).
+func (l *lenState) predicted(h *heldLen) (float64, bool) {
+	if h.hint > 0 {
+		return h.hint, true
+	}
+	if e := l.tok.Predict(h.key); e.Tokens > 0 {
+		return e.Tokens, e.History || e.Siblings > 0
+	}
+	e := l.dur.Predict(h.key)
+	return e.Tokens, e.History || e.Siblings > 0
+}
+
+// pickLongest is admission's longest-first order (LengthsSpec): among the
+// oldest Window held requests of q (requests free to run on any server),
+// one passed over MaxSkips times, else the longest predicted; ok = false
+// when the learner is off or knows nothing about any of them (the default
+// order then applies); r.mu held.
+func (r *Router) pickLongest(q *heldQueue) (*held, bool) {
+	l := r.lens
+	if l == nil || !l.longest {
+		return nil, false
+	}
+	w := r.cfg.Admission.Window
+	clear(l.memo)
+	var best, starving *held
+	known := false
+	bestPred := -1.0
+	i := 0
+	for h := q.head; h != nil && i < w; h, i = h.next, i+1 {
+		hl := l.held[h.ticket]
+		if hl == nil {
+			hl = &heldLen{key: lengths.KeyOf(h.req.Tokens), hint: h.req.Hint}
+			l.held[h.ticket] = hl
+		}
+		if hl.skips >= l.maxSkips && starving == nil {
+			starving = h
+		}
+		var p float64
+		var k bool
+		if hl.hint > 0 {
+			p, k = hl.hint, true
+		} else {
+			m, ok := l.memo[hl.key]
+			if !ok {
+				m.p, m.known = l.predicted(hl)
+				l.memo[hl.key] = m
+			}
+			p, k = m.p, m.known
+		}
+		known = known || k
+		if p > bestPred {
+			best, bestPred = h, p
+		}
+	}
+	pick := best
+	switch {
+	case starving != nil:
+		pick = starving
+		l.counts.StarvedPicks++
+	case !known || best == nil:
+		return nil, false
+	default:
+		l.counts.LongestPicks++
+	}
+	i = 0
+	for h := q.head; h != nil && i < w; h, i = h.next, i+1 {
+		if h == pick {
+			continue
+		}
+		if hl := l.held[h.ticket]; hl != nil {
+			hl.skips++
+		}
+	}
+	return pick, true
+}

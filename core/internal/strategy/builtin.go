@@ -1,0 +1,421 @@
+package strategy
+
+import (
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/internal/index"
+	"github.com/kvc-router/kvc-router/core/internal/strictjson"
+)
+
+func init() {
+	Register("least_inflight", func(p json.RawMessage) (Strategy, error) {
+		var v struct{}
+		if err := DecodeStrict(p, &v); err != nil {
+			return nil, err
+		}
+		return LeastInflight{}, nil
+	})
+	Register("kvc_aware", func(p json.RawMessage) (Strategy, error) {
+		k := DefaultKVCAware()
+		if err := DecodeStrict(p, &k); err != nil {
+			return nil, err
+		}
+		if err := k.Validate(); err != nil {
+			return nil, err
+		}
+		return &k, nil
+	})
+}
+
+// LeastInflight reproduces verl's default balancer: the fewest local
+// in-flight requests wins; ties go to the server added first.
+type LeastInflight struct{}
+
+// Name implements Strategy.
+func (LeastInflight) Name() string { return "least_inflight" }
+
+// Score implements Strategy.
+func (LeastInflight) Score(_ *Request, c []Candidate, out []float64) {
+	for i := range c {
+		out[i] = -float64(c[i].Inflight)
+	}
+}
+
+// Explain implements Explainer: the score is minus the in-flight count.
+func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
+	out := make([][]Term, len(c))
+	for i := range c {
+		out[i] = []Term{{"inflight", float64(c[i].Inflight)}, {"score", -float64(c[i].Inflight)}}
+	}
+	return out
+}
+
+// KVCAware combines prefix-cache credit per tier with load:
+//
+//	S_cache = sum over tiers of layer_weights[tier] * credited_blocks[tier] / hittable_blocks
+//	S       = alpha * S_cache + (1 - alpha) * (1 - load)
+//
+// and a server whose load exceeds LoadThreshold has 1 subtracted, so it is
+// chosen only when every candidate is overloaded. Six refinements, each
+// measured with kvbench and the demo, keep cache affinity from piling work
+// onto one server:
+//
+//   - Marginal credit (marginal): only blocks beyond the smallest match
+//     among the candidates earn credit. A shared system prompt that every
+//     server holds, or that one busy server holds, otherwise pulls every
+//     new request to the same place.
+//   - KV-pressure load (token_load): load is at least the server's
+//     in-flight prompt tokens over its KV capacity (from its metrics, else
+//     kv_tokens), not capped at 1, so that long prompts over-committing one
+//     server's cache show as load even while its running count is low, and
+//     servers still rank when all are over-committed.
+//   - Saved-token scale (saved_scale_tokens): the credit is multiplied by
+//     min(1, saved tokens / saved_scale_tokens); a small hit is worth a few
+//     milliseconds of prefill and must not outweigh load.
+//   - Session load (session_weight): Score places a session (the router
+//     calls it only for a request without a usable sticky binding), and a
+//     multi-turn session's later turns follow it to its server. In-flight
+//     counts and tokens miss that committed work (a batch of first turns
+//     barely moves them), so the load Score ranks by adds
+//     session_weight * (1 - covered) * (sessions - least sessions) /
+//     (mean sessions + 1). It is relative (evenly spread stale bindings,
+//     such as single-turn GRPO ids left in the LRU, change nothing; the +1
+//     bounds it while few sessions exist), and covered, the share of the
+//     prompt's hittable blocks credited on that server, spares servers
+//     whose cache holds the whole prompt: those hold the request's
+//     siblings (GRPO samples, an agent task's trajectories), which share
+//     it at no prefill cost, while a server that only shares the system
+//     prompt gets most of the term. The term is scaled by the router's
+//     evidence that sessions are multi-turn (later turns per bound session,
+//     see multiTurn): bindings of one-request sessions (GRPO samples) stay
+//     in the LRU but are not future work. The overload penalty and
+//     EffectiveLoad (the router's sticky breakout) do not include it.
+//   - Sibling spread (sibling_spread, off by default): the cached share is
+//     weighed too, by session_weight * multi_turn^2 * (sessions - least)
+//     / (mean sessions - least + 1). Multi-turn siblings (an agent task's
+//     trajectories) save one first-prompt prefill by sharing a server but
+//     bring 20-40 turns each, so they spread; one-request siblings stay
+//     together once the history shows one-request sessions. A fresh
+//     router presumes multi-turn sessions, so it also spreads the first
+//     GRPO samples it sees, hence off by default (docs/kvbench.md).
+//   - Group spread (group_spread): each request of the same prompt the
+//     router already placed on a server this step, beyond the fewest
+//     placed on any candidate, adds group_spread * (1 - multi_turn) to
+//     that server's load. A prompt's responses have correlated lengths
+//     (its difficulty), so a GRPO group kept whole on one server makes it
+//     the step's straggler whenever the group is long, while spreading the
+//     group over E servers costs E-1 extra prefills of one prompt
+//     (docs/rl-workloads.md, issue 26). Multi-turn siblings (an agent
+//     task's trajectories) are left to sibling_spread: their later turns
+//     share the task's KV where they are.
+//
+// A prompt with no hittable block scores on load alone.
+type KVCAware struct {
+	// Alpha in [0, 1] weighs cache credit against load: S = alpha *
+	// S_cache + (1 - alpha) * (1 - load).
+	// When to change: higher for long shared prefixes (agents, long system
+	// prompts) where prefill dominates; lower when requests share little and
+	// balance matters more.
+	Alpha float64 `json:"alpha"`
+	// LoadThreshold in (0, 1]: a server whose load is above it loses 1
+	// from its score (chosen only when every server is), and a sticky
+	// binding to it may break out (router.load_threshold unset).
+	// When to change: lower it to spread load earlier.
+	LoadThreshold float64 `json:"load_threshold"`
+	// LayerWeights {gpu, cpu, ssd} weigh a hit by the tier that holds it.
+	// When to change: raise cpu or ssd when servers offload KV cache to those
+	// tiers and reload it fast.
+	LayerWeights map[string]float64 `json:"layer_weights"`
+	// Marginal credits only blocks beyond the smallest match among the
+	// candidates (a prefix every server holds earns nothing).
+	// When to change: false only to compare with plain longest-prefix credit.
+	Marginal bool `json:"marginal"`
+	// TokenLoad makes load at least the in-flight prompt tokens over the
+	// server's KV capacity.
+	// When to change: false only when prompts are short and alike.
+	TokenLoad bool `json:"token_load"`
+	// KVTokens is the KV capacity, in tokens, of a server whose metrics
+	// report none (30,000 blocks of 16 tokens).
+	// When to change: set it to the servers' real KV capacity (vLLM logs "GPU
+	// KV cache size: N tokens") when their metrics do not report it.
+	KVTokens int `json:"kv_tokens"`
+	// SavedScaleTokens scales a hit's credit by min(1, saved tokens /
+	// this); 0 disables.
+	// When to change: lower it when prefill is slow (large models) so short
+	// hits count; raise it when prefill is fast.
+	SavedScaleTokens int `json:"saved_scale_tokens"`
+	// SessionWeight in [0, 10] counts the sessions bound to a server as
+	// load when a new session is placed; 0 disables.
+	// When to change: raise it when long multi-turn sessions pile onto one
+	// server; 0 for single-turn workloads.
+	SessionWeight float64 `json:"session_weight"`
+	// SiblingSpread spreads sessions among servers that hold the whole
+	// prompt too (multi-turn siblings).
+	// When to change: true for agent tasks with many multi-turn trajectories
+	// per prompt.
+	SiblingSpread bool `json:"sibling_spread"`
+	// GroupSpread in [0, 10] is the load each request of a prompt already
+	// placed on a server (beyond the fewest on any candidate) adds there
+	// when a sibling is placed; 0 keeps a group on the server holding its
+	// prompt.
+	// When to change: 0.1 for RL rollouts whose responses are long and
+	// similar within a prompt's group (reasoning GRPO) on servers whose KV
+	// holds many prompts; leave 0 when responses are short or the KV cache
+	// small (prefill and cache hits then matter more than balance).
+	GroupSpread float64 `json:"group_spread"`
+	tier        [index.NumTiers]float64
+}
+
+// DefaultKVCAware returns the documented defaults.
+func DefaultKVCAware() KVCAware {
+	return KVCAware{
+		Alpha: 0.3, LoadThreshold: 0.9, LayerWeights: map[string]float64{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
+		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
+		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
+	}
+}
+
+// Validate checks ranges and resolves tier weights. Errors are
+// *strictjson.KeyError naming the parameter.
+func (k *KVCAware) Validate() error {
+	if !(k.Alpha >= 0 && k.Alpha <= 1) {
+		return strictjson.Errorf("alpha", "must be in [0, 1], got %v", k.Alpha)
+	}
+	if !(k.LoadThreshold > 0 && k.LoadThreshold <= 1) {
+		return strictjson.Errorf("load_threshold", "must be in (0, 1], got %v", k.LoadThreshold)
+	}
+	if k.KVTokens <= 0 {
+		return strictjson.Errorf("kv_tokens", "must be > 0, got %d", k.KVTokens)
+	}
+	if k.SavedScaleTokens < 0 {
+		return strictjson.Errorf("saved_scale_tokens", "must be >= 0 (0 disables), got %d", k.SavedScaleTokens)
+	}
+	if !(k.SessionWeight >= 0 && k.SessionWeight <= 10) {
+		return strictjson.Errorf("session_weight", "must be in [0, 10] (0 disables), got %v", k.SessionWeight)
+	}
+	if !(k.GroupSpread >= 0 && k.GroupSpread <= 10) {
+		return strictjson.Errorf("group_spread", "must be in [0, 10] (0 disables), got %v", k.GroupSpread)
+	}
+	tw, err := TierWeights("layer_weights", k.LayerWeights)
+	if err != nil {
+		return err
+	}
+	k.tier = tw
+	return nil
+}
+
+// Name implements Strategy.
+func (k *KVCAware) Name() string { return "kvc_aware" }
+
+// Threshold is the overload bound used for sticky breakout.
+func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
+
+// ReadsSiblings implements SiblingReader: only the group_spread term does.
+func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 }
+
+// Score implements Strategy.
+func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
+	base, sess := k.prepare(req, c)
+	for i := range c {
+		out[i] = k.score(len(req.Tokens), &c[i], &base, &sess).score
+	}
+}
+
+// prepare computes the per-decision parts of the score: the smallest match
+// per tier (marginal credit's base) and the session term.
+func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]int, sess sessionTerm) {
+	if k.Marginal && len(c) > 1 {
+		base = c[0].Hit.Tier
+		for i := range c {
+			for t := range index.NumTiers {
+				base[t] = min(base[t], c[i].Hit.Tier[t])
+			}
+		}
+	}
+	// Session load counts sessions beyond the least-bound candidate, over
+	// the mean (+1); sess.scale 0 switches it off (disabled, or a single
+	// candidate).
+	if k.GroupSpread > 0 && len(c) > 1 {
+		sess.minSib = c[0].Siblings
+		for i := range c {
+			sess.minSib = min(sess.minSib, c[i].Siblings)
+		}
+		// One-request siblings only (GRPO samples): an agent task's
+		// trajectories bring their later turns to the server their first
+		// turn went to, and there sharing the task's prompt (KV, prefill)
+		// measured better than spreading (agent_scale, docs/rl-workloads.md);
+		// sibling_spread is their knob.
+		sess.group = k.GroupSpread * (1 - multiTurn(req))
+	}
+	if k.SessionWeight > 0 && len(c) > 1 {
+		total := 0
+		sess.min = c[0].Sessions
+		for i := range c {
+			total += c[i].Sessions
+			sess.min = min(sess.min, c[i].Sessions)
+		}
+		sess.multi = multiTurn(req)
+		mean := float64(total) / float64(len(c))
+		sess.scale = k.SessionWeight * sess.multi / (mean + 1)
+		// The sibling share (see score) is measured against the
+		// least-bound server's count, not the mean: with a few sessions
+		// per server, one more is a large imbalance that a first prompt's
+		// cache credit must not outweigh. multi_turn squared: it fades
+		// faster than the rest, so one-request siblings stay together.
+		if k.SiblingSpread {
+			sess.strong = k.SessionWeight * sess.multi * sess.multi / (mean - float64(sess.min) + 1)
+		}
+	}
+	return base, sess
+}
+
+// Explain implements Explainer: each candidate's credited cache share,
+// covered share, load, session load and overload penalty, and the score
+// they sum to (the value Score writes).
+func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Term {
+	base, sess := k.prepare(req, c)
+	out := make([][]Term, len(c))
+	for i := range c {
+		t := k.score(promptTokens, &c[i], &base, &sess)
+		penalty := 0.0
+		if t.overloaded {
+			penalty = -1
+		}
+		out[i] = []Term{
+			{"cache", t.cache}, {"covered", t.covered}, {"load", t.load}, {"session_load", t.sessLoad},
+			{"group_load", t.groupLoad},
+			{"overload_penalty", penalty}, {"score", t.score},
+		}
+	}
+	return out
+}
+
+// sessionPrior is how many sessions' worth of evidence multiTurn assumes
+// before any history: a fresh router treats sessions as multi-turn, and a
+// burst of one-request sessions (a GRPO step) outweighs the prior within a
+// few dozen placements.
+const sessionPrior = 32
+
+// multiTurn is the router's estimate, in [0, 1], that a bound session sends
+// more requests: later turns per bound session, with sessionPrior sessions
+// of prior evidence for "multi-turn". Bound sessions that never return
+// (single-turn ids left in the LRU) are then not counted as future work.
+func multiTurn(req *Request) float64 { return MultiTurn(req) }
+
+// MultiTurn is multiTurn for the router (its session moves).
+func MultiTurn(req *Request) float64 {
+	return min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
+}
+
+// sessionTerm is the per-decision part of the session load.
+type sessionTerm struct {
+	scale  float64 // per excess session, share of the prompt not cached
+	multi  float64 // multiTurn(req)
+	strong float64 // per excess session, share cached (siblings)
+	min    int
+	group  float64 // group_spread: load per excess placed sibling
+	minSib int     // the fewest placed siblings on any candidate
+}
+
+// kvcTerms are the parts of one candidate's score.
+type kvcTerms struct {
+	cache, covered, load, sessLoad, groupLoad, score float64
+	overloaded                                       bool
+}
+
+// score is one candidate's score and its parts; promptTokens is the
+// prompt's length (len(req.Tokens) when scoring).
+func (k *KVCAware) score(promptTokens int, c *Candidate, base *[index.NumTiers]int, sess *sessionTerm) kvcTerms {
+	var cache, covered float64
+	if c.HittableBlocks > 0 {
+		n := float64(c.HittableBlocks)
+		saved := 0
+		for t := range index.NumTiers {
+			b := c.Hit.Tier[t] - base[t]
+			cache += k.tier[t] * float64(b) / n
+			saved += b
+		}
+		// min and max are the builtins: math.Min and math.Max's results
+		// (NaN, signed zeros), compiled inline.
+		covered = min(1, float64(saved)/n)
+		if k.SavedScaleTokens > 0 && promptTokens > 0 {
+			tokens := float64(saved) * float64(promptTokens) / float64(c.HittableBlocks+1)
+			cache *= min(1, tokens/float64(k.SavedScaleTokens))
+		}
+	}
+	load := k.EffectiveLoad(c)
+	// A server whose cache covers the whole prompt holds the request's
+	// siblings (GRPO samples, an agent task's trajectories): the uncached
+	// share spares it. With sibling_spread the cached share counts too
+	// (strong, fading with multi_turn squared): multi-turn siblings save
+	// one first-prompt prefill there but then send 20-40 turns each to
+	// it, and a step with fewer tasks than servers would leave servers
+	// idle (the arena's long_agent: 2 tasks x 4 trajectories on 4 servers).
+	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
+	groupLoad := sess.group * float64(c.Siblings-sess.minSib)
+	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad-groupLoad)
+	over := load > k.LoadThreshold
+	if over {
+		s--
+	}
+	return kvcTerms{cache: cache, covered: covered, load: load, sessLoad: sessLoad, groupLoad: groupLoad, score: s, overloaded: over}
+}
+
+// DefaultSessionWeight is session_weight's default, chosen with kvbench on
+// the held-out protocol's tuning seeds (docs/kvbench.md).
+const DefaultSessionWeight = 0.5
+
+// DefaultGroupSpread is group_spread's default: off. 0.1 (tuned on seeds
+// 101-106) shortens RL steps with correlated, long responses but costs
+// steps whose responses are short and whose KV cannot hold every group's
+// prompt on every server (the demo: 3.6% longer, hit rate 73% -> 17%);
+// docs/rl-workloads.md has both.
+const DefaultGroupSpread = 0.0
+
+// DefaultKVTokens is the KV capacity assumed for a server whose metrics do
+// not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.
+const DefaultKVTokens = 480_000
+
+func tokenLoad(c *Candidate, fallback int) float64 {
+	capacity := c.KVCapacityTokens
+	if capacity <= 0 {
+		capacity = fallback
+	}
+	return max(c.Load, float64(c.InflightTokens)/float64(capacity))
+}
+
+// EffectiveLoad implements LoadMeasure: the load kvc_aware scores with, so
+// the router's sticky breakout and the overload penalty in Score agree. With
+// token_load it is at least the in-flight prompt tokens over the server's KV
+// capacity (kv_tokens when its metrics report none); without, the load
+// store's figure.
+func (k *KVCAware) EffectiveLoad(c *Candidate) float64 {
+	if k.TokenLoad {
+		return tokenLoad(c, k.KVTokens)
+	}
+	return c.Load
+}
+
+// TierWeights parses a {gpu, cpu, ssd} weight map; errors are
+// *strictjson.KeyError under the key name.
+func TierWeights(name string, m map[string]float64) ([index.NumTiers]float64, error) {
+	var out [index.NumTiers]float64
+	for k, w := range m {
+		var t index.Tier
+		switch k {
+		case "gpu":
+			t = index.GPU
+		case "cpu":
+			t = index.CPU
+		case "ssd":
+			t = index.SSD
+		default:
+			return out, strictjson.Errorf(name+"."+k, "unknown tier (allowed: gpu, cpu, ssd)")
+		}
+		if !(w >= 0 && w <= 1) {
+			return out, strictjson.Errorf(name+"."+k, "must be in [0, 1], got %v", w)
+		}
+		out[t] = w
+	}
+	return out, nil
+}

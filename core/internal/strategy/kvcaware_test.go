@@ -1,0 +1,276 @@
+package strategy
+
+import (
+	"math"
+	"testing"
+
+	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/internal/index"
+)
+
+func cand(id string, order, inflight int, hit [index.NumTiers]int, hittable int) Candidate {
+	n := hit[0] + hit[1] + hit[2]
+	return Candidate{ID: id, Order: order, Inflight: inflight, Healthy: true, Fresh: true,
+		Hit: index.Match{Blocks: n, Tier: hit}, HittableBlocks: hittable}
+}
+
+func peerPick(t *testing.T, s Strategy, c []Candidate) string {
+	t.Helper()
+	out := make([]float64, len(c))
+	s.Score(&Request{}, c, out)
+	return c[Pick(c, out)].ID
+}
+
+func build(t *testing.T, name, params string) Strategy {
+	t.Helper()
+	s, err := Build(name, json.RawMessage(params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestKVCAwareMarginalAndTokenLoad(t *testing.T) {
+	// Shared system prompt: 4 of 8 hittable blocks on a and b, nothing on c.
+	// Without marginal credit the shared blocks earn credit; with it only
+	// the excess over the least-hit candidate counts (a's extra block).
+	v1 := build(t, "kvc_aware", `{"alpha":0.7,"marginal":false,"saved_scale_tokens":0,"token_load":false}`)
+	v2 := build(t, "kvc_aware", `{"saved_scale_tokens":0,"token_load":false}`)
+	c := []Candidate{cand("a", 0, 0, [3]int{5, 0, 0}, 8), cand("b", 1, 0, [3]int{4, 0, 0}, 8), cand("c", 2, 0, [3]int{4, 0, 0}, 8)}
+	c[0].Load, c[1].Load, c[2].Load = 0.30, 0.05, 0.0
+	out := make([]float64, 3)
+	v1.Score(&Request{}, c, out)
+	// kvc_aware: c = 0.7*0.7*(4/8) + 0.3*1 = 0.545, the shared blocks earn credit.
+	if math.Abs(out[2]-0.545) > 1e-9 {
+		t.Fatalf("kvc_aware score for c %v, want 0.545", out[2])
+	}
+	v2.Score(&Request{Tokens: make([]int32, 140)}, c, out)
+	// alpha 0.3, gpu weight 0.7: a = 0.3*0.7*(1/8) + 0.7*0.7 = 0.51625; c = 0.7
+	if math.Abs(out[0]-0.51625) > 1e-9 || math.Abs(out[2]-0.7) > 1e-9 {
+		t.Fatalf("v2 scores %v", out)
+	}
+	// Token load: 240k in-flight prompt tokens on a 480k-token server is
+	// load 0.5 even when the scraped load says 0.
+	tl := build(t, "kvc_aware", `{"saved_scale_tokens":0,"marginal":false}`)
+	d := []Candidate{cand("a", 0, 1, [3]int{}, 8), cand("b", 1, 1, [3]int{}, 8)}
+	d[0].InflightTokens = 240_000
+	tl.Score(&Request{}, d, out[:2])
+	if math.Abs(out[0]-0.7*0.5) > 1e-9 || math.Abs(out[1]-0.7) > 1e-9 {
+		t.Fatalf("token-load scores %v", out[:2])
+	}
+	// Over-committed servers keep being ranked: 2x beats 3x capacity.
+	d[0].InflightTokens, d[1].InflightTokens = 960_000, 1_440_000
+	if got := peerPick(t, tl, d); got != "a" {
+		t.Fatalf("over-committed ranking picked %s, want the less loaded a", got)
+	}
+	// Saved-token scale: a 2-block hit of 16-token blocks saves 32 tokens,
+	// 1/128 of the 4,096 scale.
+	ss := build(t, "kvc_aware", `{"marginal":false,"token_load":false}`)
+	e := []Candidate{cand("a", 0, 0, [3]int{2, 0, 0}, 2)}
+	ss.Score(&Request{Tokens: make([]int32, 48)}, e, out[:1])
+	if want := 0.3*0.7*1.0*(32.0/4096) + 0.7; math.Abs(out[0]-want) > 1e-9 {
+		t.Fatalf("saved-scale score %v, want %v", out[0], want)
+	}
+}
+
+// TestKVCAwareSessionLoad covers session_weight: bound sticky sessions count
+// as load when a session is placed, relative to the mean over candidates.
+func TestKVCAwareSessionLoad(t *testing.T) {
+	// Eight servers; a holds four bound sessions and, from them, the shared
+	// 1k-token system prompt (64 of the prompt's 96 hittable blocks).
+	crowd := func() []Candidate {
+		c := make([]Candidate, 8)
+		for i := range c {
+			c[i] = cand(string(rune('a'+i)), i, 0, [3]int{}, 96)
+		}
+		c[0].Hit = index.Match{Blocks: 64, Tier: [3]int{64}}
+		c[0].Sessions, c[0].Inflight, c[0].InflightTokens = 4, 4, 4*1552
+		return c
+	}
+	tokens := make([]int32, 1552)
+	// sibling: a holds the whole prompt (n siblings of the request bound).
+	sibling := func(n int) func() []Candidate {
+		return func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{Blocks: 96, Tier: [3]int{96}}
+			c[0].Sessions, c[0].Inflight, c[0].InflightTokens = n, n, int64(n*1552)
+			return c
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		params string
+		cands  func() []Candidate
+		want   string
+		// bound, later: the router's sticky history (zero: a fresh router,
+		// which presumes multi-turn sessions).
+		bound, later uint64
+	}{
+		// Without the term the system-prompt credit outweighs a's small
+		// in-flight load: the crowding kvbench's agent_long showed.
+		{"off: system prompt pulls to the crowded server", `{"session_weight":0}`, crowd, "a", 0, 0},
+		{"default: bound sessions push the new session away", `{}`, crowd, "b", 0, 0},
+		{"tuned alpha 0.15", `{"alpha":0.15}`, crowd, "b", 0, 0},
+		{"alpha 0.5", `{"alpha":0.5}`, crowd, "b", 0, 0},
+		// Equal session counts change no ranking (the term is relative):
+		// the prefix holder still wins.
+		{"balanced sessions keep cache affinity", `{}`, func() []Candidate {
+			c := crowd()
+			for i := range c {
+				c[i].Sessions = 4
+			}
+			return c
+		}, "a", 0, 0},
+		// Default: a full-prompt sibling hit (same task or GRPO prompt)
+		// carries no session load, even with four bound: siblings stay
+		// together.
+		{"one sibling bound: full hit wins", `{}`, sibling(1), "a", 0, 0},
+		{"four siblings bound: full hit still wins", `{}`, sibling(4), "a", 0, 0},
+		// sibling_spread: the exemption holds only as far as sessions are
+		// one-request. Multi-turn siblings save one first-prompt prefill
+		// but then send all their turns to that server, so on a fresh
+		// router (presumed multi-turn) or with agent history they spread:
+		// the arena's long_agent stacked each task on one server without it.
+		{"spread: one sibling bound, fresh router", `{"sibling_spread":true}`, sibling(1), "b", 0, 0},
+		{"spread: four siblings bound, fresh router", `{"sibling_spread":true}`, sibling(4), "b", 0, 0},
+		{"spread: four siblings bound, agent history", `{"sibling_spread":true}`, sibling(4), "b", 64, 64 * 29},
+		// After a GRPO step's one-request sessions the exemption holds.
+		{"spread: one sibling bound, single-turn history", `{"sibling_spread":true}`, sibling(1), "a", 400, 0},
+		{"spread: four siblings bound, single-turn history", `{"sibling_spread":true}`, sibling(4), "a", 400, 0},
+		// Stale bindings spread evenly (b..h hold 4, a holds 8 of which 4
+		// new) weigh like a cold fleet: only the excess over the least
+		// counts.
+		{"stale bindings do not dilute the excess", `{}`, func() []Candidate {
+			c := crowd()
+			for i := range c {
+				c[i].Sessions = 4
+			}
+			c[0].Sessions = 8
+			return c
+		}, "b", 0, 0},
+		// History of multi-turn sessions (agents: ~30 turns each) keeps
+		// the term at full weight.
+		{"agent history", `{}`, crowd, "b", 64, 64 * 29},
+		// 2,000 sessions bound and none ever returned (GRPO samples): bound
+		// sessions are not future work, the term fades and cache affinity
+		// decides as with session_weight 0.
+		{"single-turn history switches it off", `{}`, crowd, "a", 2000, 0},
+		// Among servers without a hit, the fewest sessions wins even when
+		// in-flight counts are equal.
+		{"fewest sessions among equals", `{}`, func() []Candidate {
+			c := crowd()
+			c[0].Hit = index.Match{}
+			for i := range c {
+				c[i].Sessions, c[i].InflightTokens = 3, 0
+			}
+			c[5].Sessions = 1
+			return c
+		}, "f", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := build(t, "kvc_aware", tc.params)
+			c := tc.cands()
+			out := make([]float64, len(c))
+			s.Score(&Request{Tokens: tokens, SessionsBound: tc.bound, LaterTurns: tc.later}, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s, want %s (scores %v)", got, tc.want, out)
+			}
+		})
+	}
+	// The term ranks placements only: the load the router compares with
+	// load_threshold for sticky breakout ignores sessions.
+	k := build(t, "kvc_aware", `{"session_weight":1}`)
+	c := Candidate{InflightTokens: 48_000, Sessions: 100}
+	if got := EffectiveLoad(k, &c); got != 0.1 {
+		t.Fatalf("EffectiveLoad with sessions = %v, want 0.1", got)
+	}
+	// A lone candidate scores as without the term.
+	one := []Candidate{cand("a", 0, 0, [3]int{}, 8)}
+	one[0].Sessions = 50
+	out := make([]float64, 1)
+	k.Score(&Request{}, one, out)
+	if math.Abs(out[0]-0.7) > 1e-9 {
+		t.Fatalf("single candidate score %v, want 0.7", out[0])
+	}
+	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`, `{"sibling_spread":1}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// TestKVCAwareGroupSpread: each sibling already placed on a server beyond
+// the fewest on any candidate adds group_spread to its load, so a group
+// leaves the server holding its prompt once it has more there than
+// elsewhere; the term neither enters EffectiveLoad (breakout) nor applies
+// to a lone candidate.
+func TestKVCAwareGroupSpread(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	cases := []struct {
+		name      string
+		params    string
+		aSiblings int
+		tokens    int
+		want      string
+		groupLoad float64 // a's group_load term
+	}{
+		{"a holds the prompt, no sibling yet: cache wins", `{"group_spread":0.25}`, 0, 1024, "a", 0},
+		{"a has one more sibling: b", `{"group_spread":0.25}`, 1, 1024, "b", 0.25},
+		// A 4k-token prompt's credit (0.3 x 0.7 x 0.89) outweighs one
+		// excess sibling (0.7 x 0.25), not two.
+		{"long prompt, one more sibling: a", `{"group_spread":0.25}`, 1, 4096, "a", 0.25},
+		{"long prompt, two more siblings: b", `{"group_spread":0.25}`, 2, 4096, "b", 0.5},
+		{"default (off): a keeps the group", `{}`, 3, 1024, "a", 0},
+		{"group_spread 0: a keeps the group", `{"group_spread":0}`, 3, 1024, "a", 0},
+		{"a small weight loses to the cache credit", `{"group_spread":0.01}`, 1, 1024, "a", 0.01},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", tc.params)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = tc.aSiblings
+			// A history of one-request sessions (GRPO): the term applies
+			// to one-request siblings (x (1 - MultiTurn), ~0.99997 here).
+			req := &Request{Tokens: make([]int32, tc.tokens), SessionsBound: 1 << 20}
+			out := make([]float64, 2)
+			k.Score(req, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
+			}
+			terms := k.(Explainer).Explain(req, tc.tokens, c)
+			for _, term := range terms[0] {
+				if term.Name == "group_load" && math.Abs(term.Value-tc.groupLoad) > 1e-4 {
+					t.Fatalf("a's group_load %v, want %v", term.Value, tc.groupLoad)
+				}
+			}
+		})
+	}
+	k := build(t, "kvc_aware", `{"group_spread":5}`)
+	c := Candidate{InflightTokens: 48_000, Siblings: 100}
+	if got := EffectiveLoad(k, &c); got != 0.1 {
+		t.Fatalf("EffectiveLoad with siblings = %v, want 0.1", got)
+	}
+	one := []Candidate{cand("a", 0, 0, full, 8)}
+	one[0].Siblings = 9
+	out := make([]float64, 1)
+	k.Score(&Request{SessionsBound: 1 << 20}, one, out)
+	if out[0] < 0.7 {
+		t.Fatalf("single candidate score %v: the group term applied to a lone candidate", out[0])
+	}
+	// Multi-turn siblings (an agent task's trajectories: every bound
+	// session sent later turns) get no group term: sibling_spread is theirs.
+	agents := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+	agents[0].Siblings = 3
+	areq := &Request{Tokens: make([]int32, 1024), SessionsBound: 100, LaterTurns: 1000}
+	for _, term := range k.(Explainer).Explain(areq, 1024, agents)[0] {
+		if term.Name == "group_load" && term.Value != 0 {
+			t.Fatalf("multi-turn group_load %v, want 0", term.Value)
+		}
+	}
+	for _, bad := range []string{`{"group_spread":-0.1}`, `{"group_spread":10.5}`, `{"group_spread":"x"}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,209 @@
+"""The real NVIDIA Dynamo KV router (``ai-dynamo-runtime``, ``dynamo._core``)
+used in-process, as the arena uses kvc-router's balancer: the client asks it
+for a worker with the request's token ids, sends the request to that server,
+and tells it when the first token came back and when the request finished.
+
+Dynamo's router needs its workers registered with its runtime. Each vllm-sim
+server is represented the way Dynamo's own vLLM worker represents a vLLM
+engine, with Dynamo's own APIs and nothing re-implemented:
+
+* a ``DistributedRuntime`` per server serving the worker endpoint (its handler
+  is never called: the client sends HTTP straight to the server);
+* ``register_model`` with the engine's runtime facts (KV blocks, max_num_seqs,
+  max_num_batched_tokens), as the vLLM worker publishes them: ``best_worker``
+  answers "no endpoints available to route work" for instances that never
+  published a model card (checked with ai-dynamo-runtime 1.6.1);
+* a ``KvEventPublisher`` relaying the server's real vLLM ZMQ KV-event stream
+  into Dynamo's event plane (Dynamo's ingress for vLLM engines).
+
+Discovery is Dynamo's ``file`` backend in a private directory: its ``mem``
+backend is per runtime, so a router never sees workers of another runtime.
+Every socket binds to 127.0.0.1 (DYN_*_HOST). The router runs at Dynamo's
+defaults: ``KvRouterConfig()`` and no session affinity.
+
+``dynamo`` lives in ``.venv-peers`` (testbed/scripts/peers_venv.sh pins
+ai-dynamo-runtime); its site-packages directory is appended to ``sys.path``
+(after this venv's own), so the arena's process imports it without
+installing it twice."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+LOOPBACK_ENV = {
+    "DYN_TCP_RPC_HOST": "127.0.0.1",
+    "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+    "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+    "DYN_SYSTEM_HOST": "127.0.0.1",
+    # Dynamo logs its own shutdown (watchers closing) at error level; real errors still show.
+    "DYN_LOG": "error,dynamo_runtime::storage=off,dynamo_runtime::transports=off",
+}
+NAMESPACE = "kvcarena"
+ENDPOINT = f"{NAMESPACE}.worker.generate"
+
+
+def peers_site_packages(peers_python: str) -> Optional[str]:
+    root = os.path.dirname(os.path.dirname(peers_python))
+    hits = sorted(glob.glob(os.path.join(root, "lib", "python3*", "site-packages")))
+    return hits[0] if hits else None
+
+
+def import_dynamo(peers_python: str) -> Any:
+    """dynamo._core from this environment or, failing that, from .venv-peers."""
+    try:
+        import dynamo._core as core  # noqa: PLC0415
+
+        return core
+    except ImportError:
+        pass
+    sp = peers_site_packages(peers_python)
+    if not sp or not os.path.isdir(os.path.join(sp, "dynamo")):
+        raise RuntimeError(
+            f"ai-dynamo-runtime is not installed in {peers_python}'s venv (run testbed/scripts/peers_venv.sh)"
+        )
+    if sp not in sys.path:
+        sys.path.append(sp)
+    import dynamo._core as core  # noqa: PLC0415
+
+    return core
+
+
+async def _never_called(request: Any) -> Any:  # pragma: no cover - the client talks HTTP to the server
+    raise RuntimeError("the arena sends requests to vllm-sim directly")
+    yield request  # an async generator, as serve_endpoint requires
+
+
+class DynamoKvRouter:
+    """Dynamo's KvRouter over the given servers, driven from client threads.
+
+    ``servers``: ``(sid, zmq_endpoint, topic)`` per vllm-sim server. Engine
+    facts come from the fleet's configuration (the vLLM worker reads them from
+    its engine)."""
+
+    def __init__(self, peers_python: str, servers: Sequence[Tuple[str, str, str]], block_size: int,
+                 total_kv_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 model: str, timeout: float = 30.0, router_config: Optional[Dict[str, float]] = None) -> None:
+        for k, v in LOOPBACK_ENV.items():
+            os.environ.setdefault(k, v)
+        self._disc_dir = tempfile.mkdtemp(prefix="kvc-dynamo-")
+        os.environ["DYN_FILE_KV"] = self._disc_dir
+        self.core = import_dynamo(peers_python)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dynamo-loop", daemon=True)
+        self._thread.start()
+        self.block_size = block_size
+        # KvRouterConfig keyword arguments; {} = Dynamo's defaults (the arena's
+        # launcher-default row), set only for its tuned row.
+        self.router_config = dict(router_config or {})
+        self.sid_of: Dict[int, str] = {}
+        self._runtimes: List[Any] = []
+        self._publishers: List[Any] = []
+        self._router: Any = None
+        self._call(self._start(servers, total_kv_blocks, max_num_seqs, max_num_batched_tokens, model),
+                   timeout)
+        self._wait_workers(len(servers), timeout)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _call(self, coro: Any, timeout: float = 60.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _rpc(self, method: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:
+        """Calls a router method on the loop thread (its awaitables need a
+        running loop when they are created)."""
+
+        async def call() -> Any:
+            return await getattr(self._router, method)(*args, **kwargs)
+
+        return self._call(call(), timeout)
+
+    async def _start(self, servers: Sequence[Tuple[str, str, str]], total_kv_blocks: int, max_num_seqs: int,
+                     max_num_batched_tokens: int, model: str) -> None:
+        c = self.core
+        loop = asyncio.get_running_loop()
+        for sid, zmq_endpoint, topic in servers:
+            rt = c.DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+            self._runtimes.append(rt)
+            ep = rt.endpoint(ENDPOINT)
+            asyncio.ensure_future(ep.serve_endpoint(_never_called))
+            rc = c.ModelRuntimeConfig()
+            rc.total_kv_blocks = total_kv_blocks
+            rc.max_num_seqs = max_num_seqs
+            rc.max_num_batched_tokens = max_num_batched_tokens
+            await c.register_model(c.ModelInput.Tokens, c.ModelType.Completions, ep, model, model,
+                                   worker_type=c.WorkerType.Aggregated, kv_cache_block_size=self.block_size,
+                                   runtime_config=rc, skip_model_assets=True)
+            self._publishers.append(c.KvEventPublisher(ep, kv_block_size=self.block_size,
+                                                       zmq_endpoint=zmq_endpoint, zmq_topic=topic or ""))
+            self.sid_of[ep.connection_id()] = sid
+        rrt = c.DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        self._runtimes.append(rrt)
+        self._router = c.KvRouter(rrt.endpoint(ENDPOINT), self.block_size, c.KvRouterConfig(**self.router_config))
+
+    def _wait_workers(self, n: int, timeout: float) -> None:
+        deadline = time.time() + timeout
+        last: Any = None
+        while time.time() < deadline:
+            try:
+                loads = self._rpc("get_potential_loads", [1] * self.block_size, timeout=10.0)
+                if len({d["worker_id"] for d in loads}) >= n:
+                    return
+                last = loads
+            except Exception as e:  # noqa: BLE001 - discovery is asynchronous; retried until the deadline
+                last = e
+            time.sleep(0.1)
+        raise RuntimeError(f"dynamo router did not discover {n} workers within {timeout:.0f}s: {last!r}")
+
+    def close(self) -> None:
+        try:
+            for p in self._publishers:
+                p.shutdown()
+            for rt in self._runtimes:
+                rt.shutdown()
+        finally:
+            self._router = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10.0)
+            shutil.rmtree(self._disc_dir, ignore_errors=True)
+
+    # -- routing ----------------------------------------------------------------
+
+    def best_worker(self, token_ids: List[int], request_id: Optional[str]) -> Tuple[str, int]:
+        """(server id, overlap blocks). With a request_id the router tracks the
+        request (active blocks and prefill tokens) until :meth:`free`."""
+        # Long timeout: with router_queue_threshold the router holds the call
+        # until a worker has room.
+        wid, _dp, overlap = self._rpc("best_worker", list(token_ids), request_id=request_id, timeout=3600.0)
+        return self.sid_of[wid], overlap
+
+    def new_request_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def mark_prefill_complete(self, request_id: str) -> None:
+        self._rpc("mark_prefill_complete", request_id)
+
+    def free(self, request_id: str) -> None:
+        self._rpc("free", request_id)
+
+    def overlap_scores(self, token_ids: List[int]) -> Dict[str, int]:
+        """Device-tier overlap blocks per server (Dynamo's indexer view)."""
+        res = self._rpc("get_overlap_scores", list(token_ids))
+        out: Dict[str, int] = {}
+        for w in res.get("workers") or []:
+            sid = self.sid_of.get(w.get("worker_id"))
+            if sid is not None:
+                out[sid] = int(w.get("device_blocks") or 0)
+        return out
+
+    def potential_loads(self, token_ids: List[int]) -> Dict[str, Dict[str, int]]:
+        res = self._rpc("get_potential_loads", list(token_ids))
+        return {self.sid_of[d["worker_id"]]: d for d in res if d["worker_id"] in self.sid_of}

@@ -1,0 +1,763 @@
+"""Renders the result tables of docs/arena.md, docs/kvbench.md and README.md
+from the JSON the benchmarks wrote; no figure is copied by hand.
+
+Each document holds generated blocks between markers
+
+    <!-- BEGIN RENDERED: NAME -->
+    ...
+    <!-- END RENDERED: NAME -->
+
+and this script rewrites what is between them (a block's markers stay where
+the author put them). Blocks:
+
+* ``arena`` (docs/arena.md): per workload, every policy's mean ± 95% CI
+  (Student's t over seeds) and who wins each metric, from the arena's
+  ``arena-details.json``;
+* ``kvbench`` (docs/kvbench.md): the held-out tables (``kvbench --heldout
+  --json``), launcher-default and tuned rows side by side;
+* ``headline`` (README.md): step time per RL workload, kvc_aware against
+  verl_default and the best peer, with hit rate and TTFT p99 beside it.
+
+"best"/"better" is written only where the 95% intervals do not overlap;
+otherwise the row says "tie" (testbed/kvc_harness/stats.py).
+
+  PYTHONPATH=testbed python testbed/scripts/render_results.py \\
+      --arena docs/results/arena-details.json --kvbench docs/results/kvbench-*.json
+  ... --check   # exit 1 if a document is not what the JSON renders to
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+try:
+    from kvc_harness.stats import MeanCI, mean_ci, verdict
+except ModuleNotFoundError as e:
+    if e.name != "kvc_harness":
+        raise
+    sys.exit("kvc_harness not found: run with PYTHONPATH=testbed")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BOUND = "prefill_free_bound"
+REPEAT_SUFFIX = "#repeat"  # a policy run a second time on every seed: the noise floor
+# A policy's row without the burst hold (arena --both-holds): compared only
+# with rows of the same arrival model (verl_default+nohold, kvc_aware+nohold).
+NOHOLD = "+nohold"
+
+
+def base_for(p: str, present: Sequence[str], base: str = "verl_default") -> str:
+    """The row a policy's paired ratio divides by: verl_default under the
+    same arrival model (the hold or not); verl_default+nohold itself is
+    compared with verl_default (what the hold changes)."""
+    if p.endswith(NOHOLD) and p != base + NOHOLD and base + NOHOLD in present:
+        return base + NOHOLD
+    return base
+
+
+def is_policy(name: str) -> bool:
+    return name != BOUND and not name.endswith(REPEAT_SUFFIX)
+
+
+def repo_path(p: str) -> str:
+    """A path as the documents show it: repository-relative. Results store
+    relative paths; an absolute one (older results) is taken relative to
+    this checkout when inside it, else from its last ``docs/`` component
+    on, so a clone elsewhere renders the same text."""
+    if not os.path.isabs(p):
+        return p
+    rel = os.path.relpath(p, REPO)
+    if not rel.startswith(".."):
+        return rel
+    i = p.rfind(os.sep + "docs" + os.sep)
+    return p[i + 1:] if i >= 0 else os.path.basename(p)
+
+BLOCK = re.compile(r"(<!-- BEGIN RENDERED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END RENDERED: (?P=name) -->)",
+                   re.S)
+
+# Arena metrics: (key, where, label, digits, lower is better)
+ARENA_METRICS = (
+    ("engine_makespan_s", "details", "step time (engine clock) s", 1, True),
+    ("client_makespan_s", "details", "client makespan s", 1, True),
+    # The busiest server's simulated compute over the step: set by routing and
+    # batching alone, whatever delays requests before they reach an engine.
+    ("busy_makespan_s", "details", "busiest server's compute s", 1, True),
+    ("ttft_p99_s", "row", "TTFT p99 s", 3, True),
+    ("ttft_p50_s", "row", "TTFT p50 s", 3, True),
+    ("hit_rate", "row", "hit rate", 3, False),
+    ("imbalance", "row", "imbalance", 2, True),
+)
+VERDICT_METRICS = ("engine_makespan_s", "ttft_p99_s", "hit_rate")
+RL_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
+
+
+def replace_blocks(text: str, blocks: Dict[str, str], path: str) -> str:
+    seen = set()
+
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            return m.group(0)
+        seen.add(name)
+        return m.group(1) + blocks[name].rstrip("\n") + "\n" + m.group(4)
+
+    out = BLOCK.sub(sub, text)
+    missing = set(blocks) - seen
+    if missing:
+        raise SystemExit(f"{path}: no <!-- BEGIN RENDERED: {sorted(missing)[0]} --> block")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Arena
+
+
+def _metric(run: dict, m: str, src: str) -> float:
+    """A run's metric; the clients' clock makespan is details.client_makespan_s
+    (results written before issue 27 kept it in row.makespan_s)."""
+    if m == "client_makespan_s" and m not in run["details"]:
+        return run["row"].get("makespan_s", float("nan"))
+    return run[src].get(m, float("nan"))
+
+
+def pacing_lines(runs: List[dict], w: str) -> List[str]:
+    late = [(r["row"]["policy"], r["row"]["seed"], r["details"]["pacing_late_max_s"]) for r in runs
+            if r["row"]["workload"] == w and r["details"].get("pacing_fell_behind")]
+    if not late:
+        return []
+    return ["- pacing fell behind the workload's schedule (a job submitted more than 1 simulated second late) in: "
+            + ", ".join(f"{p} seed {s} ({x:.1f} s late)" for p, s, x in late)]
+
+
+def arena_stats(runs: List[dict]) -> Tuple[List[str], Dict[str, List[str]], Dict[Tuple[str, str], Dict[str, MeanCI]],
+                                           Dict[Tuple[str, str], List[int]]]:
+    workloads: List[str] = []
+    policies: Dict[str, List[str]] = {}
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for r in runs:
+        w, p = r["row"]["workload"], r["row"]["policy"]
+        if w not in workloads:
+            workloads.append(w)
+        if p not in policies.setdefault(w, []):
+            policies[w].append(p)
+        groups.setdefault((w, p), []).append(r)
+    stats = {k: {m: mean_ci([_metric(x, m, src) for x in rs]) for m, src, *_ in ARENA_METRICS}
+             for k, rs in groups.items()}
+    errors = {k: [x["row"]["errors"] for x in rs] for k, rs in groups.items()}
+    return workloads, policies, stats, errors
+
+
+def arena_verdicts(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str], Dict[str, MeanCI]]) -> List[str]:
+    lines = []
+    for key, _src, label, digits, lower in ARENA_METRICS:
+        if key not in VERDICT_METRICS:
+            continue
+        st = {p: stats[(w, p)][key] for p in policies if is_policy(p)}
+        v = verdict(key, st, lower)
+        if v is not None:
+            lines.append(f"- {label}: {v.text(st, digits)}")
+    return lines
+
+
+# The one statistical rule (issue 27), for the arena and kvbench alike: a
+# policy is compared with another by the ratio of their values on the same
+# seed; "shorter"/"longer" (or "higher"/"lower") only where the 95% interval
+# of the mean ratio (Student's t) excludes 1, else a tie.
+PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), ("hit", "hit rate", False))
+
+
+def paired(per_seed: Dict[Tuple[str, int], Dict[str, float]], a: str, b: str, m: str) -> Optional[MeanCI]:
+    """Mean ± 95% CI over the seeds both ran of a's value over b's (b > 0)."""
+    rs = [v[m] / per_seed[(b, seed)][m] for (p, seed), v in per_seed.items()
+          if p == a and (b, seed) in per_seed and per_seed[(b, seed)][m] > 0 and not math.isnan(v[m])]
+    return mean_ci(rs) if rs else None
+
+
+def _clear(ci: MeanCI) -> int:
+    """+1 if the ratio's interval is above 1, -1 if below, 0 otherwise (or one seed)."""
+    if ci.n < 2 or math.isnan(ci.ci95):
+        return 0
+    return 1 if ci.lo > 1.0 else -1 if ci.hi < 1.0 else 0
+
+
+def rule_lines(per_seed: Dict[Tuple[str, int], Dict[str, float]], policies: Sequence[str],
+               ours: str = "kvc_aware", base: str = "verl_default") -> List[str]:
+    """Every policy against verl_default, and ours against every other
+    policy, on each metric, paired by seed; ours' losses first; then the
+    multiplicity note."""
+    lines: List[str] = []
+    n = 0
+    losses, wins, ties = [], [], []
+    if ours in policies:
+        for p in policies:
+            if p == ours:
+                continue
+            for m, label, lower in PAIRED_METRICS:
+                ci = paired(per_seed, ours, p, m)
+                if ci is None:
+                    continue
+                n += 1
+                c = _clear(ci) * (1 if lower else -1)  # +1: ours worse
+                cell = f"{label} vs {p} {ci.fmt(3)}"
+                (losses if c > 0 else wins if c < 0 else ties).append(cell)
+        lines.append(f"- {ours} loses (ratio {ours} ÷ other, paired by seed, interval clear of 1 on the wrong side): "
+                     + (", ".join(losses) if losses else "none"))
+        lines.append(f"- {ours} wins: " + (", ".join(wins) if wins else "none"))
+        if ties:
+            lines.append(f"- {ours} ties (interval includes 1): " + ", ".join(ties))
+    for m, label, lower in PAIRED_METRICS[1:]:
+        better, worse = [], []
+        for p in policies:
+            if p in (base, ours):
+                continue
+            ci = paired(per_seed, p, base, m)
+            if ci is None:
+                continue
+            n += 1
+            c = _clear(ci) * (1 if lower else -1)
+            if c:
+                (worse if c > 0 else better).append(f"{p} {ci.fmt(3)}")
+        if better or worse:
+            lines.append(f"- {label} ÷ {base}'s, paired by seed: better " + (", ".join(better) or "none")
+                         + "; worse " + (", ".join(worse) or "none"))
+    if n:
+        lines.append(f"- multiplicity: {n} paired comparisons on this workload, each at 95%; with no real "
+                     f"difference about {0.05 * n:.1f} of them would clear 1 by chance, so one narrow clearance "
+                     "alone is weak evidence")
+    return lines
+
+
+def arena_per_seed(runs: List[dict], w: str) -> Dict[Tuple[str, int], Dict[str, float]]:
+    out: Dict[Tuple[str, int], Dict[str, float]] = {}
+    for r in runs:
+        if r["row"]["workload"] == w and is_policy(r["row"]["policy"]):
+            out[(r["row"]["policy"], r["row"]["seed"])] = {
+                "step": r["details"].get("engine_makespan_s", float("nan")),
+                "ttft_p99": r["row"]["ttft_p99_s"], "hit": r["row"]["hit_rate"]}
+    return out
+
+
+def paired_ratios(runs: List[dict], w: str, base: str = "verl_default",
+                  key: str = "engine_makespan_s") -> Dict[str, MeanCI]:
+    """Per policy: mean ± 95% CI over seeds of its step time divided by
+    ``base``'s on the same seed. Seeds differ in the work they hold; the
+    ratio takes that out, so it is the comparison to read when a policy's
+    own interval is wide."""
+    by: Dict[Tuple[str, int], float] = {}
+    for r in runs:
+        if r["row"]["workload"] == w:
+            by[(r["row"]["policy"], r["row"]["seed"])] = r["details"].get(key, float("nan"))
+    out: Dict[str, MeanCI] = {}
+    present = list(dict.fromkeys(p for p, _ in by))
+    for p in present:
+        b = base_for(p, present, base)
+        ratios = [v / by[(b, seed)] for (pp, seed), v in by.items()
+                  if pp == p and (b, seed) in by and by[(b, seed)] > 0]
+        if ratios:
+            out[p] = mean_ci(ratios)
+    return out
+
+
+def paired_lines(w: str, ratios: Dict[str, MeanCI], nohold: bool = False) -> List[str]:
+    """The step-time verdicts against verl_default, for the rows of one
+    arrival model (``nohold``: the +nohold rows against verl_default+nohold)."""
+    shorter, longer, same = [], [], []
+    base = "verl_default" + (NOHOLD if nohold else "")
+    for p, ci in ratios.items():
+        if not is_policy(p) or p in ("verl_default", base) or p.endswith(NOHOLD) != nohold:
+            continue
+        cell = f"{p} {ci.fmt(3)}"
+        if ci.n < 2 or math.isnan(ci.ci95):
+            same.append(cell + " (one seed, no interval)")
+            continue
+        (shorter if ci.hi < 1.0 else longer if ci.lo > 1.0 else same).append(cell)
+    lines = []
+    if shorter:
+        lines.append(f"- step time shorter than {base}, paired by seed (the ratio's interval is below 1): "
+                     + ", ".join(shorter))
+    if longer:
+        lines.append(f"- step time longer than {base}, paired by seed (the ratio's interval is above 1): "
+                     + ", ".join(longer))
+    if same:
+        lines.append(f"- step time paired by seed, no interval clear of 1 (tie with {base}): " + ", ".join(same))
+    return lines
+
+
+def precision_line(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str], Dict[str, MeanCI]]) -> List[str]:
+    """Each policy's step-time interval as a share of its mean (issue 19's
+    target: within ±5% over 5 seeds)."""
+    cells = []
+    for p in policies:
+        if not is_policy(p):
+            continue
+        ci = stats[(w, p)]["engine_makespan_s"]
+        if ci.n < 2 or math.isnan(ci.ci95) or not ci.mean:
+            continue
+        cells.append((100 * ci.ci95 / ci.mean, p))
+    if not cells:
+        return []
+    within = sum(1 for pct, _ in cells if pct <= 5.0)
+    return [f"- step time interval as a share of the mean: {within} of {len(cells)} policies within ±5% ("
+            + ", ".join(f"{p} ±{pct:.1f}%" for pct, p in cells) + ")"]
+
+
+# A decision slower than this (wall ms, mean over seeds) is named under the
+# tables: it delays each request's arrival at the engine, which thins the
+# engines' queues and which an agent workload's engine-clock step time (the
+# sum of a trajectory's engine latencies) does not charge.
+SLOW_DECISION_MS = 10.0
+
+
+def overhead_lines(runs: List[dict], w: str, speed: float) -> List[str]:
+    by: Dict[str, List[float]] = {}
+    for r in runs:
+        if r["row"]["workload"] == w and is_policy(r["row"]["policy"]):
+            by.setdefault(r["row"]["policy"], []).append(r["details"].get("router_overhead_ms", 0.0))
+    slow = [(p, sum(v) / len(v)) for p, v in by.items() if v and sum(v) / len(v) >= SLOW_DECISION_MS]
+    if not slow:
+        return []
+    def busy_vs(p: str) -> str:
+        """kvc_aware (same arrival model) ÷ p, the busiest server's compute, paired by seed."""
+        ours = "kvc_aware" + (NOHOLD if p.endswith(NOHOLD) else "")
+        b = {(r["row"]["policy"], r["row"]["seed"]): r["details"].get("busy_makespan_s", float("nan"))
+             for r in runs if r["row"]["workload"] == w}
+        rs = [v / b[(p, seed)] for (q, seed), v in b.items() if q == ours and b.get((p, seed), 0) > 0]
+        if p == ours or not rs or any(math.isnan(x) for x in rs):
+            return ""
+        ci = mean_ci(rs)
+        return f"; busiest server's compute, {ours} ÷ it, paired: {ci.fmt(3)}"
+
+    cells = ", ".join(f"{p} {ms:.1f} ms ({ms * speed / 1000:.1f} simulated s{busy_vs(p)})" for p, ms in slow)
+    return [f"- routing decisions slower than {SLOW_DECISION_MS:g} ms of wall time (mean over seeds; at --speed "
+            f"{speed:g} each delays its request's arrival at an engine by the simulated time in brackets, which "
+            "thins the engines' queues and which the engine-clock step time of an agent workload, a trajectory's "
+            f"summed engine latencies, does not charge; compare these rows by the busiest server's compute and the "
+            f"client clock): {cells}"]
+
+
+def noise_lines(doc: dict, w: str) -> List[str]:
+    rows = [n for n in doc.get("noise_floor") or [] if n["workload"] == w]
+    if not rows:
+        return []
+    diffs = [n["rel_diff"] for n in rows]
+    per_seed = ", ".join(f"{n['seed']}: {n['first_s']:.1f} / {n['second_s']:.1f}" for n in rows)
+    return [f"- noise floor ({rows[0]['policy']} run twice on every seed): the two step times differ by "
+            f"{100 * sum(diffs) / len(diffs):.1f}% on average (at most {100 * max(diffs):.1f}%); per seed {per_seed} s"]
+
+
+def merge_tuned(doc: dict, tuned: Optional[dict]) -> dict:
+    """The arena's runs with `make arena-tuned`'s tuned peer rows ("PEER@tuned")
+    added, each placed after its launcher-default row; the tuning record is
+    kept under "tuning"."""
+    if not tuned:
+        return doc
+    runs = list(doc["runs"])
+    for r in tuned["runs"]:
+        base = r["row"]["policy"].partition("@")[0]
+        # After the base policy's first run: tables list policies in the order they first appear.
+        at = min((i for i, x in enumerate(runs) if x["row"]["workload"] == r["row"]["workload"]
+                  and x["row"]["policy"].partition("@")[0] == base), default=len(runs) - 1)
+        runs.insert(at + 1, r)
+    return dict(doc, runs=runs, tuning=tuned.get("tuning"), tuned_config=tuned.get("config"))
+
+
+def display_name(p: str, w: str, doc: dict) -> str:
+    if p == BOUND:
+        return f"{p} (bound: free prefill)"
+    if p.endswith(REPEAT_SUFFIX):
+        return f"{p[: -len(REPEAT_SUFFIX)]}, second run (noise floor)"
+    base, _, tag = p.partition("@")
+    if tag == "tuned":
+        params = ((doc.get("tuning") or {}).get("chosen") or {}).get(base, {}).get(w, {})
+        knobs = ", ".join(f"{k} {v}" if isinstance(v, bool) else f"{k} {v:g}" for k, v in sorted(params.items()))
+        return f"{base} (tuned: {knobs})" if knobs else f"{base} (tuned)"
+    return p
+
+
+def tuning_lines(doc: dict, w: str) -> List[str]:
+    t = doc.get("tuning")
+    if not t:
+        return []
+    kept, moved = [], []
+    for peer, per_w in sorted(t["chosen"].items()):
+        if w not in per_w:
+            continue
+        if per_w[w] == t["grid"][peer][0]:
+            kept.append(peer)
+        else:
+            moved.append(peer)
+    seeds = ", ".join(map(str, t["tune_seeds"]))
+    out = []
+    if moved:
+        out.append(f"- tuned peer rows: the grid point with the best objective on seeds {seeds} "
+                   f"({t['objective']}): " + ", ".join(moved))
+    if kept:
+        out.append(f"- launcher default kept by tuning on seeds {seeds} (its row is the tuned row): " + ", ".join(kept))
+    return out
+
+
+def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_source: str = "") -> str:
+    doc = merge_tuned(doc, tuned)
+    runs = doc["runs"]
+    cfg = doc.get("config") or {}
+    workloads, policies, stats, errors = arena_stats(runs)
+    seeds = sorted({r["row"]["seed"] for r in runs})
+    out = [f"Rendered by `testbed/scripts/render_results.py` from `{source}`: seeds {', '.join(map(str, seeds))}; "
+           f"vllm-sim `--speed {cfg.get('speed')}`, `--clock {cfg.get('clock', 'wall')}`, "
+           f"{'streamed' if cfg.get('stream', True) else 'non-streamed'} requests; kvc_aware's configuration: "
+           f"`{repo_path(cfg['kvc_frozen']) if cfg.get('kvc_frozen') else 'library defaults'}`"
+           + (f" at commit `{cfg['kvc_frozen_commit']}`" if cfg.get("kvc_frozen_commit") else "") + "."
+           + (f" Tuned peer rows from `{tuned_source}` (`make arena-tuned`, same seeds)." if tuned else ""),
+           "", "Every cell is the mean ± the 95% confidence interval of the mean over the seeds (Student's t); "
+           "comparisons are paired by seed (ratios to the other policy on the same seed). "
+           "Step time is the engine-clock makespan (grpo: last finish − first arrival over the fleet; agents: the "
+           "longest trajectory's summed engine latencies); the client makespan adds the client's and proxies' time.",
+           ""]
+    for w in workloads:
+        ps = policies[w]
+        out.append(f"#### {w}")
+        out.append("")
+        ratios = paired_ratios(runs, w)
+        hdr = ("| policy | " + " | ".join(label for _, _, label, *_ in ARENA_METRICS[:1])
+               + " | step time ÷ verl_default (paired; a +nohold row ÷ verl_default+nohold) | "
+               + " | ".join(label for _, _, label, *_ in ARENA_METRICS[1:]) + " | errors |")
+        out += [hdr, "|" + "---|" * (len(ARENA_METRICS) + 3)]
+        for p in ps:
+            cells = [stats[(w, p)][m].fmt(d) for m, _s, _l, d, _lo in ARENA_METRICS]
+            ratio = ratios[p].fmt(3) if p in ratios and p != "verl_default" else "1"
+            if p == "verl_default" + NOHOLD and p in ratios:
+                ratio += " (÷ verl_default: the hold's effect)"
+            name = display_name(p, w, doc)
+            out.append(f"| {name} | {cells[0]} | {ratio} | " + " | ".join(cells[1:]) + f" | {sum(errors[(w, p)])} |")
+        out.append("")
+        out.append(f"Paired by seed on {w} (ratios' 95% intervals; \"shorter\"/\"longer\", wins and losses only "
+                   "where the interval excludes 1):")
+        out += paired_lines(w, ratios)
+        per_seed = arena_per_seed(runs, w)
+        out += rule_lines(per_seed, [p for p in ps if is_policy(p) and not p.endswith(NOHOLD)])
+        if any(p.endswith(NOHOLD) for p in ps):
+            out.append(f"Without the burst hold on {w} (every +nohold row against verl_default+nohold, the same "
+                       "rule):")
+            out += paired_lines(w, ratios, nohold=True)
+            out += rule_lines(per_seed, [p for p in ps if is_policy(p) and p.endswith(NOHOLD)],
+                              ours="kvc_aware" + NOHOLD, base="verl_default" + NOHOLD)
+        out += pacing_lines(runs, w)
+        out += overhead_lines(runs, w, float(cfg.get("speed") or 1.0))
+        out += precision_line(w, ps, stats)
+        out += noise_lines(doc, w)
+        out += tuning_lines(doc, w)
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# kvbench held-out
+
+
+def _ci(s: dict) -> MeanCI:
+    return MeanCI(float(s.get("Mean", float("nan"))), float(s.get("CI95", float("nan"))) if s.get("N", 0) > 1
+                  else float("nan"), int(s.get("N", 0)), float(s.get("SD", float("nan"))))
+
+
+def row_name(r: dict) -> str:
+    if r.get("frozen_commit"):
+        return f"{r['policy']} (frozen)"
+    return f"{r['policy']} (tuned)" if r.get("tuned") else r["policy"]
+
+
+def kvbench_per_seed(rows: List[dict]) -> Dict[Tuple[str, int], Dict[str, float]]:
+    out: Dict[Tuple[str, int], Dict[str, float]] = {}
+    for r in rows:
+        for v in r.get("per_seed") or []:
+            out[(row_name(r), v["seed"])] = {"step": v["makespan_s"], "ttft_p99": v["ttft_p99_s"], "hit": v["hit_rate"]}
+    return out
+
+
+def _kvc_row(rows: List[dict]) -> Optional[dict]:
+    return next((r for r in rows if r["policy"] == "kvc_aware"), None)
+
+
+def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
+    out = ["Rendered by `testbed/scripts/render_results.py` from `kvbench --heldout --json` outputs. "
+           "Each tunable peer has its launcher-default row and, below it, its row tuned on seeds 101–102 "
+           "(one row when the tuning chose the launcher default); "
+           "cells are mean ± 95% CI over the reported seeds (Student's t); comparisons are paired by seed.", ""]
+    for path, d in docs:
+        rows = d["rows"]
+        frozen = d.get("kvc_frozen") or {}
+        title = d["workload"]
+        if d.get("arrival_spread_s"):
+            title += f", arrivals spread over {d['arrival_spread_s']:g} s"
+        out.append(f"#### {title} (`{os.path.relpath(path, REPO)}`)")
+        out.append("")
+        seeds = ", ".join(map(str, d["report_seeds"]))
+        tuned_on = ", ".join(map(str, d["tune_seeds"]))
+        out.append(f"Reported seeds {seeds}; tuned on {tuned_on}"
+                   + (f"; kvc_aware frozen at `{frozen.get('commit')}`" if frozen.get("commit") else "") + ".")
+        out.append("")
+        out += ["| policy | knob | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl_default |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            knob = "launcher defaults"
+            if r.get("frozen_commit"):
+                knob = f"frozen at `{r['frozen_commit']}`"
+            elif r.get("tuned"):
+                knob = "`" + json.dumps(r.get("params"), separators=(",", ":")) + "`"
+            elif r.get("default_is_tuned"):
+                knob = "launcher defaults (also the tuning choice)"
+            out.append(f"| {row_name(r)} | {knob} | {_ci(r['hit_rate']).fmt(1, 100)} | {_ci(r['ttft_p50_s']).fmt(3)} | "
+                       f"{_ci(r['ttft_p99_s']).fmt(3)} | {_ci(r['makespan_s']).fmt(1)} | "
+                       f"{_ci(r['makespan_over_verl']).fmt(3)} |")
+        out.append("")
+        out.append(f"Paired by seed on {title} (ratios' 95% intervals; wins and losses only where the interval "
+                   "excludes 1):")
+        ratios = {row_name(r): _ci(r["makespan_over_verl"]) for r in rows if r["policy"] != "verl_default"}
+        out += paired_lines(title, ratios)
+        per = kvbench_per_seed(rows)
+        if per:
+            kvc = _kvc_row(rows)
+            out += rule_lines(per, [row_name(r) for r in rows], ours=row_name(kvc) if kvc else "kvc_aware")
+        else:
+            out.append("- this run's JSON has no per-seed values (written before they were recorded): only step "
+                       "time against verl_default is paired")
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# docs/step-time.md: step time on the RL-scale kvbench workloads
+
+STEP_WORKLOADS = ("grpo_sat", "agent_scale", "agent_long", "agent_long_few")
+
+
+def render_steptime(docs: List[Tuple[str, dict]], oracle: List[dict]) -> str:
+    out = ["Held-out kvbench (`make kvbench-heldout`): mean ± 95% CI over the reported seeds; each peer at the better "
+           "of its launcher-default and tuned rows (by mean makespan; both rows are in docs/kvbench.md); "
+           "the step-time column pairs kvc_aware with the best peer by seed (\"shorter\"/\"longer\" only where the "
+           "ratio's interval excludes 1). Bound share = the share of verl_default's gap "
+           "to the lower bound closed; best / bound = how far the best policy stays above the bound.", "",
+           "| workload | verl_default s | best peer s | kvc_aware s | kvc_aware+admit s | kvc_aware / verl | "
+           "bound share kvc / +admit | lower bound s (best / bound) | TTFT p99 s kvc / +admit / best peer "
+           "| step time |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    by_w = {d["workload"]: d for _, d in docs}
+    for w in STEP_WORKLOADS:
+        d = by_w.get(w)
+        if d is None:
+            continue
+        ours = ("kvc_aware", "kvc_aware+admit")
+        peer_rows = [r for r in d["rows"] if r["policy"] not in ours and r["policy"] != "verl_default"]
+        if not peer_rows:
+            continue
+        best = min(peer_rows, key=lambda r: r["makespan_s"]["Mean"])
+        kvc = next((r for r in d["rows"] if r["policy"] == "kvc_aware"), None)
+        adm = next((r for r in d["rows"] if r["policy"] == "kvc_aware+admit"), None)
+        verl = next((r for r in d["rows"] if r["policy"] == "verl_default"), None)
+        if kvc is None or verl is None:
+            continue
+        vs = paired(kvbench_per_seed(d["rows"]), row_name(kvc), row_name(best), "step")
+        step_cell = "n/a (no per-seed values)"
+        if vs is not None:
+            step_cell = f"kvc_aware ÷ {row_name(best)} {vs.fmt(3)}" + {1: " (longer)", -1: " (shorter)",
+                                                                       0: " (tie)"}[_clear(vs)]
+        lb = d.get("makespan_lower_bound_s") or {}
+        loose = d.get("best_over_lower_bound") or {}
+        share = f"{100 * kvc.get('makespan_bound_share', 0):.0f}%"
+        if adm:
+            share += f" / {100 * adm.get('makespan_bound_share', 0):.0f}%"
+        out.append(f"| {w} | {_ci(verl['makespan_s']).fmt(1)} | {row_name(best)} {_ci(best['makespan_s']).fmt(1)} | "
+                   f"{_ci(kvc['makespan_s']).fmt(1)} | {_ci(adm['makespan_s']).fmt(1) if adm else 'n/a'} | "
+                   f"{_ci(kvc['makespan_over_verl']).fmt(3)} | {share} | "
+                   f"{_ci(lb).fmt(1) if lb else 'n/a'} ({_ci(loose).fmt(2) if loose else 'n/a'}) | "
+                   f"{_ci(kvc['ttft_p99_s']).fmt(2)} / {_ci(adm['ttft_p99_s']).fmt(2) if adm else 'n/a'} / "
+                   f"{_ci(best['ttft_p99_s']).fmt(2)} | "
+                   f"{step_cell} |")
+    if oracle:
+        out += ["", "Reference, not a policy: `kvbench --workload grpo_sat --oracle-longest-first` submits each "
+                "step longest response first (true lengths, which no router sees) on the first reported seeds; "
+                "makespan over verl_default's with the usual (FIFO) order on the same seed:", "",
+                "| seeds | verl_default, longest first | kvc_aware, longest first | kvc_aware+admit, longest first |",
+                "|---|---|---|---|"]
+        cells = []
+        for pol in ("verl_default", "kvc_aware", "kvc_aware+admit"):
+            ratios = []
+            for o in oracle:
+                base = o.get("fifo_verl_default")
+                if base and pol in o["policies"]:
+                    ratios.append(o["policies"][pol]["makespan_s"] / base)
+            cells.append(mean_ci(ratios).fmt(3))
+        seeds = ", ".join(str(o["seed"]) for o in oracle)
+        out.append(f"| {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# README headline
+
+
+def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = None) -> str:
+    if arena is None:
+        return "(no arena results rendered yet)"
+    arena = merge_tuned(arena, tuned)
+    workloads, policies, stats, _ = arena_stats(arena["runs"])
+    out = [f"Step time on the RL workloads (`make arena`: real routers, vllm-sim fleets; rendered from `{source}`; "
+           "mean ± 95% CI over seeds; ratios paired by seed, \"shorter\"/\"longer\" only where the ratio's "
+           "interval excludes 1; a \"no burst hold\" row compares every router's run without the hold, "
+           "verl_default's included):", "",
+           "| workload | verl_default | kvc_aware | kvc_aware ÷ verl_default (paired by seed) | best peer (by mean) "
+           "| hit rate kvc_aware / peer | TTFT p99 s kvc_aware / peer | kvc_aware ÷ best peer, step time (paired) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for w, suffix in [(w, x) for x in ("", NOHOLD) for w in workloads]:
+        if w not in RL_WORKLOADS:
+            continue
+        ps = [p for p in policies[w] if is_policy(p) and p.endswith(NOHOLD) == bool(suffix)]
+        ours, verl = "kvc_aware" + suffix, "verl_default" + suffix
+        peers = [p for p in ps if p not in (verl, ours, "round_robin" + suffix)]
+        if ours not in ps or not peers:
+            continue
+        key = "engine_makespan_s"
+        best_peer = min(peers, key=lambda p: stats[(w, p)][key].mean)
+        vs = paired(arena_per_seed(arena["runs"], w), ours, best_peer, "step")
+        verdict_cell = "n/a"
+        if vs is not None:
+            verdict_cell = vs.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: " (tie)"}[_clear(vs)]
+        base = stats[(w, verl)][key].fmt(1) if (w, verl) in stats else "n/a"
+        k, b = stats[(w, ours)], stats[(w, best_peer)]
+        ratio = paired_ratios(arena["runs"], w).get(ours)
+        label = f"{w} (no burst hold)" if suffix else w
+        out.append(f"| {label} | {base} | {k[key].fmt(1)} | {ratio.fmt(3) if ratio else 'n/a'} | "
+                   f"{best_peer} {b[key].fmt(1)} | "
+                   f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
+                   f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
+                   f"{verdict_cell} |")
+    speed = float((arena.get("config") or {}).get("speed") or 1.0)
+    notes = [ln.replace("- routing", f"- {w}: routing", 1) for w in workloads if w in RL_WORKLOADS
+             for ln in overhead_lines(arena["runs"], w, speed)]
+    if notes:
+        out += ["", "Caveat, from the same JSON:", *notes]
+    return "\n".join(out)
+
+
+# README's RL block: kvc_aware's paired step-time ratio to verl_default per
+# setting of `make kvbench-rl`, at the library defaults (the 520d43c freeze,
+# docs/results/rl-520d43c/) and with group_spread 0.1 (the 3965cf8 freeze,
+# docs/results/rl-*.json).
+RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
+               ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1))
+
+
+def render_rl_block(docs_root: str) -> Optional[str]:
+    from render_rl import rows
+
+    defaults = os.path.join(docs_root, "docs", "results", "rl-520d43c")
+    spread = os.path.join(docs_root, "docs", "results")
+    if not glob.glob(os.path.join(defaults, "rl-r0-*.json")):
+        return None
+    out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size, "
+           "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
+           "`docs/results/rl-520d43c/` and `docs/results/rl-*.json`):", "",
+           "| setting | seeds | kvc_aware, library defaults | kvc_aware + admission, defaults "
+           "| kvc_aware, group_spread 0.1 (3965cf8) |", "|---|---|---|---|---|"]
+    for prefix, label, step in RL_SETTINGS:
+        d, g = rows(defaults, prefix, step), rows(spread, prefix, step)
+        if "kvc_aware" not in d:
+            continue
+        seeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
+                       for p in glob.glob(os.path.join(defaults, f"{prefix}-*.json")))
+
+        def cell(data: Dict[str, Dict[str, List[float]]], p: str) -> str:
+            if p not in data:
+                return "n/a"
+            ci = mean_ci(data[p]["step"])
+            return ci.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: ""}[_clear(ci)]
+
+        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | {cell(d, 'kvc_aware')} | {cell(d, 'kvc_aware+admit')} "
+                   f"| {cell(g, 'kvc_aware')} |")
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arena", default=os.path.join(REPO, "docs", "results", "arena-details.json"))
+    ap.add_argument("--arena-tuned", default=None,
+                    help="`make arena-tuned`'s tuned peer rows, merged into the arena tables when the file exists "
+                         "(default: arena-tuned-details.json beside --arena)")
+    ap.add_argument("--kvbench", nargs="*", default=None,
+                    help="held-out JSONs (default docs/results/kvbench-*.json)")
+    ap.add_argument("--docs", default=REPO, help="repository root holding README.md and docs/")
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a document would change")
+    a = ap.parse_args(argv)
+    if a.arena_tuned is None:
+        a.arena_tuned = os.path.join(os.path.dirname(os.path.abspath(a.arena)), "arena-tuned-details.json")
+    kv_paths = a.kvbench if a.kvbench is not None else sorted(glob.glob(os.path.join(REPO, "docs", "results",
+                                                                                        "kvbench-*.json")))
+    arena = None
+    if os.path.isfile(a.arena):
+        with open(a.arena, encoding="utf-8") as f:
+            arena = json.load(f)
+    kv = []
+    for p in kv_paths:
+        with open(p, encoding="utf-8") as f:
+            kv.append((p, json.load(f)))
+    tuned = None
+    if arena is not None and a.arena_tuned and os.path.isfile(a.arena_tuned):
+        with open(a.arena_tuned, encoding="utf-8") as f:
+            tuned = json.load(f)
+    rel = os.path.relpath(a.arena, REPO)
+    targets = {}
+    if arena is not None:
+        trel = os.path.relpath(a.arena_tuned, REPO) if tuned else ""
+        targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel, tuned, trel)}
+        targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel, tuned)}
+    if kv:
+        targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
+        step_doc = os.path.join(a.docs, "docs", "step-time.md")
+        if any(d.get("workload") in STEP_WORKLOADS for _, d in kv) and os.path.isfile(step_doc):
+            oracle = []
+            for p in sorted(glob.glob(os.path.join(a.docs, "docs", "results", "oracle-lpt-*.json"))):
+                with open(p, encoding="utf-8") as f:
+                    oracle.append(json.load(f))
+            targets[step_doc] = {"steptime": render_steptime(kv, oracle)}
+            readme = os.path.join(a.docs, "README.md")
+            with open(readme, encoding="utf-8") as f:
+                if "<!-- BEGIN RENDERED: steptime -->" in f.read():
+                    targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
+    readme = os.path.join(a.docs, "README.md")
+    has_rl = False
+    if os.path.isfile(readme):
+        with open(readme, encoding="utf-8") as f:
+            has_rl = "<!-- BEGIN RENDERED: rl -->" in f.read()
+    rl = render_rl_block(a.docs) if has_rl else None
+    if rl is not None:
+        targets.setdefault(readme, {})["rl"] = rl
+    # The demo's table (README "Headline"): docs/results/demo.json, a copy of
+    # the last `make demo`'s build/demo/demo-summary.json.
+    demo_json = os.path.join(a.docs, "docs", "results", "demo.json")
+    if os.path.isfile(demo_json):
+        from kvc_harness.demo import render_readme
+
+        with open(demo_json, encoding="utf-8") as f:
+            targets.setdefault(os.path.join(a.docs, "README.md"), {})["demo"] = render_readme(json.load(f))
+    changed = []
+    for path, blocks in targets.items():
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        new = replace_blocks(old, blocks, path)
+        if new != old:
+            changed.append(path)
+            if not a.check:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+    for p in changed:
+        print(f"{'stale' if a.check else 'rendered'}: {os.path.relpath(p, a.docs)}")
+    return 1 if (a.check and changed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

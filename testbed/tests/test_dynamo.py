@@ -1,0 +1,95 @@
+"""The real NVIDIA Dynamo KV router (ai-dynamo-runtime from .venv-peers):
+the differential test against kvbench's dynamo_cost on a freshly recorded
+trace, and the arena's in-process route on a real vllm-sim fleet (KV events
+through Dynamo's own ZMQ relay)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEERS_PY = os.environ.get("KVR_PEERS_PYTHON") or os.path.join(REPO, ".venv-peers", "bin", "python")
+
+
+def _dynamo_ready() -> str:
+    if not os.path.isfile(PEERS_PY):
+        return f"{PEERS_PY} missing (testbed/scripts/peers_venv.sh)"
+    r = subprocess.run([PEERS_PY, "-c", "import dynamo._core"], capture_output=True, text=True, timeout=120)
+    return "" if r.returncode == 0 else f"dynamo._core not importable: {r.stderr[-300:]}"
+
+
+pytestmark = pytest.mark.skipif(bool(_dynamo_ready()), reason=_dynamo_ready() or "ready")
+
+
+def test_differential_fresh_trace(tmp_path):
+    """A trace nothing was tuned on (seed 7): every decision of real
+    dynamo._core either matches kvbench's dynamo_cost or has a known cause."""
+    trace = tmp_path / "trace.json"
+    script = os.path.join(REPO, "testbed", "scripts", "dynamo_diff.py")
+    r = subprocess.run([PEERS_PY, script, "--seed", "7", "--ops", "300",
+                        "--out", str(trace)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    g = subprocess.run(["go", "test", "-count=1", "-v", "-run", "^TestDynamoDifferential$", "./testbed/peers"],
+                       cwd=REPO, env=dict(os.environ, KVR_DYNAMO_TRACE=str(trace)), capture_output=True, text=True,
+                       timeout=600)
+    assert g.returncode == 0, g.stdout[-3000:]
+    m = re.search(r"(\d+) decisions, dynamo_cost agrees with dynamo._core on (\d+)", g.stdout)
+    assert m, g.stdout[-2000:]
+    decisions, agree = int(m.group(1)), int(m.group(2))
+    assert decisions >= 100 and agree / decisions >= 0.9, (decisions, agree)
+
+
+def test_arena_route_follows_kv_events(tmp_path):
+    """DynamoKvRouter on a real 2-server vllm-sim fleet: after one server
+    served a prompt, Dynamo routes the same prompt there with its full-block
+    overlap; after the fleet's prefix-cache reset (the RL weight update) the
+    servers' AllBlocksCleared events leave no overlap."""
+    from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
+    from kvc_harness.client import reset_prefix_caches
+    from kvc_harness.dynamo_route import DynamoKvRouter
+    from kvc_harness.fleet import start_sim_fleet
+    from kvc_harness.procs import Cleanup
+
+    cleanup = Cleanup()
+    router = None
+    try:
+        _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
+                                        ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
+                                        str(tmp_path / "sim.log"))
+        router = DynamoKvRouter(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192,
+                                MODEL)
+        text = " ".join(f"dyn{j}" for j in range(200))
+        ids = tokenize(servers[0].url, text)
+        deadline = time.time() + 20
+        overlap = {}
+        # The ZMQ subscription joins asynchronously: repeat until Dynamo saw it.
+        while time.time() < deadline:
+            stream_text_completion(servers[1].url, text, 2, 1)
+            time.sleep(0.3)
+            overlap = router.overlap_scores(ids)
+            if overlap.get(servers[1].sid):
+                break
+        assert overlap.get(servers[1].sid) == 200 // 16, overlap
+        assert not overlap.get(servers[0].sid), overlap
+        assert router.best_worker(ids, None) == (servers[1].sid, 200 // 16)
+        rid = router.new_request_id()
+        assert router.best_worker(ids, rid)[0] == servers[1].sid
+        loads = router.potential_loads(ids)
+        assert loads[servers[1].sid]["active_requests"] == 1 and loads[servers[0].sid]["active_requests"] == 0
+        router.mark_prefill_complete(rid)
+        router.free(rid)
+        assert router.potential_loads(ids)[servers[1].sid]["active_requests"] == 0
+        reset_prefix_caches({s.sid: s.url for s in servers})
+        deadline = time.time() + 10
+        while time.time() < deadline and router.overlap_scores(ids).get(servers[1].sid):
+            time.sleep(0.1)
+        assert not router.overlap_scores(ids).get(servers[1].sid)
+    finally:
+        if router is not None:
+            router.close()
+        cleanup.run()

@@ -1,0 +1,244 @@
+"""The test harness itself (testbed/kvc_harness): the one percentile definition,
+/metrics counter parsing, the reaper, ports, workloads, the HTTP client
+against a real vllm-sim, and the rule that tests and scripts share code only
+through the package (no sys.path edits, no imports across the two folders)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from kvc_harness import HOST, REPO, client, procs, report, workloads
+from kvc_harness.fleet import Sim, sim_binary
+
+# ---------------------------------------------------------------------------
+# report: one percentile definition
+
+
+def test_percentile_is_numpy_linear_interpolation():
+    rng = random.Random(3)
+    for n in (1, 2, 3, 10, 101, 1000):
+        xs = [rng.expovariate(1.0) for _ in range(n)]
+        for p in (0, 1, 25, 50, 90, 99, 99.9, 100):
+            assert report.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-12, abs=1e-15)
+        assert report.percentiles(xs, 50, 99) == [report.percentile(xs, 50), report.percentile(xs, 99)]
+
+
+def test_percentile_edges():
+    assert report.percentile([4.0, 1.0, 3.0, 2.0], 0) == 1.0
+    assert report.percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    assert report.percentile([1.0, 2.0], 50) == 1.5
+    assert math.isnan(report.percentile([], 50))
+    assert all(math.isnan(v) for v in report.percentiles([], 50, 99))
+    for bad in (-1, 100.5, 990):
+        with pytest.raises(ValueError, match="outside 0..100"):
+            report.percentile([1.0], bad)
+
+
+def test_format_rows_aligns_columns():
+    out = report.format_rows(("name", "value"), [("a", "1.0"), ("longer", "10.25")], right=(1,))
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "value"]
+    assert set(lines[1]) == {"-"}
+    # The value column is right-aligned: every row ends at the same column.
+    assert len({len(ln) for ln in (lines[0], lines[2], lines[3])}) == 1
+    assert lines[2].startswith("a ") and lines[2].endswith("  1.0")
+
+
+# ---------------------------------------------------------------------------
+# client: the servers' own counters
+
+
+def test_parse_counters_sums_engines_and_counts_a_renamed_counter_once():
+    text = "\n".join(
+        [
+            "# HELP vllm:prefix_cache_queries_total x",
+            'vllm:prefix_cache_queries_total{engine="0"} 100',
+            'vllm:prefix_cache_queries_total{engine="1"} 50',
+            # The same counter under the old spelling: not added twice.
+            'vllm:prefix_cache_queries{engine="0"} 150',
+            'vllm:prefix_cache_hits_total{engine="0"} 30',
+            "vllm:num_preemptions_total 2",
+            "vllm:time_to_first_token_seconds_sum 1.5",
+            "vllm:time_to_first_token_seconds_count 3",
+            'vllm:prompt_tokens_total{engine="0"} not-a-number',
+            "unrelated_total 99",
+            "",
+        ]
+    )
+    c = client.parse_counters(text)
+    assert c == {
+        "queries": 150.0,
+        "hits": 30.0,
+        "ttft_sum": 1.5,
+        "ttft_count": 3.0,
+        "preemptions": 2.0,
+        "prompt_tokens": 0.0,
+    }
+
+
+@pytest.fixture
+def reaper():
+    r = procs.Reaper()
+    yield r
+    r.close()
+
+
+def test_client_against_vllm_sim(reaper):
+    if not os.access(sim_binary(), os.X_OK):
+        pytest.skip("no vllm-sim")
+    sim = Sim(reaper).start()
+    assert client.healthy(sim.url)
+    assert client.served_model(sim.url)
+    before = client.scrape(sim.url)
+    prompt = workloads.seeded_prompt(1, 64)
+    out = client.complete(sim.url, prompt, max_tokens=2)
+    assert out["choices"]
+    r = client.stream_completion(sim.url, client.served_model(sim.url), prompt, 3, seed=1)
+    assert len(r["tokens"]) == 3 and 0 <= r["ttft"] <= r["e2e"]
+    after = client.scrape(sim.url)
+    assert after["queries"] - before["queries"] >= 2 * len(prompt)
+    # The second request found the first one's blocks.
+    assert after["hits"] > before["hits"]
+    client.reset_prefix_caches({sim.id: sim.url})
+    with pytest.raises(RuntimeError, match="HTTP 404"):
+        client.request_json(sim.url + "/no/such/path")
+    sim.kill()
+    assert not client.healthy(sim.url)
+    with pytest.raises(RuntimeError, match="not healthy"):
+        client.wait_healthy({sim.id: sim.url}, timeout=0.3)
+
+
+# ---------------------------------------------------------------------------
+# procs
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = procs.free_ports(5)
+    assert len(set(ports)) == 5
+    assert procs.ports_free(ports)
+    s = socket.socket()
+    try:
+        s.bind((HOST, ports[0]))
+        s.listen()
+        assert not procs.ports_free(ports)
+    finally:
+        s.close()
+
+
+def test_reaper_stops_process_groups_newest_first_and_survives_a_failing_stop():
+    r = procs.Reaper()
+    order = []
+    # A shell with a grandchild: the whole process group must go.
+    p = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300"], start_new_session=True)
+    r.add_process(p)
+    procs.wait_for(lambda: len(procs.descendants(p.pid)) >= 2, 10, "the shell's children")
+    family = [p.pid, *procs.descendants(p.pid)]
+    r.add(lambda: order.append("first"))
+
+    def boom() -> None:
+        order.append("boom")
+        raise RuntimeError("a stop that fails")
+
+    r.add(boom)
+    r.add(lambda: order.append("last"))
+    r.close()
+    assert order == ["last", "boom", "first"]
+    assert procs.wait_gone(family, timeout=10) == []
+    r.close()  # a second close has nothing left to do
+    assert order == ["last", "boom", "first"]
+
+
+def test_wait_for_returns_the_value_or_names_what_timed_out():
+    assert procs.wait_for(lambda: 7, 1, "seven") == 7
+    with pytest.raises(AssertionError, match="waiting for nothing"):
+        procs.wait_for(lambda: 0, 0.05, "nothing")
+
+
+# ---------------------------------------------------------------------------
+# workloads
+
+
+def test_workloads_are_seeded_and_shaped():
+    spec = workloads.WorkloadSpec(seed=5, steps=2, prompts=3, samples=4, tasks=2, agent_samples=2, turns=3)
+    a, b = workloads.grpo_step(spec, 0), workloads.grpo_step(spec, 0)
+    assert a == b and a != workloads.grpo_step(spec, 1)
+    assert len(a) == 12 and len({r["rid"] for r in a}) == 12
+    by_prompt = {}
+    for r in a:
+        by_prompt.setdefault(r["rid"].rsplit("-k", 1)[0], set()).add(tuple(r["prompt"]))
+        assert 1 <= r["max_tokens"] <= spec.response_max
+        assert all(workloads.TOKEN_LO <= t < workloads.TOKEN_HI for t in r["prompt"])
+    # The samples of one prompt share it.
+    assert len(by_prompt) == 3 and all(len(v) == 1 for v in by_prompt.values())
+    trajs = workloads.agent_step(spec, 0)
+    assert trajs == workloads.agent_step(spec, 0)
+    assert len(trajs) == 4 and all(len(t["turns"]) == 3 for t in trajs)
+    assert len({tuple(t["prompt"][: spec.system_tokens]) for t in trajs}) == 1
+    assert workloads.seeded_prompt(1) == workloads.seeded_prompt(1) != workloads.seeded_prompt(2)
+    ps = workloads.shared_prefix_prompts(3, random.Random(0), length=100, tail=10)
+    assert all(len(p) == 100 and p[:90] == ps[0][:90] for p in ps) and ps[0][90:] != ps[1][90:]
+
+
+# ---------------------------------------------------------------------------
+# layout
+
+
+def _py_files():
+    for d in ("tests", *(os.path.join("testbed", x) for x in ("tests", "kvc_harness", "scripts"))):
+        for f in sorted(os.listdir(os.path.join(REPO, d))):
+            if f.endswith(".py"):
+                yield os.path.join(d, f)
+
+
+def test_no_sys_path_edits_and_no_imports_across_tests_and_scripts():
+    edit = re.compile(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*\+?=")
+    cross = re.compile(
+        r"^\s*(from|import)\s+(conftest|demo_lib|sim_harness|soak_lib|vllm_fixtures|bench_balancer|demo|soak|"
+        r"overhead|chaos)\b",
+        re.M,
+    )
+    # The one allowed edit: ai-dynamo-runtime is imported from the peers venv
+    # (a third-party package in a second venv, not code of this repository).
+    allowed = {os.path.join("testbed", "kvc_harness", "dynamo_route.py")}
+    bad = []
+    for rel in _py_files():
+        with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+            src = f.read()
+        if edit.search(src) and rel not in allowed:
+            bad.append(f"{rel}: edits sys.path")
+        m = cross.search(src)
+        if m:
+            bad.append(f"{rel}: imports {m.group(2)} (use kvc_harness)")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("script", ["demo.py", "soak.py", "overhead.py", "chaos.py", "arena.py", "actor_bench.py"])
+def test_scripts_say_how_to_find_the_harness(script):
+    path = os.path.join(REPO, "testbed", "scripts", script)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bare = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert bare.returncode != 0
+    assert "PYTHONPATH=testbed" in bare.stderr and "Traceback" not in bare.stderr
+    ok = subprocess.run(
+        [sys.executable, path, "--help"], capture_output=True, text=True, env=procs.harness_env(env), timeout=60
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "usage:" in ok.stdout
+
+
+def test_mean_ci_uses_students_t():
+    from kvc_harness.report import mean_ci
+
+    # sd of 1..4 is 1.291; t(0.975, 3) = 3.182 -> half-width 3.182 * 1.291 / 2 = 2.05.
+    assert mean_ci([1.0, 2.0, 3.0, 4.0]) == [2.5, 2.1]
+    assert mean_ci([5.0, 5.0, 5.0]) == [5.0, 0.0]
+    m, h = mean_ci([7.0])
+    assert m == 7.0 and h != h  # one sample: no interval (NaN)
