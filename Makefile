@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-rl docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -228,6 +228,16 @@ ARENA_POLICIES ?= verl_default,kvc_aware,dynamo_kv_router,dynamo_kv_router+ttl,s
 arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG, vllm-router (cache_aware, kv_aware, sticky_least_loaded) vs kvc-router on vllm-sim fleets: grpo_sat, agent_scale, long_agent x 5 fresh seeds, each with and without the burst hold (~70 min)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --repeat verl_default --both-holds --policies $(ARENA_POLICIES) $(ARENA_ARGS)
 
+# `make arena-rl`: the reported protocol for RL-shaped steps (issue 26/27):
+# grpo_sat's size with within-group length correlation 0.5 / 0.8, a recurring
+# prompt step (epoch 2), and agent_task (task difficulty, sandbox-like tool
+# latency), each step sent in verl's order; every router with and without
+# the burst hold; seeds 351-355 (never tuned on, never used before). -> build/arena-rl/
+ARENA_RL_WORKLOADS ?= grpo_rho05,grpo_rho08,grpo_recur,agent_task
+ARENA_RL_SEEDS ?= 351,352,353,354,355
+arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl's arrival order (length correlation, recurring prompts, agent tasks) x seeds 351-355, with and without the hold
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --repeat verl_default --both-holds --policies $(ARENA_POLICIES) --out build/arena-rl $(ARENA_ARGS)
+
 # `make arena-tuned`: the tuned peer rows. Tunes the cache_aware balance
 # thresholds of sglang-router, SMG and vllm-router, and Dynamo's own
 # features (overlap credit, approximate mode; +ttl's TTL) per workload on
@@ -262,6 +272,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@mkdir -p docs/results
 	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
 	@if [ -f build/arena-tuned/arena-details.json ]; then cp build/arena-tuned/arena-details.json docs/results/arena-tuned-details.json; fi
+	@if [ -f build/arena-rl/arena-details.json ]; then cp build/arena-rl/arena-details.json docs/results/arena-rl-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

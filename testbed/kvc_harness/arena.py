@@ -784,7 +784,9 @@ class DynamoRoute(Route):
     router tracks each request from ``best_worker`` (with a request id) through
     ``mark_prefill_complete`` (first token) to ``free``. Fed by the fleet's KV
     events through Dynamo's own ZMQ relay; Dynamo's defaults
-    (testbed/kvc_harness/dynamo_route.py). Its requests are streamed so that
+    (testbed/kvc_harness/dynamo_route.py). The router runs in a process of
+    its own, as Dynamo's frontend does: in this process its decisions waited
+    for the GIL behind the streaming client threads. Its requests are streamed so that
     ``mark_prefill_complete`` fires at the real first token, as Dynamo's own
     frontend does (a non-streamed request would keep counting its prompt as
     pending prefill until it finished)."""
@@ -794,10 +796,10 @@ class DynamoRoute(Route):
 
     def __init__(self, servers: List[Server], block_size: int, num_gpu_blocks: int, max_num_seqs: int,
                  max_num_batched_tokens: int, router_config: Optional[Dict[str, float]] = None) -> None:
-        from kvc_harness.dynamo_route import DynamoKvRouter
+        from kvc_harness.dynamo_route import DynamoRouterProcess
 
         self.urls = {s.sid: s.url for s in servers}
-        self.router = DynamoKvRouter(peers_python(), [(s.sid, s.events[0], s.topic) for s in servers], block_size,
+        self.router = DynamoRouterProcess(peers_python(), [(s.sid, s.events[0], s.topic) for s in servers], block_size,
                                      num_gpu_blocks, max_num_seqs, max_num_batched_tokens, MODEL,
                                      router_config=router_config)
         self.acquire_s: List[float] = []

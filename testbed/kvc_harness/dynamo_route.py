@@ -16,6 +16,14 @@ engine, with Dynamo's own APIs and nothing re-implemented:
 * a ``KvEventPublisher`` relaying the server's real vLLM ZMQ KV-event stream
   into Dynamo's event plane (Dynamo's ingress for vLLM engines).
 
+The arena runs the router in a process of its own (:class:`DynamoRouterProcess`,
+``python -m kvc_harness.dynamo_route --serve`` under .venv-peers' Python), as
+Dynamo's frontend is: in the clients' process its asyncio loop waited for the
+GIL behind hundreds of streaming client threads (84 ms a decision on
+agent_scale, 0.4 ms on grpo_sat), which delayed each request by a cost no
+deployment pays. The client speaks line-delimited JSON to it over a Unix
+socket, one connection per concurrent caller.
+
 Discovery is Dynamo's ``file`` backend in a private directory: its ``mem``
 backend is per runtime, so a router never sees workers of another runtime.
 Every socket binds to 127.0.0.1 (DYN_*_HOST). The router runs at Dynamo's
@@ -28,10 +36,15 @@ installing it twice."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import glob
+import json
 import os
+import queue
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -207,3 +220,177 @@ class DynamoKvRouter:
     def potential_loads(self, token_ids: List[int]) -> Dict[str, Dict[str, int]]:
         res = self._rpc("get_potential_loads", list(token_ids))
         return {self.sid_of[d["worker_id"]]: d for d in res if d["worker_id"] in self.sid_of}
+
+
+# -- the router in its own process ------------------------------------------------
+
+# What a client may call on the served router (DynamoKvRouter's routing API).
+SERVED = ("best_worker", "mark_prefill_complete", "free", "overlap_scores", "potential_loads")
+
+
+async def _serve_conn(router: DynamoKvRouter, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One client connection: a JSON line [method, args] in, a JSON line
+    {"ok": result} or {"error": text} out, in order."""
+    r = router._router
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        try:
+            method, args = json.loads(line)
+            if method == "best_worker":
+                wid, _dp, overlap = await r.best_worker(list(args[0]), request_id=args[1])
+                out: Any = [router.sid_of[wid], overlap]
+            elif method in ("mark_prefill_complete", "free"):
+                await getattr(r, method)(args[0])
+                out = None
+            elif method == "overlap_scores":
+                res = await r.get_overlap_scores(list(args[0]))
+                out = {router.sid_of[w["worker_id"]]: int(w.get("device_blocks") or 0)
+                       for w in res.get("workers") or [] if w.get("worker_id") in router.sid_of}
+            elif method == "potential_loads":
+                res = await r.get_potential_loads(list(args[0]))
+                out = {router.sid_of[d["worker_id"]]: d for d in res if d["worker_id"] in router.sid_of}
+            else:
+                raise ValueError(f"unknown method {method!r}; served: {', '.join(SERVED)}")
+            reply = {"ok": out}
+        except Exception as e:  # noqa: BLE001 - the error goes back to the caller, the server keeps serving
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        writer.write(json.dumps(reply).encode() + b"\n")
+        await writer.drain()
+    writer.close()
+
+
+def serve(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the router process: starts DynamoKvRouter, listens on
+    --socket, prints READY once its workers are discovered, and serves until
+    stdin closes (the parent exited or closed it)."""
+    ap = argparse.ArgumentParser(description="Dynamo's KvRouter served over a Unix socket (arena tooling)")
+    ap.add_argument("--serve", action="store_true", required=True)
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--spec", required=True, help="JSON: servers, block_size, total_kv_blocks, max_num_seqs, "
+                    "max_num_batched_tokens, model, router_config")
+    a = ap.parse_args(argv)
+    spec = json.loads(a.spec)
+    router = DynamoKvRouter(sys.executable, [tuple(x) for x in spec["servers"]], spec["block_size"],
+                            spec["total_kv_blocks"], spec["max_num_seqs"], spec["max_num_batched_tokens"],
+                            spec["model"], router_config=spec.get("router_config"))
+    try:
+        async def start() -> Any:
+            return await asyncio.start_unix_server(lambda rd, wr: _serve_conn(router, rd, wr), path=a.socket,
+                                                   limit=1 << 26)
+
+        server = router._call(start())
+        print("READY", flush=True)
+        sys.stdin.read()  # EOF: the parent is gone or closed the pipe
+        router._loop.call_soon_threadsafe(server.close)
+    finally:
+        router.close()
+    return 0
+
+
+class DynamoRouterProcess:
+    """DynamoKvRouter's routing API, served by a child process (see the module
+    docstring for why). Thread-safe: each concurrent caller takes its own
+    connection from a pool."""
+
+    def __init__(self, peers_python: str, servers: Sequence[Tuple[str, str, str]], block_size: int,
+                 total_kv_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 model: str, timeout: float = 60.0, router_config: Optional[Dict[str, float]] = None) -> None:
+        self.block_size = block_size
+        self.router_config = dict(router_config or {})
+        self._dir = tempfile.mkdtemp(prefix="kvc-dynamo-proc-")
+        self._sock = os.path.join(self._dir, "router.sock")
+        spec = {"servers": [list(s) for s in servers], "block_size": block_size, "total_kv_blocks": total_kv_blocks,
+                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
+                "router_config": self.router_config}
+        env = dict(os.environ)
+        for k, v in LOOPBACK_ENV.items():
+            env.setdefault(k, v)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [peers_python, "-m", "kvc_harness.dynamo_route", "--serve", "--socket", self._sock,
+             "--spec", json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True)
+        self._pool: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        self._conns: List[socket.socket] = []
+        self._lock = threading.Lock()
+        ready: List[str] = []
+
+        def wait_ready() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.strip() == "READY":
+                    ready.append(line)
+                    return
+
+        reader = threading.Thread(target=wait_ready, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not ready:
+            self.close()
+            self._log.seek(0)
+            raise RuntimeError(f"the Dynamo router process did not start within {timeout:.0f}s "
+                               f"(exit {self.proc.returncode}): {self._log.read()[-3000:]}")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            conn = self._pool.get_nowait()
+        except queue.Empty:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(self._sock)
+            with self._lock:
+                self._conns.append(conn)
+        f = conn.makefile("rwb")
+        f.write(json.dumps([method, list(args)]).encode() + b"\n")
+        f.flush()
+        line = f.readline()
+        f.close()
+        if not line:
+            raise RuntimeError(f"the Dynamo router process closed the connection during {method} "
+                               f"(exit {self.proc.poll()})")
+        self._pool.put(conn)
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"dynamo router {method}: {reply['error']}")
+        return reply["ok"]
+
+    def best_worker(self, token_ids: List[int], request_id: Optional[str]) -> Tuple[str, int]:
+        sid, overlap = self._call("best_worker", list(token_ids), request_id)
+        return sid, overlap
+
+    def new_request_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def mark_prefill_complete(self, request_id: str) -> None:
+        self._call("mark_prefill_complete", request_id)
+
+    def free(self, request_id: str) -> None:
+        self._call("free", request_id)
+
+    def overlap_scores(self, token_ids: List[int]) -> Dict[str, int]:
+        return self._call("overlap_scores", list(token_ids))
+
+    def potential_loads(self, token_ids: List[int]) -> Dict[str, Dict[str, int]]:
+        return self._call("potential_loads", list(token_ids))
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._conns:
+                c.close()
+            self._conns.clear()
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

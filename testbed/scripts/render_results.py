@@ -95,6 +95,10 @@ ARENA_METRICS = (
 )
 VERDICT_METRICS = ("engine_makespan_s", "ttft_p99_s", "hit_rate")
 RL_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
+# `make arena-rl`'s workloads (issue 26's RL length structure, verl's arrival
+# order): rendered from their own file into docs/arena.md's "arena-rl" block
+# and README's "headline-rl" block.
+ARENA_RL_WORKLOADS = ("grpo_rho05", "grpo_rho08", "grpo_recur", "agent_task")
 
 
 def replace_blocks(text: str, blocks: Dict[str, str], path: str) -> str:
@@ -601,12 +605,13 @@ def render_steptime(docs: List[Tuple[str, dict]], oracle: List[dict]) -> str:
 # README headline
 
 
-def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = None) -> str:
+def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = None,
+                    shown: Sequence[str] = RL_WORKLOADS, target: str = "make arena") -> str:
     if arena is None:
         return "(no arena results rendered yet)"
     arena = merge_tuned(arena, tuned)
     workloads, policies, stats, _ = arena_stats(arena["runs"])
-    out = [f"Step time on the RL workloads (`make arena`: real routers, vllm-sim fleets; rendered from `{source}`; "
+    out = [f"Step time on the RL workloads (`{target}`: real routers, vllm-sim fleets; rendered from `{source}`; "
            "mean ± 95% CI over seeds; ratios paired by seed, \"shorter\"/\"longer\" only where the ratio's "
            "interval excludes 1; a \"no burst hold\" row compares every router's run without the hold, "
            "verl_default's included):", "",
@@ -614,7 +619,7 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
            "| hit rate kvc_aware / peer | TTFT p99 s kvc_aware / peer | kvc_aware ÷ best peer, step time (paired) |",
            "|---|---|---|---|---|---|---|---|"]
     for w, suffix in [(w, x) for x in ("", NOHOLD) for w in workloads]:
-        if w not in RL_WORKLOADS:
+        if w not in shown:
             continue
         ps = [p for p in policies[w] if is_policy(p) and p.endswith(NOHOLD) == bool(suffix)]
         ours, verl = "kvc_aware" + suffix, "verl_default" + suffix
@@ -637,7 +642,7 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
                    f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
                    f"{verdict_cell} |")
     speed = float((arena.get("config") or {}).get("speed") or 1.0)
-    notes = [ln.replace("- routing", f"- {w}: routing", 1) for w in workloads if w in RL_WORKLOADS
+    notes = [ln.replace("- routing", f"- {w}: routing", 1) for w in workloads if w in shown
              for ln in overhead_lines(arena["runs"], w, speed)]
     if notes:
         out += ["", "Caveat, from the same JSON:", *notes]
@@ -715,6 +720,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         trel = os.path.relpath(a.arena_tuned, REPO) if tuned else ""
         targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel, tuned, trel)}
         targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel, tuned)}
+    # `make arena-rl`: the realistic-arrival arena, its own file and blocks.
+    rl_arena = os.path.join(os.path.dirname(os.path.abspath(a.arena)), "arena-rl-details.json")
+    if os.path.isfile(rl_arena):
+        with open(rl_arena, encoding="utf-8") as f:
+            rl_doc = json.load(f)
+        rrel = os.path.relpath(rl_arena, REPO)
+        targets.setdefault(os.path.join(a.docs, "docs", "arena.md"), {})["arena-rl"] = render_arena(rl_doc, rrel)
+        targets.setdefault(os.path.join(a.docs, "README.md"), {})["headline-rl"] = render_headline(
+            rl_doc, rrel, shown=ARENA_RL_WORKLOADS, target="make arena-rl")
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
         step_doc = os.path.join(a.docs, "docs", "step-time.md")

@@ -44,14 +44,16 @@ def test_differential_fresh_trace(tmp_path):
     assert decisions >= 100 and agree / decisions >= 0.9, (decisions, agree)
 
 
-def test_arena_route_follows_kv_events(tmp_path):
-    """DynamoKvRouter on a real 2-server vllm-sim fleet: after one server
+@pytest.mark.parametrize("where", ["in_process", "own_process"])
+def test_arena_route_follows_kv_events(tmp_path, where):
+    """Dynamo's KvRouter on a real 2-server vllm-sim fleet, in this process
+    and served from its own (the arena's DynamoRoute): after one server
     served a prompt, Dynamo routes the same prompt there with its full-block
     overlap; after the fleet's prefix-cache reset (the RL weight update) the
     servers' AllBlocksCleared events leave no overlap."""
     from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
     from kvc_harness.client import reset_prefix_caches
-    from kvc_harness.dynamo_route import DynamoKvRouter
+    from kvc_harness.dynamo_route import DynamoKvRouter, DynamoRouterProcess
     from kvc_harness.fleet import start_sim_fleet
     from kvc_harness.procs import Cleanup
 
@@ -61,8 +63,8 @@ def test_arena_route_follows_kv_events(tmp_path):
         _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
                                         ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
                                         str(tmp_path / "sim.log"))
-        router = DynamoKvRouter(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192,
-                                MODEL)
+        cls = DynamoKvRouter if where == "in_process" else DynamoRouterProcess
+        router = cls(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192, MODEL)
         text = " ".join(f"dyn{j}" for j in range(200))
         ids = tokenize(servers[0].url, text)
         deadline = time.time() + 20
@@ -89,6 +91,12 @@ def test_arena_route_follows_kv_events(tmp_path):
         while time.time() < deadline and router.overlap_scores(ids).get(servers[1].sid):
             time.sleep(0.1)
         assert not router.overlap_scores(ids).get(servers[1].sid)
+        if where == "own_process":
+            # A failing call comes back as an error and the process keeps serving.
+            with pytest.raises(RuntimeError, match="unknown method"):
+                router._call("no_such_method")
+            assert router.best_worker(ids, None)[0] in {s.sid for s in servers}
+            assert router.proc.poll() is None
     finally:
         if router is not None:
             router.close()
