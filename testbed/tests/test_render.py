@@ -299,3 +299,40 @@ def test_docs_check_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, str(clone / "testbed" / "scripts" / "render_results.py"), "--check"],
                        cwd=str(clone), env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_arena_rl_renders_from_its_own_file(tmp_path):
+    """`make arena-rl`'s JSON (arena-rl-details.json beside the arena's) fills
+    docs/arena.md's arena-rl block and README's headline-rl block, with its
+    own workloads only; the `make arena` blocks keep theirs."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena -->\nx\n<!-- END RENDERED: arena -->\n\n"
+        "<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp_path / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline -->\nx\n<!-- END RENDERED: headline -->\n\n"
+        "<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    plain, rl = [], []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        plain += [_arena_run("grpo_sat", p, seed, mk + j, 0.6)
+                  for p, mk in (("verl_default", 50), ("kvc_aware", 45), ("smg_cache_aware", 47))]
+        rl += [_arena_run("grpo_rho08", p, seed, mk + j, 0.6)
+               for p, mk in (("verl_default", 60), ("kvc_aware", 66), ("vllm_router_sticky_least_loaded", 58))]
+    cfg = {"speed": 20, "clock": "paced", "stream": False}
+    (res / "arena-details.json").write_text(json.dumps({"config": cfg, "runs": plain}))
+    (res / "arena-rl-details.json").write_text(json.dumps({"config": cfg, "runs": rl}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "docs" / "arena.md").read_text()
+    block = a.split("<!-- BEGIN RENDERED: arena-rl -->")[1]
+    assert "#### grpo_rho08" in block and "#### grpo_sat" not in block
+    assert "arena-rl-details.json" in block
+    assert "#### grpo_sat" in a.split("<!-- BEGIN RENDERED: arena-rl -->")[0]
+    h = (tmp_path / "README.md").read_text()
+    head_rl = h.split("<!-- BEGIN RENDERED: headline-rl -->")[1]
+    assert "make arena-rl" in head_rl and "| grpo_rho08 |" in head_rl and "| grpo_sat |" not in head_rl
+    # kvc_aware's loss to the best peer on the same seeds is stated, not hidden.
+    assert "vllm_router_sticky_least_loaded" in head_rl and "(longer)" in head_rl
+    assert "| grpo_rho08 |" not in h.split("<!-- BEGIN RENDERED: headline-rl -->")[0]

@@ -299,7 +299,10 @@ def test_client_batches_acquire_and_release_to_our_balancer_only(manager):
 
     outs, batches, carried = asyncio.run(run())
     assert len(outs) == 16 and all(len(o.token_ids) == 2 for o in outs)
-    assert carried == 32 and batches < 16  # 16 acquires + 16 releases in fewer actor calls
+    # 16 acquires + 16 releases in fewer actor calls. How many fewer depends
+    # on timing: the acquires leave together, while each release leaves when
+    # its response arrives, alone on a loaded host (CI saw 16 batches).
+    assert carried == 32 and batches < carried, (carried, batches)
     assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
     st = ray.get(lb.get_status.remote())["router"]
     assert st["counters"]["prompt_tokens"] == sum(len(p) for p in prompts)

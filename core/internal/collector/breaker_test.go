@@ -76,7 +76,12 @@ func TestReplayReaderPanicMarksFailed(t *testing.T) {
 	s.Start()
 	defer s.Close()
 	// The start-up replay reads a reply (the end marker) and panics.
-	waitFor(t, "replay panic recorded", 5*time.Second, func() bool { return s.Status().ReplayPanics > 0 })
+	// The counters and Failed are set one after another: wait for all of
+	// them (under load a status read fell between ReplayPanics and Failed).
+	waitFor(t, "replay panic recorded", 5*time.Second, func() bool {
+		st := s.Status()
+		return st.ReplayPanics > 0 && st.Panics > 0 && st.Failed
+	})
 	st := s.Status()
 	if !st.Failed || st.Panics == 0 || !strings.Contains(st.LastPanic, "replay reader") || Panics() <= before {
 		t.Fatalf("%+v (process panics %d -> %d)", st, before, Panics())

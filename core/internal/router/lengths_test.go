@@ -122,7 +122,12 @@ func TestLengthsTimedAndFallback(t *testing.T) {
 		t.Fatal("lengths.weight 2 accepted")
 	}
 	// Nothing known about any held prompt: siblings first, as without lengths.
-	r2 := mustNew(t, lengthsConfig(1, 100), "s0", "s1")
+	// A frozen clock: a1's acquire-to-release time is 0 ms and teaches
+	// nothing (on the wall clock a loaded host made it 1 ms, a learnt
+	// duration for a's prompt, and longest-first then applied).
+	c2 := lengthsConfig(1, 100)
+	c2.Now = func() time.Time { return now }
+	r2 := mustNew(t, c2, "s0", "s1")
 	a, b := prompt(64, 1), prompt(64, 5000)
 	sa, _ := submit(t, r2, "a1", 1, a)
 	submit(t, r2, "b1", 2, b)
@@ -131,5 +136,8 @@ func TestLengthsTimedAndFallback(t *testing.T) {
 	got, _ := r2.ReleaseDone(sa, "a1", 0, nil)
 	if len(got) != 1 || got[0].Ticket != 4 {
 		t.Fatalf("admitted %+v, want a's sibling (ticket 4)", got)
+	}
+	if st := r2.LengthCounters(); st.ObservedTimed != 0 || st.Observed != 0 {
+		t.Fatalf("something was learnt: %+v", st)
 	}
 }
