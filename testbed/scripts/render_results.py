@@ -611,10 +611,12 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
         return "(no arena results rendered yet)"
     arena = merge_tuned(arena, tuned)
     workloads, policies, stats, _ = arena_stats(arena["runs"])
+    nohold = any(p.endswith(NOHOLD) for ps in policies.values() for p in ps)
     out = [f"Step time on the RL workloads (`{target}`: real routers, vllm-sim fleets; rendered from `{source}`; "
            "mean ± 95% CI over seeds; ratios paired by seed, \"shorter\"/\"longer\" only where the ratio's "
-           "interval excludes 1; a \"no burst hold\" row compares every router's run without the hold, "
-           "verl_default's included):", "",
+           "interval excludes 1"
+           + ("; a \"no burst hold\" row compares every router's run without the hold, verl_default's included"
+              if nohold else "") + "):", "",
            "| workload | verl_default | kvc_aware | kvc_aware ÷ verl_default (paired by seed) | best peer (by mean) "
            "| hit rate kvc_aware / peer | TTFT p99 s kvc_aware / peer | kvc_aware ÷ best peer, step time (paired) |",
            "|---|---|---|---|---|---|---|---|"]

@@ -333,6 +333,7 @@ def test_arena_rl_renders_from_its_own_file(tmp_path):
     h = (tmp_path / "README.md").read_text()
     head_rl = h.split("<!-- BEGIN RENDERED: headline-rl -->")[1]
     assert "make arena-rl" in head_rl and "| grpo_rho08 |" in head_rl and "| grpo_sat |" not in head_rl
+    assert "no burst hold" not in head_rl  # no +nohold rows in this file: the header does not promise them
     # kvc_aware's loss to the best peer on the same seeds is stated, not hidden.
     assert "vllm_router_sticky_least_loaded" in head_rl and "(longer)" in head_rl
     assert "| grpo_rho08 |" not in h.split("<!-- BEGIN RENDERED: headline-rl -->")[0]
