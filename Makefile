@@ -263,12 +263,15 @@ RL_SEEDS ?= 341 342 343 344 345
 # docs/results/); RL_FROZEN=docs/frozen-kvc-aware.json runs the current one.
 RL_FROZEN ?= docs/results/frozen-kvc-aware-3965cf8.json
 RL_COMMON = --workload grpo_sat --grpo-prompts 256 --engines 4 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2
-kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at rho 0 / 0.5 / 0.8, recurring prompts (step 2 = epoch 2) at rho 0.6 -> build/rl-*.json (docs/rl-workloads.md)
+# The agent setting: task difficulty correlating turn counts and lengths, sandbox-like tools.
+RL_AGENT = --workload agent --length-corr 0.6 --tool-pareto 1,60,0.8 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
+kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at rho 0 / 0.5 / 0.8, recurring prompts (step 2 = epoch 2) at rho 0.6, agent tasks of correlated difficulty -> build/rl-*.json (docs/rl-workloads.md)
 	@mkdir -p build
 	@for s in $(RL_SEEDS); do \
 	  for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl --json build/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr 0.8 --seed $$s --policies verl_default,kvc_aware,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-r8p-$$s.json >/dev/null && \
-	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null || exit 1; done
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(RL_AGENT) --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl,dynamo_cost+session,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-agt-$$s.json >/dev/null || exit 1; done
 	$(PYH) testbed/scripts/render_rl.py build
 
 render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it

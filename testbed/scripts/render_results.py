@@ -656,7 +656,8 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 # docs/results/rl-520d43c/) and with group_spread 0.1 (the 3965cf8 freeze,
 # docs/results/rl-*.json).
 RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
-               ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1))
+               ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1),
+               ("rl-agt", "agent (kvbench `agent`): task difficulty ρ 0.6, tools 1–60 s", None))
 
 
 def render_rl_block(docs_root: str) -> Optional[str]:
@@ -666,7 +667,8 @@ def render_rl_block(docs_root: str) -> Optional[str]:
     spread = os.path.join(docs_root, "docs", "results")
     if not glob.glob(os.path.join(defaults, "rl-r0-*.json")):
         return None
-    out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size, "
+    out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size "
+           "and kvbench's agent workload, "
            "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
            "`docs/results/rl-520d43c/` and `docs/results/rl-*.json`):", "",
            "| setting | seeds | kvc_aware, library defaults | kvc_aware + admission, defaults "

@@ -24,6 +24,7 @@ SETTINGS = (
     ("rl-r8", "grpo_sat, first epoch (no history), ρ 0.8", None),
     ("rl-r8p", "grpo_sat, first epoch, ρ 0.8: the peers RL teams deploy and llm-d", None),
     ("rl-rec", "grpo_sat, recurring prompts: step 2 = epoch 2, ρ 0.6, epoch correlation 0.8", 1),
+    ("rl-agt", "agent, task difficulty ρ 0.6 (turn counts and lengths), tool latency bounded Pareto 1–60 s", None),
 )
 
 
@@ -55,7 +56,7 @@ def main() -> None:
         if not data:
             continue
         n = len(next(iter(data.values()))["step"])
-        print(f"#### {title} ({n} fresh seeds, `docs/results/{prefix}-*.json`)\n")
+        print(f"#### {title} ({n} fresh seeds, `{sys.argv[1].rstrip('/')}/{prefix}-*.json`)\n")
         print("| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |")
         print("|---|---:|---:|---:|")
         for p, r in data.items():
