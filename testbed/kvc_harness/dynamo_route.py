@@ -330,10 +330,12 @@ class DynamoRouterProcess:
         reader.start()
         reader.join(timeout)
         if not ready:
-            self.close()
+            self._stop_process()
             self._log.seek(0)
+            log = self._log.read()[-3000:]
+            self.close()
             raise RuntimeError(f"the Dynamo router process did not start within {timeout:.0f}s "
-                               f"(exit {self.proc.returncode}): {self._log.read()[-3000:]}")
+                               f"(exit {self.proc.returncode}): {log}")
 
     def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -376,7 +378,9 @@ class DynamoRouterProcess:
     def potential_loads(self, token_ids: List[int]) -> Dict[str, Dict[str, int]]:
         return self._call("potential_loads", list(token_ids))
 
-    def close(self) -> None:
+    def _stop_process(self) -> None:
+        """Closes the connections and the process's stdin (its signal to
+        exit); kills it if it has not exited within 20 s."""
         with self._lock:
             for c in self._conns:
                 c.close()
@@ -388,6 +392,9 @@ class DynamoRouterProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self._stop_process()
         shutil.rmtree(self._dir, ignore_errors=True)
         self._log.close()
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from kvc_harness import HOST, REPO, client
-from kvc_harness.procs import Reaper, die_with_parent, free_ports, ports_free, stop_process, wait_for
+from kvc_harness.procs import EnginePorts, Reaper, die_with_parent, ports_free, stop_process, wait_for
 
 
 def sim_binary() -> str:
@@ -36,34 +36,18 @@ def sim_binary() -> str:
     return path
 
 
-class Sim:
+class Sim(EnginePorts):
     """One vllm-sim process with fixed HTTP, KV-event and replay ports, so a
     restart comes back at the same addresses."""
 
     def __init__(self, reaper: Reaper, extra: Optional[List[str]] = None, speed: float = 0.0) -> None:
-        self.port, self.pub_port, self.replay_port = free_ports(3)
+        super().__init__()
         self.extra = list(extra or [])
         self.speed = speed
         self.proc: Optional[subprocess.Popen] = None
         self.info: Dict[str, Any] = {}
         self.restarts = 0
         reaper.add(self.stop)
-
-    @property
-    def id(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.id}"
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://{HOST}:{self.pub_port}"
-
-    @property
-    def replay(self) -> str:
-        return f"tcp://{HOST}:{self.replay_port}"
 
     def start(self, timeout: float = 30.0) -> Sim:
         cmd = [

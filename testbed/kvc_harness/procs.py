@@ -33,6 +33,33 @@ def free_ports(n: int) -> List[int]:
     return ports
 
 
+class EnginePorts:
+    """An engine process's three loopback ports (HTTP, KV-event PUB, replay
+    ROUTER), fixed for its life so a restart comes back at the same
+    addresses, and the addresses built from them (vllm-sim and real vLLM
+    alike)."""
+
+    def __init__(self) -> None:
+        self.port, self.pub_port, self.replay_port = free_ports(3)
+
+    @property
+    def id(self) -> str:
+        """The server id the router knows it by (host:port)."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.id}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{HOST}:{self.pub_port}"
+
+    @property
+    def replay(self) -> str:
+        return f"tcp://{HOST}:{self.replay_port}"
+
+
 def ports_free(ports: Sequence[int]) -> bool:
     """Whether every given loopback port can be bound now (for programs such
     as ``vllm-sim --fleet`` that take a base port rather than a list)."""

@@ -32,7 +32,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from kvc_harness import HOST, REPO, client
-from kvc_harness.procs import Reaper, free_ports, stop_process
+from kvc_harness.procs import EnginePorts, Reaper, stop_process
 
 VENV = os.environ.get("VENV_VLLM", os.path.join(REPO, ".venv-vllm"))
 MODELS = os.environ.get("KVC_TINY_MODELS", os.path.join(REPO, "build", "tiny-models"))
@@ -57,7 +57,7 @@ def make_models(kinds: Sequence[str] = ("llama", "hybrid")) -> Dict[str, str]:
     return {k: os.path.join(MODELS, k) for k in kinds}
 
 
-class Engine:
+class Engine(EnginePorts):
     """One real vLLM OpenAI server with prefix caching, /metrics and KV
     events (ZMQ PUB + replay ROUTER) on loopback."""
 
@@ -72,8 +72,8 @@ class Engine:
         extra: Optional[List[str]] = None,
         log_dir: Optional[str] = None,
     ) -> None:
+        super().__init__()
         self.model = model
-        self.port, self.pub_port, self.replay_port = free_ports(3)
         self.kv_cache_bytes = kv_cache_bytes
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -88,19 +88,8 @@ class Engine:
 
     @property
     def sid(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.sid}"
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://{HOST}:{self.pub_port}"
-
-    @property
-    def replay(self) -> str:
-        return f"tcp://{HOST}:{self.replay_port}"
+        """The server id, under fleet.Server's name for it."""
+        return self.id
 
     def events_config(self) -> Dict[str, Any]:
         return {

@@ -242,3 +242,16 @@ def test_mean_ci_uses_students_t():
     assert mean_ci([5.0, 5.0, 5.0]) == [5.0, 0.0]
     m, h = mean_ci([7.0])
     assert m == 7.0 and h != h  # one sample: no interval (NaN)
+
+
+def test_dynamo_router_process_reports_why_it_did_not_start():
+    """The served Dynamo router under a Python without ai-dynamo-runtime: the
+    child exits before READY, and the error carries the child's own reason
+    (its log, read before the log is closed), not a bare timeout."""
+    from kvc_harness.dynamo_route import DynamoRouterProcess
+
+    if subprocess.run([sys.executable, "-c", "import dynamo._core"], capture_output=True).returncode == 0:
+        pytest.skip("this Python has ai-dynamo-runtime: the failure path needs one without it")
+    with pytest.raises(RuntimeError, match="did not start") as e:
+        DynamoRouterProcess(sys.executable, [("s0", "tcp://127.0.0.1:1", "")], 16, 64, 4, 512, "m", timeout=60.0)
+    assert "ai-dynamo-runtime is not installed" in str(e.value), str(e.value)[-600:]
