@@ -229,14 +229,14 @@ arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG,
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --repeat verl_default --both-holds --policies $(ARENA_POLICIES) $(ARENA_ARGS)
 
 # `make arena-rl`: the reported protocol for RL-shaped steps (issue 26/27):
-# grpo_sat's size with within-group length correlation 0.5 / 0.8, a recurring
+# grpo_sat's size with within-group length correlation 0 / 0.5 / 0.8, a recurring
 # prompt step (epoch 2), and agent_task (task difficulty, sandbox-like tool
 # latency), each step sent in verl's order and held until the engines have it
 # all (verl's client sends ~1k requests/s: a 1,024-sequence step arrives in
 # ~1 s of a ~100 s step); ARENA_ARGS=--both-holds adds every router without
 # the hold (twice the time); seeds 351-355 (never tuned on, never used
 # before). -> build/arena-rl/
-ARENA_RL_WORKLOADS ?= grpo_rho05,grpo_rho08,grpo_recur,agent_task
+ARENA_RL_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur,agent_task
 ARENA_RL_SEEDS ?= 351,352,353,354,355
 arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl's arrival order (length correlation, recurring prompts, agent tasks) x seeds 351-355 (~45 min)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --repeat verl_default --policies $(ARENA_POLICIES) --out build/arena-rl $(ARENA_ARGS)

@@ -335,6 +335,9 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                    tool_pareto=(1.0, 60.0, 0.8), arrivals="verl"),
     }
     specs["grpo_rho08"] = replace(specs["grpo_rho05"], name="grpo_rho08", length_corr=0.8)
+    # The same step with independent lengths (rho 0), in verl's order: the
+    # reference the correlated settings are read against.
+    specs["grpo_rho0"] = replace(specs["grpo_rho05"], name="grpo_rho0", length_corr=0.0)
     if short:
         specs["grpo"] = replace(specs["grpo"], steps=1, prompts=4, samples=4, prompt_words=(256, 768),
                                 concurrency=8, response_max=64)
@@ -348,7 +351,7 @@ def workload_specs(short: bool = False) -> Dict[str, WorkloadSpec]:
                                     trace_output_max=48)
         specs["grpo_sat"] = replace(specs["grpo_sat"], prompts=8, samples=8, prompt_words=(256, 512),
                                     response_median=48, response_max=192, max_num_seqs=4, num_gpu_blocks=1024)
-        for name in ("grpo_rho05", "grpo_rho08", "grpo_recur"):
+        for name in ("grpo_rho0", "grpo_rho05", "grpo_rho08", "grpo_recur"):
             specs[name] = replace(specs[name], prompts=8, samples=8, prompt_words=(256, 512), response_median=48,
                                   response_max=192, max_num_seqs=4, num_gpu_blocks=1024,
                                   dataset_prompts=8 if specs[name].dataset_prompts else 0)

@@ -98,7 +98,7 @@ RL_WORKLOADS = ("grpo_sat", "agent_scale", "long_agent")
 # `make arena-rl`'s workloads (issue 26's RL length structure, verl's arrival
 # order): rendered from their own file into docs/arena.md's "arena-rl" block
 # and README's "headline-rl" block.
-ARENA_RL_WORKLOADS = ("grpo_rho05", "grpo_rho08", "grpo_recur", "agent_task")
+ARENA_RL_WORKLOADS = ("grpo_rho0", "grpo_rho05", "grpo_rho08", "grpo_recur", "agent_task")
 
 
 def replace_blocks(text: str, blocks: Dict[str, str], path: str) -> str:
@@ -643,6 +643,21 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
                    f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
                    f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
                    f"{verdict_cell} |")
+    losses = []
+    for w in workloads:
+        if w not in shown or "kvc_aware" not in policies[w]:
+            continue
+        per_seed = arena_per_seed(arena["runs"], w)
+        lost = []
+        for p in policies[w]:
+            if not is_policy(p) or p.endswith(NOHOLD) or p in ("kvc_aware", "round_robin"):
+                continue
+            vs = paired(per_seed, "kvc_aware", p, "step")
+            if vs is not None and _clear(vs) == 1:
+                lost.append(f"{p} {vs.fmt(3)}")
+        losses.append(f"{w}: {', '.join(lost) if lost else 'none'}")
+    out += ["", "kvc_aware's step-time losses (kvc_aware ÷ the router, paired by seed, interval above 1; with the "
+            "hold): " + "; ".join(losses) + "."]
     speed = float((arena.get("config") or {}).get("speed") or 1.0)
     notes = [ln.replace("- routing", f"- {w}: routing", 1) for w in workloads if w in shown
              for ln in overhead_lines(arena["runs"], w, speed)]
@@ -746,6 +761,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(readme, encoding="utf-8") as f:
                 if "<!-- BEGIN RENDERED: steptime -->" in f.read():
                     targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
+    # docs/rl-workloads.md's kvbench-rl tables: the group_spread 0.1 freeze
+    # (docs/results/rl-*.json) and the library defaults (rl-520d43c/).
+    rl_doc = os.path.join(a.docs, "docs", "rl-workloads.md")
+    if os.path.isfile(rl_doc):
+        from render_rl import render as render_rl_tables
+
+        with open(rl_doc, encoding="utf-8") as f:
+            rl_text = f.read()
+        for block, sub in (("rl-spread", ""), ("rl-defaults", "rl-520d43c")):
+            d = os.path.join(a.docs, "docs", "results", sub) if sub else os.path.join(a.docs, "docs", "results")
+            if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
+                shown = "docs/results/" + sub if sub else "docs/results"
+                targets.setdefault(rl_doc, {})[block] = render_rl_tables(d, shown)
     readme = os.path.join(a.docs, "README.md")
     has_rl = False
     if os.path.isfile(readme):

@@ -50,19 +50,27 @@ def rows(results: str, prefix: str, step) -> Dict[str, Dict[str, List[float]]]:
     return out
 
 
-def main() -> None:
+def render(results: str, shown: str) -> str:
+    """Every setting with files in RESULTS as a table; SHOWN is the
+    directory's name in the titles (repository-relative)."""
+    out: List[str] = []
     for prefix, title, step in SETTINGS:
-        data = rows(sys.argv[1], prefix, step)
+        data = rows(results, prefix, step)
         if not data:
             continue
         n = len(next(iter(data.values()))["step"])
-        print(f"#### {title} ({n} fresh seeds, `{sys.argv[1].rstrip('/')}/{prefix}-*.json`)\n")
-        print("| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |")
-        print("|---|---:|---:|---:|")
+        out += [f"#### {title} ({n} fresh seeds, `{shown.rstrip('/')}/{prefix}-*.json`)", "",
+                "| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |",
+                "|---|---:|---:|---:|"]
         for p, r in data.items():
             a, s, t = mean_ci(r["abs"]), mean_ci(r["step"]), mean_ci(r["ttft"])
-            print(f"| {p} | {a.fmt(1)} | {s.fmt(3)} | {t.fmt(3)} |")
-        print()
+            out.append(f"| {p} | {a.fmt(1)} | {s.fmt(3)} | {t.fmt(3)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    print(render(sys.argv[1], sys.argv[1]))
 
 
 if __name__ == "__main__":

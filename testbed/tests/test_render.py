@@ -334,6 +334,30 @@ def test_arena_rl_renders_from_its_own_file(tmp_path):
     head_rl = h.split("<!-- BEGIN RENDERED: headline-rl -->")[1]
     assert "make arena-rl" in head_rl and "| grpo_rho08 |" in head_rl and "| grpo_sat |" not in head_rl
     assert "no burst hold" not in head_rl  # no +nohold rows in this file: the header does not promise them
+    # Losses are a rendered line, not prose, verl_default included (66 against 60 and 58 on every seed).
+    assert "step-time losses" in head_rl
+    assert "grpo_rho08: verl_default 1.100 ± 0.002, vllm_router_sticky_least_loaded 1.1" in head_rl
     # kvc_aware's loss to the best peer on the same seeds is stated, not hidden.
     assert "vllm_router_sticky_least_loaded" in head_rl and "(longer)" in head_rl
     assert "| grpo_rho08 |" not in h.split("<!-- BEGIN RENDERED: headline-rl -->")[0]
+
+
+def test_rl_workloads_tables_render_from_the_results(tmp_path):
+    """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
+    committed JSON: a stale block is rewritten from docs/results/rl-520d43c/."""
+    import shutil
+
+    (tmp_path / "docs" / "results" / "rl-520d43c").mkdir(parents=True)
+    src = os.path.join(REPO, "docs", "results", "rl-520d43c", "rl-agt-341.json")
+    shutil.copy(src, tmp_path / "docs" / "results" / "rl-520d43c" / "rl-agt-341.json")
+    (tmp_path / "docs" / "rl-workloads.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: rl-defaults -->\nold\n<!-- END RENDERED: rl-defaults -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "docs" / "rl-workloads.md").read_text()
+    assert "old" not in text and "`docs/results/rl-520d43c/rl-agt-*.json`" in text
+    with open(src, encoding="utf-8") as f:
+        rep = json.load(f)
+    mk = rep["policies"]["kvc_aware"]["makespan_s"] / rep["policies"]["verl_default"]["makespan_s"]
+    assert f"| kvc_aware | {rep['policies']['kvc_aware']['makespan_s']:.1f} |" in text and f"{mk:.3f}" in text
