@@ -594,16 +594,19 @@ def stream_text_completion(base_url: str, prompt: Union[str, Sequence[int]], max
                            timeout: float = 600.0,
                            headers: Optional[Dict[str, str]] = None,
                            on_first_token: Optional[Callable[[], None]] = None, stream: bool = True,
-                           model: str = MODEL, on_sent: Optional[Callable[[], None]] = None) -> dict:
+                           model: str = MODEL, on_sent: Optional[Callable[[], None]] = None,
+                           extra_body: Optional[Dict[str, Any]] = None) -> dict:
     """Completion of a text prompt, streamed (TTFT = first chunk with a
     choice) or not (TTFT = e2e; the engines' clock still has the real TTFT);
     returns TTFT, e2e, the generated text and usage (wall seconds).
     ``on_first_token`` runs once when the first token is back (streamed) or
     with the response (non-streamed). ``prompt`` may also be token ids
-    (vLLM accepts either); ``model`` is the served model's name."""
+    (vLLM accepts either); ``model`` is the served model's name;
+    ``extra_body`` adds fields to the request (the Dynamo proxy's
+    ``prompt_token_ids``, which it removes before forwarding)."""
     body: Dict[str, Any] = {
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
-        "seed": seed, "stream": stream,
+        "seed": seed, "stream": stream, **(extra_body or {}),
     }
     t0 = time.perf_counter()
     ttft: Optional[float] = None
@@ -782,52 +785,57 @@ class Balancer(Route):
 
 
 class DynamoRoute(Route):
-    """NVIDIA Dynamo's KvRouter (ai-dynamo-runtime), in-process like the
-    balancer: same token ids, same acquire/send/release client path; the
-    router tracks each request from ``best_worker`` (with a request id) through
-    ``mark_prefill_complete`` (first token) to ``free``. Fed by the fleet's KV
-    events through Dynamo's own ZMQ relay; Dynamo's defaults
-    (testbed/kvc_harness/dynamo_route.py). The router runs in a process of
-    its own, as Dynamo's frontend does: in this process its decisions waited
-    for the GIL behind the streaming client threads. Its requests are streamed so that
-    ``mark_prefill_complete`` fires at the real first token, as Dynamo's own
-    frontend does (a non-streamed request would keep counting its prompt as
-    pending prefill until it finished)."""
+    """NVIDIA Dynamo's KvRouter (ai-dynamo-runtime) in the request path, as
+    Dynamo's frontend is: a process of its own (testbed/kvc_harness/dynamo_route.py,
+    under .venv-peers' Python) serving an HTTP proxy. The client sends each
+    completion to it with the prompt's token ids (verl's client holds them);
+    it asks ``best_worker`` (with a request id, so the router tracks the
+    request), forwards the request to that server, calls
+    ``mark_prefill_complete`` when the first streamed token comes back and
+    ``free`` when the response ends. Fed by the fleet's KV events through
+    Dynamo's own ZMQ relay; Dynamo's defaults. Its requests are streamed so
+    that the first token is the real one (a non-streamed request would keep
+    counting its prompt as pending prefill until it finished).
+
+    Earlier arena runs called the router from the client (acquire, first
+    token, release over a Unix socket): each call waited for the client's GIL
+    behind its streaming threads (18 ms a decision on agent_task), and with a
+    step sent in order those waits added up before the engines had the step."""
 
     needs_ids = True
     needs_first_token = True
+    sends_ids = True
 
     def __init__(self, servers: List[Server], block_size: int, num_gpu_blocks: int, max_num_seqs: int,
                  max_num_batched_tokens: int, router_config: Optional[Dict[str, float]] = None) -> None:
         from kvc_harness.dynamo_route import DynamoRouterProcess
 
-        self.urls = {s.sid: s.url for s in servers}
         self.router = DynamoRouterProcess(peers_python(), [(s.sid, s.events[0], s.topic) for s in servers], block_size,
                                      num_gpu_blocks, max_num_seqs, max_num_batched_tokens, MODEL,
-                                     router_config=router_config)
-        self.acquire_s: List[float] = []
-        self.overlap_blocks = 0
-        self.first_token_marks = 0
+                                     router_config=router_config, proxy_urls={s.sid: s.url for s in servers})
+        self.url = self.router.proxy_url
+        self.stats: Dict[str, Any] = {}
 
     def acquire(self, rid, prompt_ids):
-        t0 = time.perf_counter()
-        req = self.router.new_request_id()
-        sid, overlap = self.router.best_worker(prompt_ids or [], req)
-        self.acquire_s.append(time.perf_counter() - t0)
-        self.overlap_blocks += overlap
-        return self.urls[sid], sid, [req, False]
+        return self.url, "", None
 
-    def first_token(self, ticket):
-        if not ticket[1]:
-            ticket[1] = True
-            self.router.mark_prefill_complete(ticket[0])
-            self.first_token_marks += 1
+    def read_stats(self) -> Dict[str, Any]:
+        """The proxy's counters (requests, errors, first-token marks, overlap
+        blocks, decision time); kept after close."""
+        self.stats = self.router.proxy_stats()
+        return self.stats
 
-    def release(self, ticket):
-        self.router.free(ticket[0])
+    @property
+    def overlap_blocks(self) -> int:
+        return int(self.stats.get("overlap_blocks", 0))
+
+    @property
+    def first_token_marks(self) -> int:
+        return int(self.stats.get("first_token_marks", 0))
 
     def close(self) -> None:
         self.router.close()
+
 
 def peers_python() -> str:
     return os.environ.get("KVR_PEERS_PYTHON") or os.path.join(REPO, ".venv-peers", "bin", "python")
@@ -1056,6 +1064,7 @@ class Runner:
             t0 = time.perf_counter()
             url, sid, ticket = self.route.acquire(rid, ids)
             rec["acquire_s"] = time.perf_counter() - t0
+            extra = {"prompt_token_ids": ids} if ids is not None and getattr(self.route, "sends_ids", False) else None
             rec["server"] = sid
             # The trajectory id as the peers' session keys (vllm-router:
             # x-session-id; sglang-router: x-smg-routing-key).
@@ -1066,7 +1075,8 @@ class Runner:
                         rec.update(stream_text_completion(url, text, turn.max_tokens, seed, headers=headers,
                                                           on_first_token=lambda: self.route.first_token(ticket),
                                                           stream=self.stream or self.route.needs_first_token,
-                                                          on_sent=mine.set if mine is not None else None))
+                                                          on_sent=mine.set if mine is not None else None,
+                                                          extra_body=extra))
                         break
                     except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError):
                         # A whole step's requests connect at once; a router whose
@@ -1214,15 +1224,17 @@ class Runner:
 def _probe_overhead(route: Route, servers: List[Server], n: int) -> float:
     """Router overhead in wall ms: a peer's proxy hop (idle fleet, tiny
     prompts: median via the router minus median direct), or our acquire."""
-    if isinstance(route, (Balancer, DynamoRoute, VerlDefaultRoute)):
+    if isinstance(route, (Balancer, VerlDefaultRoute)):
         return _pct(route.acquire_s, 0.5) * 1000.0
-    if not isinstance(route, PeerRouter) or n <= 0:
+    if not isinstance(route, (PeerRouter, DynamoRoute)) or n <= 0:
         return 0.0
     via, direct = [], []
     for i in range(n):
         text = f"probe{i} alpha beta gamma"
+        # The Dynamo proxy gets the token ids, as in the run.
+        extra = {"prompt_token_ids": tokenize(servers[0].url, text)} if isinstance(route, DynamoRoute) else None
         direct.append(stream_text_completion(servers[i % len(servers)].url, text, 1, i)["e2e"])
-        via.append(stream_text_completion(route.url, text, 1, i)["e2e"])
+        via.append(stream_text_completion(route.url, text, 1, i, extra_body=extra)["e2e"])
     return (_pct(via, 0.5) - _pct(direct, 0.5)) * 1000.0
 
 
@@ -1316,11 +1328,14 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                 route.reset()
         after = scrape_all(urls)
         timings = [t for t in engine_timings(servers) if (t["server"], t["engine"], t["id"]) not in settled]
+        if isinstance(route, DynamoRoute):
+            route.read_stats()  # before the probes: the run's requests only
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
         dynamo_marks = route.first_token_marks if isinstance(route, DynamoRoute) else None
+        dynamo_proxy = dict(route.stats) if isinstance(route, DynamoRoute) else None
         sessions_finished = route.finished if isinstance(route, PeerRouter) and route.finishes_sessions else None
         peer_decisions = route.decision_metrics() if isinstance(route, PeerRouter) else None
         # What the router was started with (tuned rows: the flags / KvRouterConfig knobs actually passed).
@@ -1360,6 +1375,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     if dynamo_overlap is not None:
         res["details"]["dynamo_overlap_blocks"] = dynamo_overlap
         res["details"]["dynamo_first_token_marks"] = dynamo_marks
+        res["details"]["dynamo_proxy"] = dynamo_proxy
     if sessions_finished is not None:
         res["details"]["sessions_finished"] = sessions_finished
     if peer_decisions:

@@ -22,7 +22,12 @@ Dynamo's frontend is: in the clients' process its asyncio loop waited for the
 GIL behind hundreds of streaming client threads (84 ms a decision on
 agent_scale, 0.4 ms on grpo_sat), which delayed each request by a cost no
 deployment pays. The client speaks line-delimited JSON to it over a Unix
-socket, one connection per concurrent caller.
+socket, one connection per concurrent caller. With ``proxy_urls`` the process
+is also the request path, as Dynamo's frontend is (an HTTP proxy: the client
+sends the completion to it, it routes, forwards, tells the router the first
+token and frees the request): a Python client then makes no per-request router
+calls, whose wait for the client's GIL (18 ms a decision on agent_task) and,
+with requests sent in order, serialised sending a step.
 
 Discovery is Dynamo's ``file`` backend in a private directory: its ``mem``
 backend is per runtime, so a router never sees workers of another runtime.
@@ -225,10 +230,11 @@ class DynamoKvRouter:
 # -- the router in its own process ------------------------------------------------
 
 # What a client may call on the served router (DynamoKvRouter's routing API).
-SERVED = ("best_worker", "mark_prefill_complete", "free", "overlap_scores", "potential_loads")
+SERVED = ("best_worker", "mark_prefill_complete", "free", "overlap_scores", "potential_loads", "proxy_stats")
 
 
-async def _serve_conn(router: DynamoKvRouter, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve_conn(router: DynamoKvRouter, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      stats: Optional[ProxyStats] = None) -> None:
     """One client connection: a JSON line [method, args] in, a JSON line
     {"ok": result} or {"error": text} out, in order."""
     r = router._router
@@ -251,6 +257,8 @@ async def _serve_conn(router: DynamoKvRouter, reader: asyncio.StreamReader, writ
             elif method == "potential_loads":
                 res = await r.get_potential_loads(list(args[0]))
                 out = {router.sid_of[d["worker_id"]]: d for d in res if d["worker_id"] in router.sid_of}
+            elif method == "proxy_stats" and stats is not None:
+                out = stats.snapshot()
             else:
                 raise ValueError(f"unknown method {method!r}; served: {', '.join(SERVED)}")
             reply = {"ok": out}
@@ -259,6 +267,177 @@ async def _serve_conn(router: DynamoKvRouter, reader: asyncio.StreamReader, writ
         writer.write(json.dumps(reply).encode() + b"\n")
         await writer.drain()
     writer.close()
+
+
+# -- the router as an HTTP proxy (Dynamo's frontend's place in the request path) --
+
+# The largest request head and body the proxy reads (a prompt's token ids as JSON).
+PROXY_MAX_HEAD = 64 << 10
+PROXY_MAX_BODY = 64 << 20
+
+
+class ProxyStats:
+    """What the proxy did, for the run's details (``proxy_stats``)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.first_token_marks = 0
+        self.overlap_blocks = 0
+        self.tokenized = 0
+        self.decision_s: List[float] = []
+
+    def snapshot(self) -> Dict[str, Any]:
+        d = sorted(self.decision_s)
+        return {"requests": self.requests, "errors": self.errors, "first_token_marks": self.first_token_marks,
+                "overlap_blocks": self.overlap_blocks, "tokenized": self.tokenized,
+                "decision_p50_ms": d[len(d) // 2] * 1000.0 if d else 0.0,
+                "decision_p99_ms": d[min(len(d) - 1, int(len(d) * 0.99))] * 1000.0 if d else 0.0}
+
+
+def _split(url: str) -> Tuple[str, int]:
+    hostport = url.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> Tuple[str, Dict[str, str]]:
+    """The request or status line and the headers (lower-case names)."""
+    raw = await reader.readuntil(b"\r\n\r\n")
+    if len(raw) > PROXY_MAX_HEAD:
+        raise ValueError(f"head of {len(raw)} bytes (limit {PROXY_MAX_HEAD})")
+    lines = raw.decode("latin-1").split("\r\n")
+    headers: Dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+    return lines[0], headers
+
+
+def _reply(writer: asyncio.StreamWriter, status: int, body: Dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 502: "Bad Gateway", 503: "Service Unavailable"}
+    writer.write(f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+
+
+async def _tokenize(url: str, prompt: str, model: str) -> List[int]:
+    """The engine's /tokenize (Dynamo's frontend tokenizes with the model's
+    tokenizer; vllm-sim's is served there)."""
+    host, port = _split(url)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        body = json.dumps({"model": model, "prompt": prompt}).encode()
+        writer.write(f"POST /tokenize HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        status, headers = await _read_head(reader)
+        n = int(headers.get("content-length", "-1"))
+        data = await (reader.readexactly(n) if n >= 0 else reader.read(PROXY_MAX_BODY))
+        if " 200 " not in status + " ":
+            raise RuntimeError(f"/tokenize: {status}: {data[:200]!r}")
+        return list(json.loads(data)["tokens"])
+    finally:
+        writer.close()
+
+
+async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, stats: ProxyStats,
+                      reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One client request (the connection closes after it): route it with
+    Dynamo's KvRouter, forward it to the chosen engine, relay the response
+    bytes as they come, tell the router the first token when the first body
+    bytes arrive (a streamed response's first chunk) and free the request
+    when the engine closes the response. The client then sees Dynamo as it
+    sees sglang-router or vllm-router: one HTTP hop, no per-request calls of
+    its own (in the client's process those waited for its GIL)."""
+    r = router._router
+    rid = ""
+    tracked = False
+    try:
+        try:
+            line, headers = await _read_head(reader)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            _reply(writer, 400, {"error": f"bad request head: {e}"})
+            return
+        method, _, rest = line.partition(" ")
+        path = rest.split(" ", 1)[0]
+        if method == "GET" and path in ("/health", "/v1/models"):
+            _reply(writer, 200, {"status": "ok", "workers": sorted(urls)})
+            return
+        if method != "POST" or path != "/v1/completions":
+            _reply(writer, 404, {"error": f"{method} {path}: the proxy serves POST /v1/completions"})
+            return
+        n = int(headers.get("content-length", "-1"))
+        if not 0 <= n <= PROXY_MAX_BODY:
+            _reply(writer, 400, {"error": f"content-length {n} outside [0, {PROXY_MAX_BODY}]"})
+            return
+        try:
+            body = json.loads(await reader.readexactly(n))
+            if not isinstance(body, dict):
+                raise ValueError(f"a JSON object expected, got {type(body).__name__}")
+        except ValueError as e:
+            stats.errors += 1
+            _reply(writer, 400, {"error": f"dynamo proxy: request body: {e}"})
+            return
+        stats.requests += 1
+        # The client may send the prompt's token ids it already holds (as
+        # verl does); otherwise the prompt is tokenised by an engine.
+        ids = body.pop("prompt_token_ids", None)
+        if ids is None:
+            prompt = body.get("prompt")
+            ids = list(prompt) if isinstance(prompt, list) else await _tokenize(
+                next(iter(urls.values())), str(prompt), body.get("model") or model)
+            stats.tokenized += 1
+        rid = uuid.uuid4().hex
+        t0 = time.perf_counter()
+        wid, _dp, overlap = await r.best_worker(list(ids), request_id=rid)
+        stats.decision_s.append(time.perf_counter() - t0)
+        tracked = True
+        stats.overlap_blocks += int(overlap)
+        sid = router.sid_of[wid]
+        host, port = _split(urls[sid])
+        data = json.dumps(body).encode()
+        up_r, up_w = await asyncio.open_connection(host, port)
+        try:
+            extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
+                            if k.startswith("x-") or k == "authorization")
+            up_w.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(data)}\r\n{extra}x-dynamo-worker: {sid}\r\nConnection: close\r\n\r\n"
+                       .encode() + data)
+            await up_w.drain()
+            head = await up_r.readuntil(b"\r\n\r\n")
+            writer.write(head)
+            marked = False
+            while True:
+                chunk = await up_r.read(1 << 16)
+                if not chunk:
+                    break
+                if not marked:
+                    marked = True
+                    await r.mark_prefill_complete(rid)
+                    stats.first_token_marks += 1
+                writer.write(chunk)
+                await writer.drain()
+        finally:
+            up_w.close()
+    except Exception as e:  # noqa: BLE001 - the error goes to this request's client; the proxy keeps serving
+        stats.errors += 1
+        try:
+            _reply(writer, 502, {"error": f"dynamo proxy: {type(e).__name__}: {e}"})
+        except Exception:  # noqa: BLE001 - the client is gone
+            pass
+    finally:
+        if tracked:
+            try:
+                await r.free(rid)
+            except Exception:  # noqa: BLE001 - counted; the request is over either way
+                stats.errors += 1
+        try:
+            await writer.drain()
+        except Exception:  # noqa: BLE001 - the client is gone
+            pass
+        writer.close()
 
 
 def serve(argv: Optional[Sequence[str]] = None) -> int:
@@ -272,21 +451,42 @@ def serve(argv: Optional[Sequence[str]] = None) -> int:
                     "max_num_batched_tokens, model, router_config")
     a = ap.parse_args(argv)
     spec = json.loads(a.spec)
+    stats = ProxyStats()
     router = DynamoKvRouter(sys.executable, [tuple(x) for x in spec["servers"]], spec["block_size"],
                             spec["total_kv_blocks"], spec["max_num_seqs"], spec["max_num_batched_tokens"],
                             spec["model"], router_config=spec.get("router_config"))
     try:
         async def start() -> Any:
-            return await asyncio.start_unix_server(lambda rd, wr: _serve_conn(router, rd, wr), path=a.socket,
+            return await asyncio.start_unix_server(lambda rd, wr: _serve_conn(router, rd, wr, stats), path=a.socket,
                                                    limit=1 << 26)
 
         server = router._call(start())
+        proxy = None
+        if spec.get("proxy"):
+            urls = dict(spec["proxy"]["urls"])
+
+            async def start_proxy() -> Any:
+                return await asyncio.start_server(
+                    lambda rd, wr: _proxy_conn(router, urls, spec["model"], stats, rd, wr),
+                    host="127.0.0.1", port=int(spec["proxy"]["port"]), limit=PROXY_MAX_HEAD, backlog=4096)
+
+            proxy = router._call(start_proxy())
         print("READY", flush=True)
         sys.stdin.read()  # EOF: the parent is gone or closed the pipe
         router._loop.call_soon_threadsafe(server.close)
+        if proxy is not None:
+            router._loop.call_soon_threadsafe(proxy.close)
     finally:
         router.close()
     return 0
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 class DynamoRouterProcess:
@@ -296,14 +496,23 @@ class DynamoRouterProcess:
 
     def __init__(self, peers_python: str, servers: Sequence[Tuple[str, str, str]], block_size: int,
                  total_kv_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 model: str, timeout: float = 60.0, router_config: Optional[Dict[str, float]] = None) -> None:
+                 model: str, timeout: float = 60.0, router_config: Optional[Dict[str, float]] = None,
+                 proxy_urls: Optional[Dict[str, str]] = None) -> None:
         self.block_size = block_size
         self.router_config = dict(router_config or {})
         self._dir = tempfile.mkdtemp(prefix="kvc-dynamo-proc-")
         self._sock = os.path.join(self._dir, "router.sock")
-        spec = {"servers": [list(s) for s in servers], "block_size": block_size, "total_kv_blocks": total_kv_blocks,
-                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
-                "router_config": self.router_config}
+        spec: Dict[str, Any] = {
+            "servers": [list(s) for s in servers], "block_size": block_size, "total_kv_blocks": total_kv_blocks,
+            "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "model": model,
+            "router_config": self.router_config}
+        # proxy_urls {server id: base URL}: the process also serves an HTTP
+        # proxy (POST /v1/completions) routing to those servers, at proxy_url.
+        self.proxy_url = ""
+        if proxy_urls:
+            port = _free_port()
+            spec["proxy"] = {"port": port, "urls": dict(proxy_urls)}
+            self.proxy_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
         for k, v in LOOPBACK_ENV.items():
             env.setdefault(k, v)
@@ -377,6 +586,10 @@ class DynamoRouterProcess:
 
     def potential_loads(self, token_ids: List[int]) -> Dict[str, Dict[str, int]]:
         return self._call("potential_loads", list(token_ids))
+
+    def proxy_stats(self) -> Dict[str, Any]:
+        """The proxy's counters (ProxyStats.snapshot)."""
+        return self._call("proxy_stats")
 
     def _stop_process(self) -> None:
         """Closes the connections and the process's stdin (its signal to

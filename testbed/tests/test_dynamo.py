@@ -5,6 +5,7 @@ through Dynamo's own ZMQ relay)."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import subprocess
@@ -97,6 +98,65 @@ def test_arena_route_follows_kv_events(tmp_path, where):
                 router._call("no_such_method")
             assert router.best_worker(ids, None)[0] in {s.sid for s in servers}
             assert router.proc.poll() is None
+    finally:
+        if router is not None:
+            router.close()
+        cleanup.run()
+
+
+def test_proxy_routes_forwards_and_tracks(tmp_path):
+    """The served router as the request path (the arena's DynamoRoute): a
+    streamed completion sent to the proxy comes back whole from the server
+    Dynamo chose; a repeated prompt goes where its blocks are (the engine
+    reports them cached); every request is marked at its first token and freed
+    at its end (no active request left); a prompt without token ids is
+    tokenised by an engine; a malformed request gets 400, an unknown path 404,
+    and the proxy keeps serving."""
+    from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
+    from kvc_harness.client import http_request
+    from kvc_harness.dynamo_route import DynamoRouterProcess
+    from kvc_harness.fleet import start_sim_fleet
+    from kvc_harness.procs import Cleanup
+
+    cleanup = Cleanup()
+    router = None
+    try:
+        _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
+                                        ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
+                                        str(tmp_path / "sim.log"))
+        router = DynamoRouterProcess(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192,
+                                     MODEL, proxy_urls={s.sid: s.url for s in servers})
+        assert http_request(router.proxy_url + "/health", timeout=10.0)[0] == 200
+        text = " ".join(f"prox{j}" for j in range(200))
+        ids = tokenize(servers[0].url, text)
+        first = stream_text_completion(router.proxy_url, text, 8, 1, extra_body={"prompt_token_ids": ids})
+        assert first["completion_tokens"] == 8 and first["text"], first
+        # Dynamo hears the first request's blocks through the KV events; the
+        # same prompt then goes to the server holding them.
+        deadline = time.time() + 20
+        while time.time() < deadline and max(router.overlap_scores(ids).values(), default=0) == 0:
+            time.sleep(0.1)
+        again = stream_text_completion(router.proxy_url, text, 4, 2, extra_body={"prompt_token_ids": ids})
+        assert again["cached"] >= 192, again
+        # No ids: the proxy tokenises with an engine's /tokenize.
+        plain = stream_text_completion(router.proxy_url, "no ids here at all", 3, 3)
+        assert plain["completion_tokens"] == 3
+        st = router.proxy_stats()
+        assert st["requests"] == 3 and st["first_token_marks"] == 3 and st["errors"] == 0, st
+        assert st["tokenized"] == 1 and st["overlap_blocks"] >= 200 // 16, st
+        loads = router.potential_loads(ids)
+        assert all(v["active_requests"] == 0 for v in loads.values()), loads
+        host, port = router.proxy_url.rsplit("//", 1)[1].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10.0)
+        conn.request("POST", "/v1/completions", body=b"{not json", headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 400 and b"request body" in resp.read()
+        conn.close()
+        assert router.proxy_stats()["errors"] == 1
+        assert http_request(router.proxy_url + "/v1/chat", "POST", {"x": 1}, timeout=10.0)[0] == 404
+        assert stream_text_completion(router.proxy_url, text, 2, 4,
+                                      extra_body={"prompt_token_ids": ids})["completion_tokens"] == 2
+        assert router.proc.poll() is None
     finally:
         if router is not None:
             router.close()
