@@ -35,9 +35,10 @@ def kvc_lb(ray_cluster, make_actor):
 
 @pytest.fixture
 def kvc_lb_together(ray_cluster, make_actor):
-    """group_spread 0 (the default, stated): a prompt's requests follow its
-    prefix holder (test_grpo_group_spreads_with_group_spread spreads them)."""
-    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0}
+    """group_spread and task_spread 0: a prompt's requests follow its prefix
+    holder (test_grpo_group_spreads_with_group_spread and
+    test_agent_task_spreads_by_default spread them)."""
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0, "task_spread": 0}
     cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
     push_idle_metrics(ray_cluster, lb, SERVERS)
@@ -90,6 +91,37 @@ def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
     assert {s: c["siblings"] for s, c in cands.items()} == {"s0": 4, "s1": 4, "s2": 4}
     assert all("group_load" in {t["name"] for t in c["terms"]} for c in last["candidates"])
     assert last["decision"]["server"] == "s0"  # all even again: ties go to the first added
+
+
+def test_agent_task_spreads_by_default(ray_cluster, make_actor):
+    """kvc_aware at its defaults (task_spread): an agent task's trajectories
+    (one prompt, a request id each, on a router that has seen sessions come
+    back for later turns) spread over the servers instead of following the
+    task's prefix holder, since a hard task's trajectories are long
+    together; each trajectory's later turns stay where its first went."""
+    ray = ray_cluster
+    cfg = {"type": "kvc_aware", "config": {}}
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
+    push_idle_metrics(ray, lb, SERVERS)
+    # Multi-turn evidence: earlier trajectories came back for second turns.
+    for i in range(40):
+        ids = prompt(2000 + i, 32)
+        for _turn in range(2):
+            sid, _ = ray.get(lb.acquire_server.remote(request_id=f"warm-{i}", prompt_ids=ids))
+            ray.get(lb.release_server.remote(sid))
+    p = prompt(12)
+    ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
+    got = [ray.get(lb.acquire_server.remote(request_id=f"traj-{i}", prompt_ids=p))[0] for i in range(6)]
+    assert got[0] == "s2"  # the first trajectory goes to the prefix holder
+    assert {s: got.count(s) for s in SERVERS} == {"s0": 2, "s1": 2, "s2": 2}, got
+    # The decision view names the term: the last placement saw two siblings
+    # on two servers and one on the third.
+    last = ray.get(lb.get_status.remote())["router"]["last_decision"]
+    assert sorted(c["siblings"] for c in last["candidates"]) == [1, 2, 2], last["candidates"]
+    assert all("group_load" in {t["name"] for t in c["terms"]} for c in last["candidates"])
+    # A trajectory's second turn (its context extends the task prompt) stays.
+    for i, first in enumerate(got):
+        assert ray.get(lb.acquire_server.remote(request_id=f"traj-{i}", prompt_ids=p + [7] * 64))[0] == first
 
 
 def test_prompt_ids_containers(ray_cluster, kvc_lb_together):

@@ -19,7 +19,7 @@ func warmGRPO(t *testing.T, r *Router, n int) {
 
 // TestGroupSpread: after a history of one-request sessions, a GRPO group's
 // samples (one prompt, consecutive requests) spread evenly over the
-// servers with group_spread 0.1; the default (0) keeps the group on the
+// servers with group_spread 0.1; without it the group stays on the
 // server that holds its prompt; a weight sync (ResetCache) forgets the counts.
 func TestGroupSpread(t *testing.T) {
 	cases := []struct {
@@ -29,7 +29,11 @@ func TestGroupSpread(t *testing.T) {
 		want   map[string]int
 	}{
 		{"group_spread 0.1: 16 samples over 4 servers", `{"group_spread":0.1}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}},
-		{"default (0): the group stays whole", `{}`, 400, map[string]int{"s0": 16}},
+		{"task_spread 0: the group stays whole", `{"task_spread":0}`, 400, map[string]int{"s0": 16}},
+		// task_spread's multi-turn prior fades as one-request sessions
+		// accumulate: after a GRPO step's worth of them it no longer splits
+		// a group.
+		{"defaults after 4,000 one-request sessions: the group stays whole", `{}`, 4000, map[string]int{"s0": 16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,15 +118,17 @@ func TestGroupsBounded(t *testing.T) {
 // on every decision) exist only when a strategy part reads siblings.
 func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}
-	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
+	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"task_spread":0}`)}
+	defaults := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
 	least := StrategySpec{Name: "least_inflight", Weight: 1}
 	cases := []struct {
 		name string
 		cfg  Config
 		want bool
 	}{
-		{"kvc_aware at its defaults", Config{Mode: ModeKVCAware}, false},
-		{"group_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
+		{"kvc_aware at its defaults (task_spread)", Config{Mode: ModeKVCAware}, true},
+		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, true},
+		{"group_spread and task_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
 		{"group_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{spread}}, true},
 		{"one of two parts reads them", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{least, spread}}, true},
 		{"default mode", Config{Mode: ModeDefault}, false},

@@ -294,9 +294,10 @@ func TestKVCAwareRouting(t *testing.T) {
 }
 
 func TestSpeculativeSiblings(t *testing.T) {
-	// No events: approximate, speculation on. group_spread 0 keeps the
-	// group together, so every sibling must find the speculated blocks.
-	cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0}`)}}}
+	// No events: approximate, speculation on. group_spread and task_spread
+	// 0 keep the group together, so every sibling must find the speculated
+	// blocks.
+	cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0,"task_spread":0}`)}}}
 	r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
 	a, b := prompt(1024, 1), prompt(1024, 90000)
 	first := acq(t, r, "a0", a...)

@@ -156,18 +156,35 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	}
-	t.Run("default: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
-		per, _ := run(t, `{}`, 4, 2, 0)
+	keep := `{"task_spread":0}`
+	t.Run("task_spread 0: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
+		per, _ := run(t, keep, 4, 2, 0)
 		if len(per) != 2 {
-			t.Fatalf("sessions per server %v: the scenario no longer shows the crowding sibling_spread fixes", per)
+			t.Fatalf("sessions per server %v: the scenario no longer shows the crowding task_spread fixes", per)
 		}
 	})
-	t.Run("default: one task per server", func(t *testing.T) {
-		per, of := run(t, `{}`, 8, 8, 0)
+	t.Run("task_spread 0: one task per server", func(t *testing.T) {
+		per, of := run(t, keep, 8, 8, 0)
 		even(t, per, 8, 4)
 		for task, on := range of {
 			if len(on) != 1 {
 				t.Fatalf("task %d's trajectories on %v: want one server", task, on)
+			}
+		}
+	})
+	// The defaults (task_spread 0.1; a fresh router presumes multi-turn
+	// sessions) split every task: a hard task's trajectories, long
+	// together, no longer share one server.
+	t.Run("default: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
+		per, _ := run(t, `{}`, 4, 2, 0)
+		even(t, per, 4, 2)
+	})
+	t.Run("default: every task split, servers even", func(t *testing.T) {
+		per, of := run(t, `{}`, 8, 8, 0)
+		even(t, per, 8, 4)
+		for task, on := range of {
+			if len(on) < 2 {
+				t.Fatalf("task %d's trajectories on %v: want more than one server", task, on)
 			}
 		}
 	})
@@ -181,7 +198,7 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	})
-	spread := `{"sibling_spread":true,"group_spread":0}`
+	spread := `{"sibling_spread":true,"group_spread":0,"task_spread":0}`
 	t.Run("sibling_spread: fresh router spreads 8 tasks x 4 over 8 servers", func(t *testing.T) {
 		per, of := run(t, spread, 8, 8, 0)
 		even(t, per, 8, 4)

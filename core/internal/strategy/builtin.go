@@ -106,8 +106,16 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     the step's straggler whenever the group is long, while spreading the
 //     group over E servers costs E-1 extra prefills of one prompt
 //     (docs/rl-workloads.md, issue 26). Multi-turn siblings (an agent
-//     task's trajectories) are left to sibling_spread: their later turns
-//     share the task's KV where they are.
+//     task's trajectories) are task_spread's.
+//   - Task spread (task_spread, on by default): the same count for
+//     multi-turn siblings, weighed by task_spread * multi_turn. An agent
+//     task's difficulty sets all its trajectories' turn counts and lengths
+//     (they are long together), so trajectories kept on the server holding
+//     the task's prompt make a hard task's server the step's straggler;
+//     spread, they cost one task-prompt prefill per extra server. A fresh
+//     router presumes multi-turn sessions (sessionPrior), so a first GRPO
+//     step's first groups spread too, fading as its one-request sessions
+//     accumulate (docs/rl-workloads.md measures both).
 //
 // A prompt with no hittable block scores on load alone.
 type KVCAware struct {
@@ -163,7 +171,17 @@ type KVCAware struct {
 	// holds many prompts; leave 0 when responses are short or the KV cache
 	// small (prefill and cache hits then matter more than balance).
 	GroupSpread float64 `json:"group_spread"`
-	tier        [index.NumTiers]float64
+	// TaskSpread in [0, 10] is the load each multi-turn sibling (an agent
+	// task's trajectory) already placed on a server (beyond the fewest on
+	// any candidate) adds there when another is placed, scaled by the
+	// router's evidence that sessions are multi-turn; 0 keeps a task's
+	// trajectories on the server holding its prompt.
+	// When to change: 0 when an agent task's trajectories do about the same
+	// work whatever the task (no task difficulty), where sharing the task's
+	// prompt measured slightly better (agent_scale); higher (up to 1) when
+	// tasks differ widely in difficulty.
+	TaskSpread float64 `json:"task_spread"`
+	tier       [index.NumTiers]float64
 }
 
 // DefaultKVCAware returns the documented defaults.
@@ -171,7 +189,7 @@ func DefaultKVCAware() KVCAware {
 	return KVCAware{
 		Alpha: 0.3, LoadThreshold: 0.9, LayerWeights: map[string]float64{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
-		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
+		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread, TaskSpread: DefaultTaskSpread,
 	}
 }
 
@@ -196,6 +214,9 @@ func (k *KVCAware) Validate() error {
 	if !(k.GroupSpread >= 0 && k.GroupSpread <= 10) {
 		return strictjson.Errorf("group_spread", "must be in [0, 10] (0 disables), got %v", k.GroupSpread)
 	}
+	if !(k.TaskSpread >= 0 && k.TaskSpread <= 10) {
+		return strictjson.Errorf("task_spread", "must be in [0, 10] (0 disables), got %v", k.TaskSpread)
+	}
 	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
 		return err
@@ -210,8 +231,9 @@ func (k *KVCAware) Name() string { return "kvc_aware" }
 // Threshold is the overload bound used for sticky breakout.
 func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
 
-// ReadsSiblings implements SiblingReader: only the group_spread term does.
-func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 }
+// ReadsSiblings implements SiblingReader: only the group_spread and
+// task_spread terms do.
+func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpread > 0 }
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
@@ -235,17 +257,16 @@ func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]in
 	// Session load counts sessions beyond the least-bound candidate, over
 	// the mean (+1); sess.scale 0 switches it off (disabled, or a single
 	// candidate).
-	if k.GroupSpread > 0 && len(c) > 1 {
+	if (k.GroupSpread > 0 || k.TaskSpread > 0) && len(c) > 1 {
 		sess.minSib = c[0].Siblings
 		for i := range c {
 			sess.minSib = min(sess.minSib, c[i].Siblings)
 		}
-		// One-request siblings only (GRPO samples): an agent task's
-		// trajectories bring their later turns to the server their first
-		// turn went to, and there sharing the task's prompt (KV, prefill)
-		// measured better than spreading (agent_scale, docs/rl-workloads.md);
-		// sibling_spread is their knob.
-		sess.group = k.GroupSpread * (1 - multiTurn(req))
+		// group_spread weighs one-request siblings (GRPO samples),
+		// task_spread multi-turn ones (an agent task's trajectories), by
+		// the router's evidence of which the sessions are.
+		m := multiTurn(req)
+		sess.group = k.GroupSpread*(1-m) + k.TaskSpread*m
 	}
 	if k.SessionWeight > 0 && len(c) > 1 {
 		total := 0
@@ -313,7 +334,7 @@ type sessionTerm struct {
 	multi  float64 // multiTurn(req)
 	strong float64 // per excess session, share cached (siblings)
 	min    int
-	group  float64 // group_spread: load per excess placed sibling
+	group  float64 // group_spread and task_spread: load per excess placed sibling
 	minSib int     // the fewest placed siblings on any candidate
 }
 
@@ -371,6 +392,12 @@ const DefaultSessionWeight = 0.5
 // prompt on every server (the demo: 3.6% longer, hit rate 73% -> 17%);
 // docs/rl-workloads.md has both.
 const DefaultGroupSpread = 0.0
+
+// DefaultTaskSpread is task_spread's default, chosen on kvbench's tuning
+// seeds 101-106 (agent tasks with correlated difficulty: 1.057 -> 0.989 x
+// verl_default's step; 0.3 and 1 gave 0.986 and 0.985 and cost first-step
+// GRPO more; docs/rl-workloads.md).
+const DefaultTaskSpread = 0.1
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

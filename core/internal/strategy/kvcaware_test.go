@@ -259,7 +259,9 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 		t.Fatalf("single candidate score %v: the group term applied to a lone candidate", out[0])
 	}
 	// Multi-turn siblings (an agent task's trajectories: every bound
-	// session sent later turns) get no group term: sibling_spread is theirs.
+	// session sent later turns) get no group_spread term: task_spread is
+	// theirs (0 here).
+	k = build(t, "kvc_aware", `{"group_spread":5,"task_spread":0}`)
 	agents := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
 	agents[0].Siblings = 3
 	areq := &Request{Tokens: make([]int32, 1024), SessionsBound: 100, LaterTurns: 1000}
@@ -269,6 +271,63 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{`{"group_spread":-0.1}`, `{"group_spread":10.5}`, `{"group_spread":"x"}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// TestKVCAwareTaskSpread: an agent task's trajectories (multi-turn
+// siblings) already placed on a server beyond the fewest add task_spread x
+// multi_turn each to its load, so a task spreads over servers; one-request
+// siblings (a GRPO history) get none of it; a fresh router presumes
+// multi-turn sessions.
+func TestKVCAwareTaskSpread(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	multi := Request{SessionsBound: 100, LaterTurns: 1000} // every session came back
+	grpo := Request{SessionsBound: 1 << 20}                // a history of one-request sessions
+	fresh := Request{}                                     // nothing seen yet: presumed multi-turn
+	cases := []struct {
+		name      string
+		params    string
+		req       Request
+		aSiblings int
+		want      string
+		groupLoad float64
+	}{
+		{"default, multi-turn, no sibling yet: cache wins", `{}`, multi, 0, "a", 0},
+		{"default, multi-turn, one more sibling: b", `{}`, multi, 1, "b", DefaultTaskSpread},
+		{"default, fresh router, one more sibling: b", `{}`, fresh, 1, "b", DefaultTaskSpread},
+		{"default, one-request history: a keeps the group", `{}`, grpo, 3, "a", 0},
+		{"task_spread 0: a keeps the task", `{"task_spread":0}`, multi, 3, "a", 0},
+		{"task_spread 1, two more siblings", `{"task_spread":1}`, multi, 2, "b", 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", tc.params)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = tc.aSiblings
+			req := tc.req
+			req.Tokens = make([]int32, 1024)
+			out := make([]float64, 2)
+			k.Score(&req, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
+			}
+			for _, term := range k.(Explainer).Explain(&req, 1024, c)[0] {
+				if term.Name == "group_load" && math.Abs(term.Value-tc.groupLoad) > 1e-4 {
+					t.Fatalf("a's group_load %v, want %v", term.Value, tc.groupLoad)
+				}
+			}
+		})
+	}
+	if !build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("kvc_aware at its defaults does not read siblings: task_spread would be a no-op")
+	}
+	if build(t, "kvc_aware", `{"task_spread":0}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("group_spread and task_spread 0 still read siblings")
+	}
+	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
