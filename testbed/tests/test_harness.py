@@ -255,3 +255,45 @@ def test_dynamo_router_process_reports_why_it_did_not_start():
     with pytest.raises(RuntimeError, match="did not start") as e:
         DynamoRouterProcess(sys.executable, [("s0", "tcp://127.0.0.1:1", "")], 16, 64, 4, 512, "m", timeout=60.0)
     assert "ai-dynamo-runtime is not installed" in str(e.value), str(e.value)[-600:]
+
+
+def test_arena_merge_replaces_only_the_named_rows():
+    """arena_merge: the named policies' rows come from the new run, every
+    other row stays, the note is appended to config.parts and the summary is
+    recomputed; a run of another protocol, or one missing rows, is refused."""
+    import copy
+    import json
+
+    sys.path.insert(0, os.path.join(REPO, "testbed", "scripts"))
+    from arena_merge import merge
+
+    with open(os.path.join(REPO, "docs", "results", "arena-rl-details.json"), encoding="utf-8") as f:
+        base = json.load(f)
+    new = copy.deepcopy(base)
+    for r in new["runs"]:
+        if r["row"]["policy"] == "smg_cache_aware":
+            r["row"]["makespan_s"] = r["details"]["engine_makespan_s"] = 1.0
+    merged = merge(base, new, ["smg_cache_aware"], "smg re-run")
+    assert merged["config"]["parts"][-1] == "smg re-run"
+    assert len(merged["runs"]) == len(base["runs"])
+    for old, got in zip(base["runs"], merged["runs"]):
+        if got["row"]["policy"] == "smg_cache_aware":
+            assert got["details"]["engine_makespan_s"] == 1.0
+        else:
+            assert got == old
+    smg = [s for s in merged["summary"] if s["policy"] == "smg_cache_aware"]
+    assert smg and all(abs(s["makespan_s"]["mean"] - 1.0) < 1e-9 for s in smg), smg[:1]
+    other = copy.deepcopy(new)
+    other["config"]["speed"] = 5.0
+    with pytest.raises(SystemExit, match="speed"):
+        merge(base, other, ["smg_cache_aware"], "x")
+    short = copy.deepcopy(new)
+    short["runs"] = [r for r in short["runs"] if not (r["row"]["policy"] == "smg_cache_aware" and r["row"]["seed"] == 351)]
+    with pytest.raises(SystemExit, match="lacks"):
+        merge(base, short, ["smg_cache_aware"], "x")
+    # The frozen kvc_aware configuration may differ only when kvc_aware's rows are replaced.
+    refrozen = copy.deepcopy(new)
+    refrozen["config"]["kvc_frozen_commit"] = "0" * 40
+    with pytest.raises(SystemExit, match="kvc_frozen_commit"):
+        merge(base, refrozen, ["smg_cache_aware"], "x")
+    assert merge(base, refrozen, ["kvc_aware"], "x")["config"]["kvc_frozen_commit"] == "0" * 40
