@@ -288,7 +288,8 @@ def test_arena_merge_replaces_only_the_named_rows():
     with pytest.raises(SystemExit, match="speed"):
         merge(base, other, ["smg_cache_aware"], "x")
     short = copy.deepcopy(new)
-    short["runs"] = [r for r in short["runs"] if not (r["row"]["policy"] == "smg_cache_aware" and r["row"]["seed"] == 351)]
+    short["runs"] = [r for r in short["runs"]
+                     if not (r["row"]["policy"] == "smg_cache_aware" and r["row"]["seed"] == 351)]
     with pytest.raises(SystemExit, match="lacks"):
         merge(base, short, ["smg_cache_aware"], "x")
     # The frozen kvc_aware configuration may differ only when kvc_aware's rows are replaced.
