@@ -113,6 +113,9 @@ def workload(o: SatOptions) -> WorkloadSpec:
         response_sigma=sat.response_sigma,
         response_max=sat.response_max,
         tasks=0,
+        # An RL-shaped arena workload (grpo_rho05, ...) brings its length
+        # correlation and verl's order; grpo_sat keeps independent lengths.
+        length_corr=sat.length_corr if sat.arrivals == "verl" else None,
     )
 
 
@@ -132,7 +135,9 @@ def describe(o: SatOptions, spec: WorkloadSpec, backend: str) -> str:
     return (f"one oversubscribed step of the {o.workload} workload, seed {o.seed}: {o.sequences} samples "
             f"({o.prompts} prompts x {o.samples}) submitted at once through the Ray balancer actor to {backend} "
             f"({o.sequences / o.slots:.0f}x oversubscribed); prompts {lo}-{hi} tokens, responses median "
-            f"{spec.response_median}, max {spec.response_max} tokens")
+            f"{spec.response_median}, max {spec.response_max} tokens"
+            + (f"; a prompt's samples' lengths correlated (rho {spec.length_corr:g}), sent in verl's order"
+               if spec.length_corr is not None else ""))
 
 
 def fingerprint(reqs: List[dict]) -> str:

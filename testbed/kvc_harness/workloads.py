@@ -9,7 +9,7 @@ import math
 import random
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 # Token ids stay inside every common vocabulary (Llama-2's is 32000) and above
 # the low special-token range.
@@ -40,6 +40,12 @@ class WorkloadSpec:
     turn_response_median: int = 48
     turn_response_max: int = 192
     tool_tokens: Sequence[int] = (64, 384)
+    # GRPO with the RL length structure (issue 26): None keeps independent
+    # log-normal draws and a shuffled order; a value in [0, 1] is the
+    # within-group correlation rho of the shared model below (stratified
+    # lengths), sent in verl's order (a prompt's samples consecutive,
+    # 8 agent-loop workers).
+    length_corr: Optional[float] = None
 
     def describe(self) -> str:
         lo, hi = self.prompt_tokens
@@ -65,6 +71,8 @@ def grpo_step(spec: WorkloadSpec, step: int) -> List[dict]:
     """One GRPO rollout step: every sample is its own request (own request_id);
     the samples of a prompt share the whole prompt."""
     rng = random.Random(f"grpo/{spec.seed}/{step}")
+    if spec.length_corr is not None:
+        return _shaped_grpo_step(spec, step, rng)
     reqs = []
     for p in range(spec.prompts):
         prompt = random_tokens(rng, rng.randint(*spec.prompt_tokens))
@@ -80,6 +88,31 @@ def grpo_step(spec: WorkloadSpec, step: int) -> List[dict]:
     # Submission order interleaves prompts, as a shuffled dataloader batch does.
     rng.shuffle(reqs)
     return reqs
+
+
+def _shaped_grpo_step(spec: WorkloadSpec, step: int, rng: random.Random) -> List[dict]:
+    """grpo_step with correlated lengths: prompt k's difficulty d_k, sample
+    latents correlated(d_k, rho), lengths the response distribution's
+    quantiles by rank (the same multiset for every seed and rho), in verl's
+    submission order."""
+    rho = float(spec.length_corr or 0.0)
+    if not 0 <= rho <= 1:
+        raise ValueError(f"length_corr {rho} outside [0, 1]")
+    groups: List[List[dict]] = []
+    latent: List[float] = []
+    for p in range(spec.prompts):
+        prompt = random_tokens(rng, rng.randint(*spec.prompt_tokens))
+        d = rng.gauss(0.0, 1.0)
+        group = []
+        for k in range(spec.samples):
+            latent.append(correlated(rng, d, rho))
+            group.append({"rid": f"grpo-s{step}-p{p}-k{k}", "prompt": prompt, "seed": rng.randrange(1 << 31)})
+        groups.append(group)
+    lengths = rank_quantiles(latent, lambda q: lognormal_quantile(q, spec.response_median, spec.response_sigma,
+                                                                  1, spec.response_max))
+    for req, n in zip((r for g in groups for r in g), lengths):
+        req["max_tokens"] = n
+    return verl_order(groups)
 
 
 def agent_step(spec: WorkloadSpec, step: int) -> List[dict]:

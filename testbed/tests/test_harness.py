@@ -298,3 +298,30 @@ def test_arena_merge_replaces_only_the_named_rows():
     with pytest.raises(SystemExit, match="kvc_frozen_commit"):
         merge(base, refrozen, ["smg_cache_aware"], "x")
     assert merge(base, refrozen, ["kvc_aware"], "x")["config"]["kvc_frozen_commit"] == "0" * 40
+
+
+def test_demo_step_with_correlated_lengths():
+    """workloads.grpo_step with length_corr (the demo's --sat-workload
+    grpo_rho05): the same lengths for every rho (stratified), a prompt's
+    samples correlated (rho 0.8 groups differ far more than rho 0), in verl's
+    order (8 workers' chunks interleaved)."""
+    import statistics
+
+    base = dict(seed=3, steps=1, prompts=32, samples=8, prompt_tokens=(16, 32), response_median=192,
+                response_sigma=0.9, response_max=2048, tasks=0)
+    steps = {rho: workloads.grpo_step(workloads.WorkloadSpec(**base, length_corr=rho), 0) for rho in (0.0, 0.8)}
+    assert sorted(r["max_tokens"] for r in steps[0.0]) == sorted(r["max_tokens"] for r in steps[0.8])
+
+    def spread_of_group_means(reqs):
+        by = {}
+        for r in reqs:
+            by.setdefault(r["rid"].rsplit("-k", 1)[0], []).append(math.log(r["max_tokens"]))
+        return statistics.pstdev([statistics.mean(v) for v in by.values()])
+
+    assert spread_of_group_means(steps[0.8]) > 1.5 * spread_of_group_means(steps[0.0])
+    # verl's order: 256 requests in 8 chunks of 32 (4 prompts each), interleaved.
+    order = [r["rid"] for r in steps[0.8]]
+    assert order[:2] == ["grpo-s0-p0-k0", "grpo-s0-p4-k0"] and order[8] == "grpo-s0-p0-k1"
+    # Without length_corr: independent draws, shuffled (the earlier model).
+    plain = workloads.grpo_step(workloads.WorkloadSpec(**base), 0)
+    assert [r["rid"] for r in plain] != sorted(r["rid"] for r in plain)
