@@ -259,9 +259,12 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The published RL tables ran the 3965cf8 freeze (group_spread 0.1, kept in
-# docs/results/); RL_FROZEN=docs/frozen-kvc-aware.json runs the current one.
-RL_FROZEN ?= docs/results/frozen-kvc-aware-3965cf8.json
+# The current freeze (docs/frozen-kvc-aware.json, 41412f1: docs/results/rl-41412f1/);
+# the earlier tables: RL_FROZEN=docs/results/frozen-kvc-aware-520d43c.json
+# (rl-520d43c/) and RL_FROZEN=docs/results/frozen-kvc-aware-3965cf8.json
+# (group_spread 0.1, docs/results/rl-*.json). `make render` copies build/rl-*.json
+# to docs/results/: move them to the freeze's directory instead.
+RL_FROZEN ?= docs/frozen-kvc-aware.json
 RL_COMMON = --workload grpo_sat --grpo-prompts 256 --engines 4 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2
 # The agent setting: task difficulty correlating turn counts and lengths, sandbox-like tools.
 RL_AGENT = --workload agent --length-corr 0.6 --tool-pareto 1,60,0.8 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
