@@ -259,9 +259,9 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The current freeze (docs/frozen-kvc-aware.json, 41412f1: docs/results/rl-41412f1/);
-# the earlier tables: RL_FROZEN=docs/results/frozen-kvc-aware-520d43c.json
-# (rl-520d43c/) and RL_FROZEN=docs/results/frozen-kvc-aware-3965cf8.json
+# The library defaults (docs/frozen-kvc-aware.json, 520d43c: docs/results/rl-520d43c/);
+# the opt-in tables: RL_FROZEN=docs/results/rl-41412f1/frozen-kvc-aware.json
+# (task_spread 0.1, rl-41412f1/) and RL_FROZEN=docs/results/frozen-kvc-aware-3965cf8.json
 # (group_spread 0.1, docs/results/rl-*.json). `make render` copies build/rl-*.json
 # to docs/results/: move them to the freeze's directory instead.
 RL_FROZEN ?= docs/frozen-kvc-aware.json

@@ -37,7 +37,7 @@ def kvc_lb(ray_cluster, make_actor):
 def kvc_lb_together(ray_cluster, make_actor):
     """group_spread and task_spread 0: a prompt's requests follow its prefix
     holder (test_grpo_group_spreads_with_group_spread and
-    test_agent_task_spreads_by_default spread them)."""
+    test_agent_task_spreads_with_task_spread spread them)."""
     strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0, "task_spread": 0}
     cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
@@ -93,14 +93,15 @@ def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
     assert last["decision"]["server"] == "s0"  # all even again: ties go to the first added
 
 
-def test_agent_task_spreads_by_default(ray_cluster, make_actor):
-    """kvc_aware at its defaults (task_spread): an agent task's trajectories
+def test_agent_task_spreads_with_task_spread(ray_cluster, make_actor):
+    """With task_spread (opt-in, 0.1): an agent task's trajectories
     (one prompt, a request id each, on a router that has seen sessions come
     back for later turns) spread over the servers instead of following the
     task's prefix holder, since a hard task's trajectories are long
     together; each trajectory's later turns stay where its first went."""
     ray = ray_cluster
-    cfg = {"type": "kvc_aware", "config": {}}
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "task_spread": 0.1}
+    cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
     push_idle_metrics(ray, lb, SERVERS)
     # Multi-turn evidence: earlier trajectories came back for second turns.

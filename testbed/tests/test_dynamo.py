@@ -45,6 +45,17 @@ def test_differential_fresh_trace(tmp_path):
     assert decisions >= 100 and agree / decisions >= 0.9, (decisions, agree)
 
 
+def _two_servers(tmp_path, cleanup):
+    """A 2-server vllm-sim fleet with map-encoded KV events (Dynamo's relay reads them)."""
+    from kvc_harness.arena import MODEL, sim_binary
+    from kvc_harness.fleet import start_sim_fleet
+
+    _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
+                                    ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
+                                    str(tmp_path / "sim.log"))
+    return servers
+
+
 @pytest.mark.parametrize("where", ["in_process", "own_process"])
 def test_arena_route_follows_kv_events(tmp_path, where):
     """Dynamo's KvRouter on a real 2-server vllm-sim fleet, in this process
@@ -52,18 +63,15 @@ def test_arena_route_follows_kv_events(tmp_path, where):
     served a prompt, Dynamo routes the same prompt there with its full-block
     overlap; after the fleet's prefix-cache reset (the RL weight update) the
     servers' AllBlocksCleared events leave no overlap."""
-    from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
+    from kvc_harness.arena import MODEL, stream_text_completion, tokenize
     from kvc_harness.client import reset_prefix_caches
     from kvc_harness.dynamo_route import DynamoKvRouter, DynamoRouterProcess
-    from kvc_harness.fleet import start_sim_fleet
     from kvc_harness.procs import Cleanup
 
     cleanup = Cleanup()
     router = None
     try:
-        _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
-                                        ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
-                                        str(tmp_path / "sim.log"))
+        servers = _two_servers(tmp_path, cleanup)
         cls = DynamoKvRouter if where == "in_process" else DynamoRouterProcess
         router = cls(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192, MODEL)
         text = " ".join(f"dyn{j}" for j in range(200))
@@ -112,18 +120,15 @@ def test_proxy_routes_forwards_and_tracks(tmp_path):
     at its end (no active request left); a prompt without token ids is
     tokenised by an engine; a malformed request gets 400, an unknown path 404,
     and the proxy keeps serving."""
-    from kvc_harness.arena import MODEL, sim_binary, stream_text_completion, tokenize
+    from kvc_harness.arena import MODEL, stream_text_completion, tokenize
     from kvc_harness.client import http_request
     from kvc_harness.dynamo_route import DynamoRouterProcess
-    from kvc_harness.fleet import start_sim_fleet
     from kvc_harness.procs import Cleanup
 
     cleanup = Cleanup()
     router = None
     try:
-        _, servers, _ = start_sim_fleet(sim_binary(), 2, cleanup,
-                                        ["--model", MODEL, "--num-gpu-blocks", "1024", "--kv-events-encoding", "map"],
-                                        str(tmp_path / "sim.log"))
+        servers = _two_servers(tmp_path, cleanup)
         router = DynamoRouterProcess(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192,
                                      MODEL, proxy_urls={s.sid: s.url for s in servers})
         assert http_request(router.proxy_url + "/health", timeout=10.0)[0] == 200

@@ -177,8 +177,8 @@ def test_slow_routing_decisions_are_named(tmp_path):
 
 def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     """README's RL block: kvc_aware's step time over verl_default's on the
-    same seed, per setting, at the current defaults (docs/results/rl-41412f1/),
-    the previous ones (rl-520d43c/) and with group_spread 0.1
+    same seed, per setting, at the defaults (docs/results/rl-520d43c/), with
+    task_spread 0.1 (rl-41412f1/) and with group_spread 0.1
     (docs/results/rl-*.json); "(shorter)" only where the interval is below 1;
     the recurring setting reads step 2."""
     _docs(tmp_path)
@@ -194,10 +194,10 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
         return {"policies": pol, "makespan_steps_s": {p: [0.0, v["makespan_s"]] for p, v in pol.items()}}
 
     for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
-        (res / "rl-41412f1" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
-        (res / "rl-520d43c" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.95 * w, w)))
+        (res / "rl-520d43c" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
+        (res / "rl-41412f1" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.95 * w, w)))
         (res / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, w, w)))
-        (res / "rl-41412f1" / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
+        (res / "rl-520d43c" / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     lines = readme.read_text().splitlines()

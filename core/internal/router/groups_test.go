@@ -30,10 +30,11 @@ func TestGroupSpread(t *testing.T) {
 	}{
 		{"group_spread 0.1: 16 samples over 4 servers", `{"group_spread":0.1}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}},
 		{"task_spread 0: the group stays whole", `{"task_spread":0}`, 400, map[string]int{"s0": 16}},
+		{"default: the group stays whole", `{}`, 400, map[string]int{"s0": 16}},
 		// task_spread's multi-turn prior fades as one-request sessions
 		// accumulate: after a GRPO step's worth of them it no longer splits
 		// a group.
-		{"defaults after 4,000 one-request sessions: the group stays whole", `{}`, 4000, map[string]int{"s0": 16}},
+		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,14 +121,16 @@ func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}
 	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"task_spread":0}`)}
 	defaults := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
+	task := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"task_spread":0.1}`)}
 	least := StrategySpec{Name: "least_inflight", Weight: 1}
 	cases := []struct {
 		name string
 		cfg  Config
 		want bool
 	}{
-		{"kvc_aware at its defaults (task_spread)", Config{Mode: ModeKVCAware}, true},
-		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, true},
+		{"kvc_aware at its defaults", Config{Mode: ModeKVCAware}, false},
+		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, false},
+		{"task_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{task}}, true},
 		{"group_spread and task_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
 		{"group_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{spread}}, true},
 		{"one of two parts reads them", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{least, spread}}, true},

@@ -156,14 +156,14 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	}
-	keep := `{"task_spread":0}`
-	t.Run("task_spread 0: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
+	keep := `{}`
+	t.Run("default: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
 		per, _ := run(t, keep, 4, 2, 0)
 		if len(per) != 2 {
 			t.Fatalf("sessions per server %v: the scenario no longer shows the crowding task_spread fixes", per)
 		}
 	})
-	t.Run("task_spread 0: one task per server", func(t *testing.T) {
+	t.Run("default: one task per server", func(t *testing.T) {
 		per, of := run(t, keep, 8, 8, 0)
 		even(t, per, 8, 4)
 		for task, on := range of {
@@ -172,15 +172,15 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	})
-	// The defaults (task_spread 0.1; a fresh router presumes multi-turn
-	// sessions) split every task: a hard task's trajectories, long
-	// together, no longer share one server.
-	t.Run("default: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
-		per, _ := run(t, `{}`, 4, 2, 0)
+	// task_spread 0.1 (a fresh router presumes multi-turn sessions) splits
+	// every task: a hard task's trajectories, long together, no longer
+	// share one server.
+	t.Run("task_spread 0.1: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
+		per, _ := run(t, `{"task_spread":0.1}`, 4, 2, 0)
 		even(t, per, 4, 2)
 	})
-	t.Run("default: every task split, servers even", func(t *testing.T) {
-		per, of := run(t, `{}`, 8, 8, 0)
+	t.Run("task_spread 0.1: every task split, servers even", func(t *testing.T) {
+		per, of := run(t, `{"task_spread":0.1}`, 8, 8, 0)
 		even(t, per, 8, 4)
 		for task, on := range of {
 			if len(on) < 2 {

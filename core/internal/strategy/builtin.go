@@ -107,7 +107,7 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     group over E servers costs E-1 extra prefills of one prompt
 //     (docs/rl-workloads.md, issue 26). Multi-turn siblings (an agent
 //     task's trajectories) are task_spread's.
-//   - Task spread (task_spread, on by default): the same count for
+//   - Task spread (task_spread, off by default): the same count for
 //     multi-turn siblings, weighed by task_spread * multi_turn. An agent
 //     task's difficulty sets all its trajectories' turn counts and lengths
 //     (they are long together), so trajectories kept on the server holding
@@ -176,10 +176,11 @@ type KVCAware struct {
 	// any candidate) adds there when another is placed, scaled by the
 	// router's evidence that sessions are multi-turn; 0 keeps a task's
 	// trajectories on the server holding its prompt.
-	// When to change: 0 when an agent task's trajectories do about the same
-	// work whatever the task (no task difficulty), where sharing the task's
-	// prompt measured slightly better (agent_scale); higher (up to 1) when
-	// tasks differ widely in difficulty.
+	// When to change: 0.1 for agent RL whose tasks differ in difficulty (a
+	// hard task's trajectories are all long); leave 0 for GRPO, where on a
+	// fresh router it also spreads a first step's groups (short prompts'
+	// siblings leave their prefix holder), and for agent tasks of alike work
+	// (agent_scale), where sharing the task's prompt measured slightly better.
 	TaskSpread float64 `json:"task_spread"`
 	tier       [index.NumTiers]float64
 }
@@ -393,11 +394,13 @@ const DefaultSessionWeight = 0.5
 // docs/rl-workloads.md has both.
 const DefaultGroupSpread = 0.0
 
-// DefaultTaskSpread is task_spread's default, chosen on kvbench's tuning
-// seeds 101-106 (agent tasks with correlated difficulty: 1.057 -> 0.989 x
-// verl_default's step; 0.3 and 1 gave 0.986 and 0.985 and cost first-step
-// GRPO more; docs/rl-workloads.md).
-const DefaultTaskSpread = 0.1
+// DefaultTaskSpread is task_spread's default: off. 0.1 (tuned on kvbench
+// seeds 101-106) shortens agent steps whose tasks differ in difficulty
+// (1.057 -> 0.989 x verl_default) but a fresh router presumes multi-turn
+// sessions, so it also spreads a first GRPO step's groups: make demo's step
+// lost its lead over verl's default and short prompts' siblings leave their
+// prefix holder (docs/rl-workloads.md has both).
+const DefaultTaskSpread = 0.0
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

@@ -277,16 +277,17 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 	}
 }
 
-// TestKVCAwareTaskSpread: an agent task's trajectories (multi-turn
-// siblings) already placed on a server beyond the fewest add task_spread x
-// multi_turn each to its load, so a task spreads over servers; one-request
-// siblings (a GRPO history) get none of it; a fresh router presumes
-// multi-turn sessions.
+// TestKVCAwareTaskSpread: with task_spread, an agent task's trajectories
+// (multi-turn siblings) already placed on a server beyond the fewest add
+// task_spread x multi_turn each to its load, so a task spreads over
+// servers; one-request siblings (a GRPO history) get none of it; a fresh
+// router presumes multi-turn sessions; the default (0) keeps a task whole.
 func TestKVCAwareTaskSpread(t *testing.T) {
 	full := [3]int{8, 0, 0}
 	multi := Request{SessionsBound: 100, LaterTurns: 1000} // every session came back
 	grpo := Request{SessionsBound: 1 << 20}                // a history of one-request sessions
 	fresh := Request{}                                     // nothing seen yet: presumed multi-turn
+	ts := `{"task_spread":0.1}`
 	cases := []struct {
 		name      string
 		params    string
@@ -295,10 +296,11 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 		want      string
 		groupLoad float64
 	}{
-		{"default, multi-turn, no sibling yet: cache wins", `{}`, multi, 0, "a", 0},
-		{"default, multi-turn, one more sibling: b", `{}`, multi, 1, "b", DefaultTaskSpread},
-		{"default, fresh router, one more sibling: b", `{}`, fresh, 1, "b", DefaultTaskSpread},
-		{"default, one-request history: a keeps the group", `{}`, grpo, 3, "a", 0},
+		{"0.1, multi-turn, no sibling yet: cache wins", ts, multi, 0, "a", 0},
+		{"0.1, multi-turn, one more sibling: b", ts, multi, 1, "b", 0.1},
+		{"0.1, fresh router, one more sibling: b", ts, fresh, 1, "b", 0.1},
+		{"0.1, one-request history: a keeps the group", ts, grpo, 3, "a", 0},
+		{"default (0): a keeps the task", `{}`, multi, 3, "a", 0},
 		{"task_spread 0: a keeps the task", `{"task_spread":0}`, multi, 3, "a", 0},
 		{"task_spread 1, two more siblings", `{"task_spread":1}`, multi, 2, "b", 2},
 	}
@@ -321,11 +323,11 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 			}
 		})
 	}
-	if !build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
-		t.Fatal("kvc_aware at its defaults does not read siblings: task_spread would be a no-op")
+	if !build(t, "kvc_aware", ts).(SiblingReader).ReadsSiblings() {
+		t.Fatal("task_spread 0.1 does not read siblings: the term would be a no-op")
 	}
-	if build(t, "kvc_aware", `{"task_spread":0}`).(SiblingReader).ReadsSiblings() {
-		t.Fatal("group_spread and task_spread 0 still read siblings")
+	if build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("kvc_aware at its defaults (group_spread and task_spread 0) reads siblings")
 	}
 	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
