@@ -264,8 +264,7 @@ def test_arena_merge_replaces_only_the_named_rows():
     import copy
     import json
 
-    sys.path.insert(0, os.path.join(REPO, "testbed", "scripts"))
-    from arena_merge import merge
+    from kvc_harness.arena_merge import merge
 
     with open(os.path.join(REPO, "docs", "results", "arena-rl-details.json"), encoding="utf-8") as f:
         base = json.load(f)
