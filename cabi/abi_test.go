@@ -163,7 +163,7 @@ func TestValidateConfigReportsDefaults(t *testing.T) {
 		{`{"router":{"mode":"kvc_aware"}}`, "kvc_aware", "kvc_aware", map[string]any{
 			"alpha": 0.3, "load_threshold": 0.9, "layer_weights": map[string]any{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 			"marginal": true, "token_load": true, "kv_tokens": 480000.0, "saved_scale_tokens": 4096.0,
-			"session_weight": 0.5, "sibling_spread": false, "group_spread": 0.0, "task_spread": 0.0,
+			"session_weight": 0.5, "sibling_spread": false, "group_spread": 0.0, "task_spread": 0.1,
 		}},
 	} {
 		res := abiValidate([]byte(tc.cfg), int64(len(tc.cfg)), false)
@@ -173,6 +173,7 @@ func TestValidateConfigReportsDefaults(t *testing.T) {
 		var doc struct {
 			Router struct {
 				Mode          string `json:"mode"`
+				Turns         string `json:"turns"`
 				StickyMaxSize int    `json:"sticky_max_size"`
 				Strategies    []struct {
 					Name   string         `json:"name"`
@@ -186,7 +187,7 @@ func TestValidateConfigReportsDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := doc.Router
-		if r.Mode != tc.mode || r.StickyMaxSize != 10000 || len(r.Strategies) != 1 || doc.LogLevel != "warn" {
+		if r.Mode != tc.mode || r.Turns != "auto" || r.StickyMaxSize != 10000 || len(r.Strategies) != 1 || doc.LogLevel != "warn" {
 			t.Fatalf("%q: %s", tc.cfg, res.Out)
 		}
 		s := r.Strategies[0]

@@ -9,6 +9,7 @@ an unheld one, and nothing may leak when callers give up."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from typing import Any, Dict, List
@@ -85,6 +86,36 @@ def test_the_integration_picks_the_admission_class_and_options():
     assert verl_actor.actor_options(config(enabled=False)) == {}
     bound = verl_actor.bound_balancer_class(config(), False)
     assert issubclass(bound, KVCAwareAdmissionBalancer) and bound.__name__ == "KVCAwareAdmissionBalancer"
+
+
+def test_the_verl_integration_tells_the_router_the_rollouts_turns():
+    """turns from verl's rollout config: multi_turn.enable or an agent loop
+    other than single_turn_agent -> multi, else single; a value the user
+    set, or a router not in kvc_aware mode, is left alone."""
+    turns = verl_actor.session_turns
+    block = {"type": "kvc_aware", "config": {"admission": {"enabled": True}}}
+    grpo = {"multi_turn": {"enable": False}, "agent": {"default_agent_loop": "single_turn_agent"}}
+    assert turns(block, grpo) == {"type": "kvc_aware", "config": {"admission": {"enabled": True}, "turns": "single"}}
+    assert block == {"type": "kvc_aware", "config": {"admission": {"enabled": True}}}  # not mutated
+    assert turns(block, {"multi_turn": {"enable": True}})["config"]["turns"] == "multi"
+    assert turns(block, {"agent": {"default_agent_loop": "tool_agent"}})["config"]["turns"] == "multi"
+    assert turns(block, {})["config"]["turns"] == "single"
+    assert turns(block, None)["config"]["turns"] == "single"
+    mine = {"type": "kvc_aware", "config": {"turns": "auto"}}
+    assert turns(mine, {"multi_turn": {"enable": True}}) is mine
+    plain = {"type": "default", "config": {}}
+    assert turns(plain, {"multi_turn": {"enable": True}}) == {"type": "default", "config": {}}
+
+    @dataclasses.dataclass
+    class MultiTurn:
+        enable: bool = True
+
+    @dataclasses.dataclass
+    class Rollout:
+        multi_turn: MultiTurn = dataclasses.field(default_factory=MultiTurn)
+
+    assert turns(block, Rollout())["config"]["turns"] == "multi"
+    assert turns(block, Rollout(MultiTurn(False)))["config"]["turns"] == "single"
 
 
 def test_the_verl_integration_caps_admission_at_the_rollout_slots():

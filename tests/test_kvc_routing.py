@@ -37,7 +37,7 @@ def kvc_lb(ray_cluster, make_actor):
 def kvc_lb_together(ray_cluster, make_actor):
     """group_spread and task_spread 0: a prompt's requests follow its prefix
     holder (test_grpo_group_spreads_with_group_spread and
-    test_agent_task_spreads_with_task_spread spread them)."""
+    test_agent_task_spreads_when_told_multi_turn spread them)."""
     strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0, "task_spread": 0}
     cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
@@ -93,23 +93,17 @@ def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
     assert last["decision"]["server"] == "s0"  # all even again: ties go to the first added
 
 
-def test_agent_task_spreads_with_task_spread(ray_cluster, make_actor):
-    """With task_spread (opt-in, 0.1): an agent task's trajectories
-    (one prompt, a request id each, on a router that has seen sessions come
-    back for later turns) spread over the servers instead of following the
+def test_agent_task_spreads_when_told_multi_turn(ray_cluster, make_actor):
+    """At the defaults (task_spread 0.1) on a fresh router told the rollout
+    is multi-turn (``turns: multi``, what verl's hook says for
+    rollout.multi_turn.enable): an agent task's trajectories (one prompt, a
+    request id each) spread over the servers instead of following the
     task's prefix holder, since a hard task's trajectories are long
     together; each trajectory's later turns stay where its first went."""
     ray = ray_cluster
-    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "task_spread": 0.1}
-    cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
+    cfg = {"type": "kvc_aware", "config": {"turns": "multi"}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
     push_idle_metrics(ray, lb, SERVERS)
-    # Multi-turn evidence: earlier trajectories came back for second turns.
-    for i in range(40):
-        ids = prompt(2000 + i, 32)
-        for _turn in range(2):
-            sid, _ = ray.get(lb.acquire_server.remote(request_id=f"warm-{i}", prompt_ids=ids))
-            ray.get(lb.release_server.remote(sid))
     p = prompt(12)
     ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
     got = [ray.get(lb.acquire_server.remote(request_id=f"traj-{i}", prompt_ids=p))[0] for i in range(6)]
@@ -123,6 +117,31 @@ def test_agent_task_spreads_with_task_spread(ray_cluster, make_actor):
     # A trajectory's second turn (its context extends the task prompt) stays.
     for i, first in enumerate(got):
         assert ray.get(lb.acquire_server.remote(request_id=f"traj-{i}", prompt_ids=p + [7] * 64))[0] == first
+
+
+@pytest.mark.parametrize("turns", [None, "single"])
+def test_fresh_router_not_told_multi_turn_keeps_a_group(ray_cluster, make_actor, turns):
+    """At the defaults, a fresh router not told the rollout is multi-turn
+    (``turns`` auto, or single as verl's hook says for GRPO) places a
+    prompt's requests exactly as with task_spread 0: with the prefix holder
+    until load says otherwise, so a first GRPO step's groups stay whole."""
+    ray = ray_cluster
+    p = prompt(13)
+    placed = []
+    for strategies in (None, [{"_target_": "kvc_router.config.KVCAwareStrategyConfig", "task_spread": 0}]):
+        inner: dict = {"turns": turns} if turns else {}
+        if strategies:
+            inner["strategies"] = strategies
+        cfg = {"type": "kvc_aware", "config": inner}
+        lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
+        push_idle_metrics(ray, lb, SERVERS)
+        ray.get(lb.update_kv_events.remote("s2", event_batch(block_stored(p[:384]))))
+        placed.append([ray.get(lb.acquire_server.remote(request_id=f"g-{i}", prompt_ids=p))[0] for i in range(8)])
+        got_turns = ray.get(lb.__ray_call__.remote(lambda self: self._config.effective["router"]["turns"]))
+        assert got_turns == (turns or "auto")
+        ray.kill(lb)
+    assert placed[0] == placed[1], placed
+    assert placed[0][:4] == ["s2"] * 4, placed[0]
 
 
 def test_prompt_ids_containers(ray_cluster, kvc_lb_together):

@@ -436,7 +436,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: bench.TurnsFor(c.workload)}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)

@@ -47,6 +47,23 @@ type PolicyOptions struct {
 	Params map[string]json.RawMessage
 	// KVCRouter, when set, edits the kvc_aware routers' configuration.
 	KVCRouter func(*kvcrouter.RouterConfig)
+	// Turns is kvc_aware's router "turns" setting, as verl's hook sets it
+	// from the rollout config a workload like this one runs under
+	// (TurnsFor); "" = auto.
+	Turns string
+}
+
+// TurnsFor is what verl's hook tells kvc_aware (router "turns") for a
+// workload: agent loops run with rollout.multi_turn.enable, GRPO without
+// it; a chat trace is no verl rollout (auto).
+func TurnsFor(workload string) string {
+	switch {
+	case strings.HasPrefix(workload, "agent"):
+		return "multi"
+	case strings.HasPrefix(workload, "grpo"):
+		return "single"
+	}
+	return ""
 }
 
 // LLMDScrapeInterval is llm-d's metrics refresh period in seconds
@@ -311,7 +328,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true,
 			OutputCounts: strings.Contains(name, "+lengths"), TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
-				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize}
+				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns}
 				c.Admission.Enabled = strings.Contains(name, "+admit")
 				c.Lengths.Enabled = strings.Contains(name, "+lengths") || strings.HasSuffix(name, "+truelen")
 				if events {

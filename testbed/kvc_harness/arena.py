@@ -697,20 +697,31 @@ class RoundRobin(Route):
         return s.url, s.sid, None
 
 
-def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str, Any]) -> Dict[str, Any]:
+# The router's ``turns`` as verl's hook sets it for a workload of this kind
+# (kvc_router.verl.actor.rollout_turns): agent loops run with
+# rollout.multi_turn.enable, GRPO without it; a chat trace is no verl
+# rollout (the library's auto).
+VERL_TURNS = {"agent": "multi", "grpo": "single"}
+
+
+def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str, Any],
+                       turns: Optional[str] = None) -> Dict[str, Any]:
     """What ``router.type: kvc_aware`` gives a verl user, plus only what the
     servers cannot tell it: the KV-event endpoints (vLLM's
     ``--kv-events-config``, which the user sets on the servers too) and
     ``load.max_num_seqs`` (vLLM's ``--max-num-seqs``: /metrics has no
-    scheduler config, docs/arena.md "kvc_aware as a user gets it"). KV
-    capacity comes from the servers' ``vllm:cache_config_info``; the poll
-    interval is the library's. ``knobs`` is the frozen strategy
-    configuration (docs/frozen-kvc-aware.json) plus any --kvc-knob."""
+    scheduler config, docs/arena.md "kvc_aware as a user gets it"), and
+    ``turns``, which verl's hook sets from the rollout config. KV capacity
+    comes from the servers' ``vllm:cache_config_info``; the poll interval is
+    the library's. ``knobs`` is the frozen strategy configuration
+    (docs/frozen-kvc-aware.json) plus any --kvc-knob."""
     cfg = router_config("kvc_aware", servers, max_num_seqs=max_num_seqs)
     assert cfg is not None
     del cfg["config"]["collector"]["interval_ms"]  # the library's default
     del cfg["config"]["collector"]["timeout_ms"]
     cfg["config"]["strategies"][0].update(knobs)
+    if turns:
+        cfg["config"]["turns"] = turns
     return cfg
 
 
@@ -742,12 +753,12 @@ class Balancer(Route):
     """KVCAwareBalancer used in-process: acquire, send, release (verl's order)."""
 
     def __init__(self, servers: List[Server], mode: str, max_num_seqs: int,
-                 knobs: Optional[Dict[str, Any]] = None) -> None:
+                 knobs: Optional[Dict[str, Any]] = None, turns: Optional[str] = None) -> None:
         from kvc_router import KVCAwareBalancer
 
         cfg = None
         if mode == "kvc_aware":
-            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}))
+            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns)
         self.config = cfg
         self.needs_ids = mode == "kvc_aware"
         self.urls = {s.sid: s.url for s in servers}
@@ -1297,7 +1308,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         elif policy == "verl_default":
             route = VerlDefaultRoute(servers, seed)
         elif policy == "kvc_aware":
-            route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs)
+            route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind))
         elif base_policy(policy) in DYNAMO_VARIANTS:
             knobs = {**DYNAMO_VARIANTS[base_policy(policy)], **variant_params(policy, spec.name, cfg)}
             route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,

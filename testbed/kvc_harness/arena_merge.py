@@ -1,8 +1,11 @@
 """Replace some routers' rows of a published arena run with a newer run of
-the same workloads and seeds (testbed/scripts/arena_merge.py is the command).
+the same workloads and seeds, or add rows of routers it did not run
+(testbed/scripts/arena_merge.py is the command).
 
 Only the named policies' rows change; every (workload, policy, seed) they
-had must be in the new run and nothing else of the new run is taken. The two
+had must be in the new run and nothing else of the new run is taken. A
+named policy the base never ran is added only when the new run has it on
+exactly the base's (workload, seed) pairs, so every row stays paired. The two
 runs' configurations must be equal except where a re-run may differ: the
 output directory, the repeated policy and, when kvc_aware is among the
 replaced policies, its frozen configuration (the merged file then records the
@@ -41,18 +44,27 @@ def merge(base: Dict[str, Any], new: Dict[str, Any], policies: List[str], note: 
     differ = sorted(k for k in set(bc) | set(nc) if k not in free and bc.get(k) != nc.get(k))
     if differ:
         raise SystemExit(f"the runs' configurations differ in {differ}: not the same protocol")
-    wanted = set(policies)
+    had = {r["row"]["policy"] for r in base["runs"]}
+    added = [p for p in policies if p not in had]
+    wanted = set(policies) - set(added)
     fresh = {key(r): r for r in new["runs"] if r["row"]["policy"] in wanted}
     old = [key(r) for r in base["runs"] if r["row"]["policy"] in wanted]
-    if not old:
-        raise SystemExit(f"the base has no rows of {sorted(wanted)}")
+    pairs = sorted({(r["row"]["workload"], int(r["row"]["seed"])) for r in base["runs"]})
+    extra_runs = []
+    for p in added:
+        rows = [r for r in new["runs"] if r["row"]["policy"] == p]
+        got = sorted((r["row"]["workload"], int(r["row"]["seed"])) for r in rows)
+        if got != pairs:
+            raise SystemExit(f"{p} is not in the base, and the new run does not have it on exactly the base's "
+                             f"{len(pairs)} (workload, seed) pairs ({len(got)} rows): it cannot be added")
+        extra_runs += rows
     missing = sorted(set(old) - set(fresh))
     if missing:
         raise SystemExit(f"the new run lacks {len(missing)} rows the base has, e.g. {missing[:3]}")
     extra = sorted(set(fresh) - set(old))
     if extra:
         raise SystemExit(f"the new run has rows the base does not (other workloads or seeds): {extra[:3]}")
-    runs = [fresh[key(r)] if r["row"]["policy"] in wanted else r for r in base["runs"]]
+    runs = [fresh[key(r)] if r["row"]["policy"] in wanted else r for r in base["runs"]] + extra_runs
     config = dict(bc)
     for k in free & KVC_KEYS:
         if k in nc:
@@ -77,5 +89,5 @@ def write(merged: Dict[str, Any], out: str, policies: List[str]) -> str:
                                if is_policy(r["row"]["policy"])]}, f, indent=1)
     plot([r for r in merged["runs"] if is_policy(r["row"]["policy"])], os.path.join(out, "arena.png"))
     n = sum(r["row"]["policy"] in policies for r in merged["runs"])
-    return f"replaced {n} rows of {','.join(policies)}; {len(merged['runs'])} rows in {out}/arena-details.json"
+    return f"replaced or added {n} rows of {','.join(policies)}; {len(merged['runs'])} rows in {out}/arena-details.json"
 

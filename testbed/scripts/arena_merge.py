@@ -1,6 +1,7 @@
 """Replace some routers' rows of a published arena run with a re-run of the
-same workloads and seeds, and say so in the result (kvc_harness.arena_merge
-has the rules). Run with PYTHONPATH=testbed.
+same workloads and seeds, or add rows of routers it did not run, and say so
+in the result (kvc_harness.arena_merge has the rules). Run with
+PYTHONPATH=testbed.
 
     arena_merge.py --base docs/results/arena-rl-details.json \\
         --new build/arena-rl-dynamo/arena-details.json \\
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True)
     ap.add_argument("--new", required=True)
-    ap.add_argument("--policies", required=True, help="comma-separated: the rows to replace")
+    ap.add_argument("--policies", required=True,
+                    help="comma-separated: the rows to replace (or add: a policy the base did not run)")
     ap.add_argument("--note", required=True, help="what was re-run and why (appended to config.parts)")
     ap.add_argument("--out", required=True, help="directory for arena-details.json, arena.json and arena.png")
     a = ap.parse_args(argv)

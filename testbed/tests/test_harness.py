@@ -257,10 +257,11 @@ def test_dynamo_router_process_reports_why_it_did_not_start():
     assert "ai-dynamo-runtime is not installed" in str(e.value), str(e.value)[-600:]
 
 
-def test_arena_merge_replaces_only_the_named_rows():
+def test_arena_merge_replaces_or_adds_only_the_named_rows():
     """arena_merge: the named policies' rows come from the new run, every
     other row stays, the note is appended to config.parts and the summary is
-    recomputed; a run of another protocol, or one missing rows, is refused."""
+    recomputed; a run of another protocol, or one missing rows, is refused; a
+    router the base never ran is added only on all of the base's pairs."""
     import copy
     import json
 
@@ -297,6 +298,22 @@ def test_arena_merge_replaces_only_the_named_rows():
     with pytest.raises(SystemExit, match="kvc_frozen_commit"):
         merge(base, refrozen, ["smg_cache_aware"], "x")
     assert merge(base, refrozen, ["kvc_aware"], "x")["config"]["kvc_frozen_commit"] == "0" * 40
+    # A router the base never ran is added on exactly the base's (workload, seed) pairs.
+    newcomer = copy.deepcopy(new)
+    for r in newcomer["runs"]:
+        if r["row"]["policy"] == "smg_cache_aware":
+            r["row"]["policy"] = "smg_newcomer"
+    added = merge(base, newcomer, ["smg_newcomer"], "added")
+    assert len(added["runs"]) == len(base["runs"]) + sum(r["row"]["policy"] == "smg_cache_aware" for r in base["runs"])
+    assert added["runs"][:len(base["runs"])] == base["runs"]
+    assert {s["workload"] for s in added["summary"] if s["policy"] == "smg_newcomer"} == \
+        {r["row"]["workload"] for r in base["runs"]}
+    newcomer["runs"] = [r for r in newcomer["runs"]
+                        if not (r["row"]["policy"] == "smg_newcomer" and r["row"]["seed"] == 352)]
+    with pytest.raises(SystemExit, match="cannot be added"):
+        merge(base, newcomer, ["smg_newcomer"], "x")
+    with pytest.raises(SystemExit, match="cannot be added"):
+        merge(base, new, ["no_such_router"], "x")
 
 
 def test_demo_step_with_correlated_lengths():

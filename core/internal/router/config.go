@@ -156,6 +156,18 @@ type Config struct {
 	// When to change: false to keep multi-turn sessions where they started
 	// (more cache reuse, less balance).
 	SessionMoves *bool `json:"session_moves,omitempty"`
+	// Turns says what the rollout's sessions are before the router has
+	// seen any come back: "multi" (agent loops: a trajectory sends turn
+	// after turn), "single" (GRPO: one request per sample) or "auto" (the
+	// default: learn it from sessions that return). The verl hook sets it
+	// from actor_rollout_ref.rollout.multi_turn.enable (or a default agent
+	// loop other than single_turn_agent). It decides when the kvc_aware
+	// strategy's task_spread applies: from the first request when "multi",
+	// else only as returning sessions show the rollout is multi-turn, so a
+	// fresh router keeps a first GRPO step's groups with their prompt.
+	// When to change: "multi" for agent RL outside verl's hook; "single"
+	// to say sessions never return.
+	Turns string `json:"turns,omitempty"`
 	// Admission holds requests while every server is full (admission.go).
 	// When to change: see its keys.
 	Admission AdmissionSpec `json:"admission"`
@@ -175,6 +187,24 @@ type Config struct {
 
 	// Now is a test clock; nil means time.Now.
 	Now func() time.Time `json:"-"`
+}
+
+// Values of Config.Turns.
+const (
+	TurnsAuto   = "auto"
+	TurnsSingle = "single"
+	TurnsMulti  = "multi"
+)
+
+// turnsOf maps a normalised Config.Turns to the strategies' input.
+func turnsOf(t string) strategy.Turns {
+	switch t {
+	case TurnsSingle:
+		return strategy.TurnsSingle
+	case TurnsMulti:
+		return strategy.TurnsMulti
+	}
+	return strategy.TurnsAuto
 }
 
 // MaxDurationMS bounds every *_ms setting (7 days): far beyond any useful
@@ -254,6 +284,13 @@ func (c *Config) normalise() error {
 		if s.Capacity < 0 {
 			return configErr(fmt.Sprintf("servers[%q].capacity", name), "must not be negative, got %d", s.Capacity)
 		}
+	}
+	switch c.Turns {
+	case "":
+		c.Turns = TurnsAuto
+	case TurnsAuto, TurnsSingle, TurnsMulti:
+	default:
+		return configErr("turns", "%q (allowed: auto, single, multi)", c.Turns)
 	}
 	if err := c.Admission.normalise(); err != nil {
 		return err

@@ -35,6 +35,7 @@ func TestGroupSpread(t *testing.T) {
 		// accumulate: after a GRPO step's worth of them it no longer splits
 		// a group.
 		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}},
+		{"default on a fresh router: the group stays whole", `{}`, 0, map[string]int{"s0": 16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -128,8 +129,8 @@ func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 		cfg  Config
 		want bool
 	}{
-		{"kvc_aware at its defaults", Config{Mode: ModeKVCAware}, false},
-		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, false},
+		{"kvc_aware at its defaults (task_spread 0.1)", Config{Mode: ModeKVCAware}, true},
+		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, true},
 		{"task_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{task}}, true},
 		{"group_spread and task_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
 		{"group_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{spread}}, true},

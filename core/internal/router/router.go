@@ -111,6 +111,7 @@ type Router struct {
 	// callback), so a candidate's Sessions is a pointer read per decision.
 	sessions map[string]*int
 	bound    uint64 // new bindings made (sessions started)
+	turns    strategy.Turns
 	pool     []*server
 	byID     map[string]*server
 	seq      int
@@ -204,6 +205,7 @@ func New(cfg Config) (*Router, error) {
 		now:          now,
 		admit:        kvc && cfg.Admission.Enabled,
 		moveSessions: kvc && boolOr(cfg.SessionMoves, true),
+		turns:        turnsOf(cfg.Turns),
 		aq:           newAdmissionState(),
 		lens:         newLenState(cfg.Lengths),
 	}

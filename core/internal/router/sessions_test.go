@@ -125,13 +125,16 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 	system := prompt(1024, 1)
 	// run places tasks x 4 trajectories after warm one-request sessions,
 	// each released at once (a finished GRPO step).
-	run := func(t *testing.T, params string, nServers, tasks, warm int) (perServer map[string]int, serversOf map[int]map[string]bool) {
+	run := func(t *testing.T, params string, nServers, tasks, warm int, turns ...string) (perServer map[string]int, serversOf map[int]map[string]bool) {
 		t.Helper()
 		servers := make([]string, nServers)
 		for i := range servers {
 			servers[i] = fmt.Sprint("s", i)
 		}
 		cfg := Config{Mode: ModeKVCAware, Model: "m", Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(params)}}}
+		if len(turns) > 0 {
+			cfg.Turns = turns[0]
+		}
 		r := mustNew(t, cfg, servers...)
 		for i := 0; i < warm; i++ {
 			r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(64, int32(10_000_000+1000*i))...))
@@ -156,6 +159,8 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	}
+	// Not told the rollout is multi-turn, a fresh router keeps each task
+	// with its prompt (as a GRPO group) whatever task_spread is.
 	keep := `{}`
 	t.Run("default: arena long_agent crowds 2 tasks onto 2 of 4 servers", func(t *testing.T) {
 		per, _ := run(t, keep, 4, 2, 0)
@@ -172,20 +177,33 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 			}
 		}
 	})
-	// task_spread 0.1 (a fresh router presumes multi-turn sessions) splits
-	// every task: a hard task's trajectories, long together, no longer
-	// share one server.
-	t.Run("task_spread 0.1: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
-		per, _ := run(t, `{"task_spread":0.1}`, 4, 2, 0)
+	// Told the rollout is multi-turn (turns "multi", as verl's hook says
+	// for rollout.multi_turn.enable), task_spread (0.1 by default) splits
+	// every task from the first request: a hard task's trajectories, long
+	// together, no longer share one server.
+	t.Run("told multi-turn: arena long_agent, 2 tasks x 4 over 4 servers", func(t *testing.T) {
+		per, _ := run(t, keep, 4, 2, 0, TurnsMulti)
 		even(t, per, 4, 2)
 	})
-	t.Run("task_spread 0.1: every task split, servers even", func(t *testing.T) {
-		per, of := run(t, `{"task_spread":0.1}`, 8, 8, 0)
+	t.Run("told multi-turn: every task split, servers even", func(t *testing.T) {
+		per, of := run(t, keep, 8, 8, 0, TurnsMulti)
 		even(t, per, 8, 4)
 		for task, on := range of {
 			if len(on) < 2 {
 				t.Fatalf("task %d's trajectories on %v: want more than one server", task, on)
 			}
+		}
+	})
+	t.Run("told multi-turn, task_spread 0: tasks crowd as before", func(t *testing.T) {
+		per, _ := run(t, `{"task_spread":0}`, 4, 2, 0, TurnsMulti)
+		if len(per) != 2 {
+			t.Fatalf("sessions per server %v: task_spread 0 still spread the tasks", per)
+		}
+	})
+	t.Run("told single-turn: tasks stay whole", func(t *testing.T) {
+		per, _ := run(t, keep, 4, 2, 0, TurnsSingle)
+		if len(per) != 2 {
+			t.Fatalf("sessions per server %v: told single-turn, a fresh router spread the groups", per)
 		}
 	})
 	// With group_spread, after a history of one-request sessions (GRPO) a

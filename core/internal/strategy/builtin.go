@@ -176,11 +176,13 @@ type KVCAware struct {
 	// any candidate) adds there when another is placed, scaled by the
 	// router's evidence that sessions are multi-turn; 0 keeps a task's
 	// trajectories on the server holding its prompt.
-	// When to change: 0.1 for agent RL whose tasks differ in difficulty (a
-	// hard task's trajectories are all long); leave 0 for GRPO, where on a
-	// fresh router it also spreads a first step's groups (short prompts'
-	// siblings leave their prefix holder), and for agent tasks of alike work
-	// (agent_scale), where sharing the task's prompt measured slightly better.
+	// It applies from a fresh router's first request only when the router's
+	// "turns" is "multi" (verl's hook sets it from
+	// rollout.multi_turn.enable); otherwise as sessions return for later
+	// turns, so a first GRPO step's groups stay with their prompt.
+	// When to change: 0 for agent tasks of alike work (agent_scale), where
+	// sharing the task's prompt measured slightly better; higher when hard
+	// tasks' trajectories still pile onto one server.
 	TaskSpread float64 `json:"task_spread"`
 	tier       [index.NumTiers]float64
 }
@@ -266,8 +268,7 @@ func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]in
 		// group_spread weighs one-request siblings (GRPO samples),
 		// task_spread multi-turn ones (an agent task's trajectories), by
 		// the router's evidence of which the sessions are.
-		m := multiTurn(req)
-		sess.group = k.GroupSpread*(1-m) + k.TaskSpread*m
+		sess.group = k.GroupSpread*(1-multiTurn(req)) + k.TaskSpread*taskTurns(req)
 	}
 	if k.SessionWeight > 0 && len(c) > 1 {
 		total := 0
@@ -327,6 +328,19 @@ func multiTurn(req *Request) float64 { return MultiTurn(req) }
 // MultiTurn is multiTurn for the router (its session moves).
 func MultiTurn(req *Request) float64 {
 	return min(1, (float64(req.LaterTurns)+sessionPrior)/(float64(req.SessionsBound)+sessionPrior))
+}
+
+// taskTurns weighs task_spread: multiTurn (its multi-turn prior included)
+// when the rollout is said to be multi-turn, else the evidence alone, with
+// sessionPrior sessions of prior evidence for "one request each". A fresh
+// router that was not told therefore keeps a first GRPO step's groups with
+// their prompt (the prefix promise comes first), and starts spreading agent
+// tasks once their trajectories return for later turns.
+func taskTurns(req *Request) float64 {
+	if req.Turns == TurnsMulti {
+		return multiTurn(req)
+	}
+	return min(1, float64(req.LaterTurns)/(float64(req.SessionsBound)+sessionPrior))
 }
 
 // sessionTerm is the per-decision part of the session load.
@@ -394,13 +408,14 @@ const DefaultSessionWeight = 0.5
 // docs/rl-workloads.md has both.
 const DefaultGroupSpread = 0.0
 
-// DefaultTaskSpread is task_spread's default: off. 0.1 (tuned on kvbench
-// seeds 101-106) shortens agent steps whose tasks differ in difficulty
-// (1.057 -> 0.989 x verl_default) but a fresh router presumes multi-turn
-// sessions, so it also spreads a first GRPO step's groups: make demo's step
-// lost its lead over verl's default and short prompts' siblings leave their
-// prefix holder (docs/rl-workloads.md has both).
-const DefaultTaskSpread = 0.0
+// DefaultTaskSpread is task_spread's default, tuned on kvbench seeds
+// 101-106: agent steps whose tasks differ in difficulty 1.057 -> 0.989 x
+// verl_default. It applies from the first request only when the router is
+// told the rollout is multi-turn (its "turns" setting, which verl's hook
+// sets from rollout.multi_turn.enable), else as sessions return: presuming
+// multi-turn sessions on a fresh router spread a first GRPO step's groups
+// (make demo's step lost its lead over verl's default; docs/rl-workloads.md).
+const DefaultTaskSpread = 0.1
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

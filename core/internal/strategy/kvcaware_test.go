@@ -281,12 +281,17 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 // (multi-turn siblings) already placed on a server beyond the fewest add
 // task_spread x multi_turn each to its load, so a task spreads over
 // servers; one-request siblings (a GRPO history) get none of it; a fresh
-// router presumes multi-turn sessions; the default (0) keeps a task whole.
+// router presumes multi-turn sessions only when told the rollout is
+// multi-turn (Turns), else it keeps a group with its prompt until sessions
+// return; task_spread 0 keeps a task whole.
 func TestKVCAwareTaskSpread(t *testing.T) {
 	full := [3]int{8, 0, 0}
 	multi := Request{SessionsBound: 100, LaterTurns: 1000} // every session came back
 	grpo := Request{SessionsBound: 1 << 20}                // a history of one-request sessions
-	fresh := Request{}                                     // nothing seen yet: presumed multi-turn
+	fresh := Request{}                                     // nothing seen yet, not told
+	told := Request{Turns: TurnsMulti}                     // nothing seen yet, told multi-turn
+	toldGRPO := Request{SessionsBound: 1 << 20, Turns: TurnsMulti}
+	single := Request{SessionsBound: 100, LaterTurns: 1000, Turns: TurnsSingle}
 	ts := `{"task_spread":0.1}`
 	cases := []struct {
 		name      string
@@ -298,10 +303,15 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 	}{
 		{"0.1, multi-turn, no sibling yet: cache wins", ts, multi, 0, "a", 0},
 		{"0.1, multi-turn, one more sibling: b", ts, multi, 1, "b", 0.1},
-		{"0.1, fresh router, one more sibling: b", ts, fresh, 1, "b", 0.1},
+		{"0.1, fresh router not told: a keeps the group", ts, fresh, 1, "a", 0},
+		{"0.1, fresh router told multi-turn, one more sibling: b", ts, told, 1, "b", 0.1},
+		{"0.1, told multi-turn but one-request history: a keeps the group", ts, toldGRPO, 3, "a", 0},
+		{"0.1, told single-turn but sessions return: b", ts, single, 1, "b", 0.1},
 		{"0.1, one-request history: a keeps the group", ts, grpo, 3, "a", 0},
-		{"default (0): a keeps the task", `{}`, multi, 3, "a", 0},
+		{"default (0.1), multi-turn, one more sibling: b", `{}`, multi, 1, "b", 0.1},
+		{"default (0.1), fresh router not told: a keeps the group", `{}`, fresh, 3, "a", 0},
 		{"task_spread 0: a keeps the task", `{"task_spread":0}`, multi, 3, "a", 0},
+		{"task_spread 0 told multi-turn: a keeps the task", `{"task_spread":0}`, told, 3, "a", 0},
 		{"task_spread 1, two more siblings", `{"task_spread":1}`, multi, 2, "b", 2},
 	}
 	for _, tc := range cases {
@@ -326,8 +336,11 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 	if !build(t, "kvc_aware", ts).(SiblingReader).ReadsSiblings() {
 		t.Fatal("task_spread 0.1 does not read siblings: the term would be a no-op")
 	}
-	if build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
-		t.Fatal("kvc_aware at its defaults (group_spread and task_spread 0) reads siblings")
+	if !build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("kvc_aware at its defaults (task_spread 0.1) does not read siblings")
+	}
+	if build(t, "kvc_aware", `{"task_spread":0}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("group_spread and task_spread 0 read siblings")
 	}
 	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {

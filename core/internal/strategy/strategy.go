@@ -57,7 +57,20 @@ type Request struct {
 	// ratio says whether sessions here are multi-turn (agents) or one
 	// request each (GRPO samples).
 	SessionsBound, LaterTurns uint64
+	// Turns is what the rollout's sessions are said to be before any
+	// returns (the router's "turns" setting; TurnsAuto: not said).
+	Turns Turns
 }
+
+// Turns is the router's "turns" setting: what the rollout's sessions are
+// before the router has seen any return.
+type Turns uint8
+
+const (
+	TurnsAuto   Turns = iota // learn it from sessions that return
+	TurnsSingle              // one request per session (GRPO samples)
+	TurnsMulti               // sessions send turn after turn (agent loops)
+)
 
 // Strategy scores candidates: out[i] scores c[i]; higher is better.
 type Strategy interface {

@@ -68,6 +68,36 @@ def admission_cap(block: Any, max_num_seqs: Any, data_parallel_size: Any = 1) ->
     return {**block, "config": inner}
 
 
+def rollout_turns(rollout_config: Any) -> str:
+    """What verl's rollout config says its sessions are: ``"multi"`` when
+    ``multi_turn.enable`` is on or the default agent loop is not
+    ``single_turn_agent`` (tool and agent loops send turn after turn),
+    else ``"single"`` (GRPO: one request per sample)."""
+    from .detection import get
+
+    mt = get(rollout_config, "multi_turn")
+    if get(mt, "enable", False) is True:
+        return "multi"
+    loop = get(get(rollout_config, "agent"), "default_agent_loop", None)
+    if isinstance(loop, str) and loop and loop != "single_turn_agent":
+        return "multi"
+    return "single"
+
+
+def session_turns(block: Any, rollout_config: Any) -> Any:
+    """``block`` with the router's ``turns`` set from the rollout config
+    (:func:`rollout_turns`) in kvc_aware mode, unless the user set it: a
+    fresh router then spreads an agent task's trajectories from the first
+    request (task_spread) and keeps a first GRPO step's groups whole."""
+    if not isinstance(block, Mapping) or block.get("type") != "kvc_aware":
+        return block
+    inner = dict(block.get("config") or {})
+    if inner.get("turns") is not None:
+        return block
+    inner["turns"] = rollout_turns(rollout_config)
+    return {**block, "config": inner}
+
+
 def actor_options(block: Any = None) -> Dict[str, Any]:
     """Ray options for the balancer actor of router config ``block``."""
     opts = dict(ACTOR_OPTIONS)
