@@ -175,7 +175,10 @@ KVBENCH_TRACE ?= ../shared/data/mooncake/conversation_trace.jsonl
 # Reported seeds 311-320: never run before kvc_aware's configuration was frozen
 # (docs/frozen-kvc-aware.json, `make freeze-kvc-aware`); tuning only on 101-102.
 # (301-310 were run under an earlier freeze, before session moves.)
-KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen docs/frozen-kvc-aware.json
+# The published held-out tables ran kvc_aware frozen at 520d43c (task_spread
+# off); HELDOUT_FROZEN=docs/frozen-kvc-aware.json measures today's defaults.
+HELDOUT_FROZEN ?= docs/results/frozen-kvc-aware-520d43c.json
+KVBENCH_HELDOUT ?= --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(HELDOUT_FROZEN)
 
 kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one policy per system (docs/kvbench.md)
 	@mkdir -p build
@@ -259,8 +262,10 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 520d43c: docs/results/rl-520d43c/);
-# the opt-in tables: RL_FROZEN=docs/results/rl-41412f1/frozen-kvc-aware.json
+# The library defaults (docs/frozen-kvc-aware.json, f591d2b: docs/results/rl-f591d2b/);
+# the earlier defaults: RL_FROZEN=docs/results/rl-520d43c/frozen-kvc-aware.json (or
+# docs/results/frozen-kvc-aware-520d43c.json); task_spread presumed multi-turn
+# everywhere: RL_FROZEN=docs/results/rl-41412f1/frozen-kvc-aware.json
 # (task_spread 0.1, rl-41412f1/) and RL_FROZEN=docs/results/frozen-kvc-aware-3965cf8.json
 # (group_spread 0.1, docs/results/rl-*.json). `make render` copies build/rl-*.json
 # to docs/results/: move them to the freeze's directory instead.

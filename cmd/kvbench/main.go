@@ -83,6 +83,9 @@ type config struct {
 	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
 	// frozenCommit the commit it records.
 	kvcFrozen, frozenCommit string
+	// kvcTurns is kvc_aware's router "turns"; "" = what verl's hook sets
+	// for the workload (bench.TurnsFor).
+	kvcTurns string
 	// The RL workload shape (issue 26): shaped is set when any of its
 	// flags is given; nil-shape workloads keep independent draws.
 	shaped                                  bool
@@ -151,6 +154,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
 	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
 	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
+	fs.StringVar(&c.kvcTurns, "kvc-turns", "", "kvc_aware's router turns: auto | single | multi (default: what verl's hook sets for the workload: multi for agent workloads, single for grpo, auto otherwise; multi on grpo reproduces the 41412f1 tables)")
 	fs.StringVar(&c.kvcFrozen, "kvc-frozen", "", "kvc_aware runs the frozen configuration in FILE (docs/frozen-kvc-aware.json; its \"strategy\" object) and is not tuned")
 	fs.Var(c.params, "params", `NAME=JSON: override a policy's main parameters (repeatable), e.g. sglang_cache_aware={"balance_abs_threshold":8}, llmd_precise={"prefix_weight":3}, dynamo_cost={"overlap_score_credit":2}`)
 	fs.Float64Var(&c.spread, "arrival-spread", 0, "spread each phase's initial arrivals uniformly over this many virtual seconds (0 = a burst)")
@@ -217,6 +221,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.spread < 0 || c.eventDelay < 0 {
 		return nil, errors.New("--arrival-spread and --event-delay must not be negative")
+	}
+	switch c.kvcTurns {
+	case "":
+		c.kvcTurns = bench.TurnsFor(c.workload)
+	case "auto", "single", "multi":
+	default:
+		return nil, fmt.Errorf("--kvc-turns %q (allowed: auto, single, multi)", c.kvcTurns)
 	}
 	if c.kvcFrozen != "" {
 		if c.kvcParams != "" {
@@ -436,7 +447,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: bench.TurnsFor(c.workload)}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)
@@ -450,7 +461,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
 		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
-		"engine_model": c.engineModel, "arrivals": c.arrivals,
+		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns,
 	}
 	if c.arrivals == "verl" {
 		rep.Config["client_rate"], rep.Config["client_workers"] = c.clientRate, c.clientWorkers

@@ -112,6 +112,7 @@ func TestKvbenchFlagErrors(t *testing.T) {
 		{"--workload", "grpo", "--steps", "1", "--grpo-prompts", "1", "--quiet", "--params", `sglang_cache_aware={"balance_rel_threshold":0.2}`, "--policies", "sglang_cache_aware"},
 		{"--heldout", "--workload", "grpo", "--tune-seeds", "1,2", "--report-seeds", "2,3", "--quiet"},
 		{"--kvc-params", "{", "--workload", "grpo"},
+		{"--kvc-turns", "many", "--workload", "grpo"},
 		{"--sweep-policy", "kvc_aware_v2"},
 		{"--v2-params", "{}"},
 	} {

@@ -668,14 +668,17 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# 520d43c freeze), with the opt-in task_spread 0.1 (RL_TASK, the 41412f1
-# freeze) and with group_spread 0.1 (the 3965cf8 freeze, docs/results/rl-*.json).
+# f591d2b freeze), at the earlier defaults (RL_PREV, the 520d43c freeze:
+# task_spread off) and with group_spread 0.1 (the 3965cf8 freeze,
+# docs/results/rl-*.json).
 RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1),
                ("rl-agt", "agent (kvbench `agent`): task difficulty ρ 0.6, tools 1–60 s", None))
 # docs/results/ subdirectories of `make kvbench-rl` runs: the library
-# defaults, and the opt-in task_spread 0.1.
-RL_DEFAULTS = "rl-520d43c"
+# defaults, the earlier defaults, and task_spread 0.1 presumed multi-turn on
+# every fresh router (the 41412f1 freeze).
+RL_DEFAULTS = "rl-f591d2b"
+RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
 
 
@@ -683,18 +686,18 @@ def render_rl_block(docs_root: str) -> Optional[str]:
     from render_rl import rows
 
     res = os.path.join(docs_root, "docs", "results")
-    current, task = os.path.join(res, RL_DEFAULTS), os.path.join(res, RL_TASK)
+    current, prev = os.path.join(res, RL_DEFAULTS), os.path.join(res, RL_PREV)
     if not glob.glob(os.path.join(current, "rl-r0-*.json")):
         return None
     out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size "
            "and kvbench's agent workload, "
            "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
-           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_TASK}/` and `docs/results/rl-*.json`):", "",
+           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_PREV}/` and `docs/results/rl-*.json`):", "",
            f"| setting | seeds | kvc_aware, library defaults ({RL_DEFAULTS[3:]}) | kvc_aware + admission, defaults "
-           f"| kvc_aware, task_spread 0.1 ({RL_TASK[3:]}, opt-in) | kvc_aware, group_spread 0.1 (3965cf8) |",
+           f"| kvc_aware, earlier defaults ({RL_PREV[3:]}: task_spread off) | kvc_aware, group_spread 0.1 (3965cf8) |",
            "|---|---|---|---|---|---|"]
     for prefix, label, step in RL_SETTINGS:
-        d, o, g = rows(current, prefix, step), rows(task, prefix, step), rows(res, prefix, step)
+        d, o, g = rows(current, prefix, step), rows(prev, prefix, step), rows(res, prefix, step)
         if "kvc_aware" not in d:
             continue
         seeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
@@ -767,15 +770,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if "<!-- BEGIN RENDERED: steptime -->" in f.read():
                     targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
     # docs/rl-workloads.md's kvbench-rl tables: the group_spread 0.1 freeze
-    # (docs/results/rl-*.json), the library defaults (RL_DEFAULTS) and the
-    # opt-in task_spread 0.1 (RL_TASK).
+    # (docs/results/rl-*.json), the library defaults (RL_DEFAULTS), the
+    # earlier defaults (RL_PREV) and the 41412f1 task_spread freeze (RL_TASK).
     rl_doc = os.path.join(a.docs, "docs", "rl-workloads.md")
     if os.path.isfile(rl_doc):
         from render_rl import render as render_rl_tables
 
         with open(rl_doc, encoding="utf-8") as f:
             rl_text = f.read()
-        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-task-spread", RL_TASK)):
+        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-prev-defaults", RL_PREV),
+                           ("rl-task-spread", RL_TASK)):
             d = os.path.join(a.docs, "docs", "results", sub) if sub else os.path.join(a.docs, "docs", "results")
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"
