@@ -368,6 +368,19 @@ def test_admission_cap_defaults_to_the_rollout_slots(manager):
     assert got["enabled"] is True and got["max_inflight"] == rc.max_num_seqs * rc.data_parallel_size, got
 
 
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_hook_tells_the_router_the_rollouts_turns(manager, multi_turn):
+    """The hook sets the router's turns from verl's own rollout config:
+    rollout.multi_turn.enable -> multi (task_spread from the first turn),
+    else single (a first GRPO step's groups stay whole)."""
+    args = ["+actor_rollout_ref.rollout.router.type=kvc_aware"]
+    if multi_turn:
+        args.append("actor_rollout_ref.rollout.multi_turn.enable=true")
+    m = manager(*args)
+    got = ray.get(m.global_load_balancer.__ray_call__.remote(lambda self: self._config.effective["router"]["turns"]))
+    assert got == ("multi" if multi_turn else "single")
+
+
 @pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")
 def test_router_config_path_with_admission_names_the_admission_class(manager, tmp_path):
     """verl creates the class the YAML names: with admission on it must be
