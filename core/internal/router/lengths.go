@@ -8,8 +8,10 @@ import (
 
 // LengthsSpec configures response-length learning (issue 26; package
 // lengths): the router remembers each in-flight request's prompt, and a
-// release that reports the request's output token count (the verl hook
-// forwards it; ReleaseDone) teaches the prompt's length. Without counts
+// release that reports the request's output token count (ReleaseDone, Go
+// callers such as kvbench; the C ABI's release does not carry counts or
+// request ids yet, so through the Python balancer the learner sees no
+// release) teaches the prompt's length. Without counts
 // the time from acquire to release is learnt instead (a coarse proxy, in
 // milliseconds, used only while no count has arrived). The history is kept
 // per prompt hash and survives ResetCache (a weight sync ends a step).
@@ -21,9 +23,11 @@ import (
 // so no request starves. While no held request has an estimate, the
 // admission order is unchanged.
 type LengthsSpec struct {
-	// Enabled turns length learning on (kvc_aware mode). When to change:
-	// on when releases report output token counts (the verl hook's
-	// release_server kwargs) or prompts recur across steps.
+	// Enabled turns length learning on (kvc_aware mode). It learns from
+	// Go callers' ReleaseDone only: the C ABI (the Python balancer) does
+	// not report finished requests to it yet. When to change: on for Go
+	// callers whose releases report output token counts, or whose prompts
+	// recur across steps.
 	Enabled bool `json:"enabled"`
 	// Weight is the newest step's weight in a prompt's history (default
 	// 0.6). When to change: higher when lengths drift fast between epochs.
