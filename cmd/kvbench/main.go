@@ -28,6 +28,7 @@ import (
 	"time"
 
 	json "github.com/goccy/go-json"
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 
 	"github.com/kvc-router/kvc-router/testbed/bench"
 	"github.com/kvc-router/kvc-router/testbed/sim"
@@ -225,9 +226,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	switch c.kvcTurns {
 	case "":
 		c.kvcTurns = bench.TurnsFor(c.workload)
-	case "auto", "single", "multi":
+	case kvcrouter.TurnsAuto, kvcrouter.TurnsSingle, kvcrouter.TurnsMulti:
 	default:
-		return nil, fmt.Errorf("--kvc-turns %q (allowed: auto, single, multi)", c.kvcTurns)
+		return nil, fmt.Errorf("--kvc-turns %q (allowed: %s, %s, %s)", c.kvcTurns,
+			kvcrouter.TurnsAuto, kvcrouter.TurnsSingle, kvcrouter.TurnsMulti)
 	}
 	if c.kvcFrozen != "" {
 		if c.kvcParams != "" {

@@ -183,6 +183,9 @@ const (
 	ModeDefault      = router.ModeDefault
 	ModeKVCAware     = router.ModeKVCAware
 	MaxServerIDBytes = router.MaxServerIDBytes
+	TurnsAuto        = router.TurnsAuto
+	TurnsSingle      = router.TurnsSingle
+	TurnsMulti       = router.TurnsMulti
 )
 
 // NewRouter builds a router alone, without collectors (the benchmark drives

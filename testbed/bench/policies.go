@@ -59,11 +59,11 @@ type PolicyOptions struct {
 func TurnsFor(workload string) string {
 	switch {
 	case strings.HasPrefix(workload, "agent"):
-		return "multi"
+		return kvcrouter.TurnsMulti
 	case strings.HasPrefix(workload, "grpo"):
-		return "single"
+		return kvcrouter.TurnsSingle
 	}
-	return ""
+	return kvcrouter.TurnsAuto
 }
 
 // LLMDScrapeInterval is llm-d's metrics refresh period in seconds

@@ -8,7 +8,7 @@ import "testing"
 func TestTurnsFor(t *testing.T) {
 	for _, tc := range []struct{ workload, want string }{
 		{"agent", "multi"}, {"agent_scale", "multi"}, {"agent_long_few", "multi"},
-		{"grpo", "single"}, {"grpo_sat", "single"}, {"mooncake", ""},
+		{"grpo", "single"}, {"grpo_sat", "single"}, {"mooncake", "auto"},
 	} {
 		if got := TurnsFor(tc.workload); got != tc.want {
 			t.Errorf("TurnsFor(%q) = %q, want %q", tc.workload, got, tc.want)
