@@ -82,6 +82,47 @@ func kvr_release_admit(h C.uint64_t, server *C.char, serverLen C.int64_t, outRel
 	}))
 }
 
+// maxOutputTokens bounds kvr_release_done's count: more than any context
+// a served model has, so a larger value is a caller's bug, not a length.
+const maxOutputTokens = 1 << 24
+
+//export kvr_release_done
+func kvr_release_done(h C.uint64_t, server *C.char, serverLen C.int64_t, reqID *C.char, reqIDLen C.int64_t,
+	outputTokens C.int64_t, outReleased *C.int32_t, outAdmitted **C.char, errOut **C.char,
+) (code C.int32_t) {
+	defer recoverExport("kvr_release_done", h, &code, errOut)
+	clearOut(errOut)
+	clearOut(outAdmitted)
+	if outReleased != nil {
+		*outReleased = 0
+	}
+	if outAdmitted == nil {
+		return fail(errOut, errf(codeInvalidArgument, "out_admitted is NULL"))
+	}
+	if outputTokens < 0 || outputTokens > maxOutputTokens {
+		return fail(errOut, errf(codeInvalidArgument, "output_tokens must be in [0, %d], got %d", maxOutputTokens, int64(outputTokens)))
+	}
+	rid, err := goString(reqID, reqIDLen, "request_id", maxIDBytes)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	id, valid, err := lookupID(server, serverLen)
+	if err != nil {
+		return fail(errOut, err)
+	}
+	return result(errOut, reader(h, func(inst *instance) error {
+		if !valid {
+			inst.ignoredIDs.Add(1) // as kvr_release: no pool member has it
+			return nil
+		}
+		admitted, ok := inst.lib.ReleaseDone(id, rid, int(outputTokens), nil)
+		if outReleased != nil && ok {
+			*outReleased = 1
+		}
+		return writeAdmitted(inst, outAdmitted, admitted)
+	}))
+}
+
 //export kvr_pump
 func kvr_pump(h C.uint64_t, outAdmitted **C.char, errOut **C.char) (code C.int32_t) {
 	defer recoverExport("kvr_pump", h, &code, errOut)
@@ -125,6 +166,20 @@ func abiReleaseAdmit(h uint64, server string, nullOut bool) (released int32, res
 		outArg = nil
 	}
 	code := kvr_release_admit(C.uint64_t(h), (*C.char)(p), C.int64_t(len(server)), &rel, outArg, &e)
+	return int32(rel), abiResult{Code: int32(code), Err: takeC(e), Out: takeC(js)}
+}
+
+// abiReleaseDone calls kvr_release_done (out_admitted always given).
+func abiReleaseDone(h uint64, server, reqID []byte, ridLen, outputTokens int64) (released int32, res abiResult) {
+	p, pr := cBuf(server), cBuf(reqID)
+	defer freeC(p)
+	defer freeC(pr)
+	var (
+		rel   C.int32_t
+		js, e *C.char
+	)
+	code := kvr_release_done(C.uint64_t(h), (*C.char)(p), C.int64_t(len(server)), (*C.char)(pr), C.int64_t(ridLen),
+		C.int64_t(outputTokens), &rel, &js, &e)
 	return int32(rel), abiResult{Code: int32(code), Err: takeC(e), Out: takeC(js)}
 }
 

@@ -195,3 +195,79 @@ func TestAdmissionOffSubmitRoutes(t *testing.T) {
 		t.Fatalf("in flight %d, want 4", n)
 	}
 }
+
+// TestReleaseDoneTeachesLengths: kvr_release_done names the finished
+// request and its output count; the learnt length reorders admission
+// (longest first), status reports it, and bad arguments are refused
+// before anything is released.
+func TestReleaseDoneTeachesLengths(t *testing.T) {
+	cfg := []byte(`{"router":{"mode":"kvc_aware","admission":{"enabled":true,"max_inflight":1},"lengths":{"enabled":true}}}`)
+	h, res := abiNew(cfg, int64(len(cfg)), false)
+	if res.Code != codeOK {
+		t.Fatalf("new: %+v", res)
+	}
+	t.Cleanup(func() { abiClose(h) })
+	if r := abiString(h, "add", []byte(`["a:1"]`), 7, nil, 0, 0); r.Code != codeOK {
+		t.Fatal(r)
+	}
+	// warm (prompt A) wrote 900 tokens; then with r0 (prompt B) running,
+	// B's sibling and A's second sample wait.
+	if _, _, res := submitABI(h, "warm", 100, 0); res.Code != codeOK {
+		t.Fatalf("warm: %+v", res)
+	}
+	if rel, r := abiReleaseDone(h, []byte("a:1"), []byte("warm"), 4, 900); r.Code != codeOK || rel != 1 || r.Out != "" {
+		t.Fatalf("release warm: %d %+v", rel, r)
+	}
+	if _, _, res := submitABI(h, "r0", 5000, 1); res.Code != codeOK {
+		t.Fatalf("r0: %+v", res)
+	}
+	if _, _, res := submitABI(h, "b2", 5000, 2); res.Code != codeHeld {
+		t.Fatalf("b2: %+v", res)
+	}
+	if _, _, res := submitABI(h, "a2", 100, 3); res.Code != codeHeld {
+		t.Fatalf("a2: %+v", res)
+	}
+	for _, c := range []struct {
+		name string
+		rid  []byte
+		n    int64
+		tok  int64
+		want string
+	}{
+		{"negative count", []byte("r0"), 2, -1, "output_tokens must be in [0, 16777216], got -1"},
+		{"huge count", []byte("r0"), 2, 1<<24 + 1, "output_tokens must be in [0, 16777216], got 16777217"},
+		{"NULL id", nil, 2, 5, "request_id is NULL with length 2"},
+		{"bad UTF-8 id", []byte{0xff}, 1, 5, "request_id is not valid UTF-8"},
+		{"id over the limit", make([]byte, maxIDBytes+1), maxIDBytes + 1, 5, "request_id is 65537 bytes, more than the limit of 65536"},
+	} {
+		if rel, r := abiReleaseDone(h, []byte("a:1"), c.rid, c.n, c.tok); r.Code != codeInvalidArgument || r.Err != c.want || rel != 0 {
+			t.Errorf("%s: %d %+v, want %q", c.name, rel, r, c.want)
+		}
+	}
+	if n := inflight(t, h, "a:1"); n != 1 {
+		t.Fatalf("in flight %d after refused releases, want 1", n)
+	}
+	// r0 wrote 10: A's sample (learnt long) goes before B's earlier-held one.
+	rel, r := abiReleaseDone(h, []byte("a:1"), []byte("r0"), 2, 10)
+	if got := admittedOf(t, r.Out); r.Code != codeOK || rel != 1 || len(got) != 1 || got[0].Ticket != 3 {
+		t.Fatalf("release_done: %d %+v %+v, want ticket 3 (a2) admitted", rel, r, got)
+	}
+	if rel, r := abiReleaseDone(h, []byte("nope"), []byte("x"), 1, 3); r.Code != codeOK || rel != 0 {
+		t.Fatalf("unknown server: %d %+v", rel, r)
+	}
+	var st struct {
+		Router struct {
+			Lengths *struct {
+				Observed  int `json:"observed_tokens"`
+				Unmatched int `json:"unmatched_releases"`
+			} `json:"lengths"`
+		} `json:"router"`
+	}
+	if err := json.Unmarshal([]byte(abiPlain(h, "status", false).Out), &st); err != nil {
+		t.Fatal(err)
+	}
+	// x was never acquired: unmatched, counted.
+	if l := st.Router.Lengths; l == nil || l.Observed != 2 || l.Unmatched != 1 {
+		t.Fatalf("status lengths %+v", l)
+	}
+}

@@ -68,7 +68,7 @@ func (r *opReader) arg(buf []byte) ([]byte, int64) {
 	return buf, int64(len(buf))
 }
 
-const fuzzRouterConfig = `{"router":{"mode":"kvc_aware","max_prompt_tokens":64,"index":{"max_entries":256},"admission":{"enabled":true,"max_inflight":2,"max_queue":4}},"push":{"max_metrics_bytes":4096,"max_event_bytes":4096}}`
+const fuzzRouterConfig = `{"router":{"mode":"kvc_aware","max_prompt_tokens":64,"index":{"max_entries":256},"admission":{"enabled":true,"max_inflight":2,"max_queue":4},"lengths":{"enabled":true}},"push":{"max_metrics_bytes":4096,"max_event_bytes":4096}}`
 
 // safeConfig reports whether a fuzzed kvr_router_new config may be passed
 // on: it must start no collector (they would dial whatever the input names)
@@ -227,7 +227,7 @@ func FuzzABI(f *testing.F) {
 				checkResult(t, "submit", res)
 			case 13:
 				var res abiResult
-				switch r.byte() % 3 {
+				switch r.byte() % 4 {
 				case 0:
 					s, _ := r.arg(r.bytes())
 					_, res = abiReleaseAdmit(h, string(s), r.byte()%4 == 0)
@@ -235,6 +235,10 @@ func FuzzABI(f *testing.F) {
 					res = abiPump(h, r.byte()%4 == 0)
 				case 2:
 					_, res = abiCancel(h, uint64(r.byte()))
+				case 3:
+					s, _ := r.arg(r.bytes())
+					rid, ridn := r.arg(r.bytes())
+					_, res = abiReleaseDone(h, s, rid, ridn, int64(int8(r.byte()))<<18)
 				}
 				checkResult(t, "admission", res)
 				if res.Code == codeOK && res.Out != "" && !json.Valid([]byte(res.Out)) {
@@ -304,7 +308,8 @@ func TestABIHostileInputs(t *testing.T) {
 		}
 		_, ra := abiReleaseAdmit(h, "a:1", false)
 		_, rc := abiCancel(h, 1)
-		for _, res := range []abiResult{ra, abiPump(h, false), rc} {
+		_, rd := abiReleaseDone(h, []byte("a:1"), []byte("r"), 1, 3)
+		for _, res := range []abiResult{ra, abiPump(h, false), rc, rd} {
 			if res.Code != codeInvalidArgument && res.Code != codeInvalidState {
 				t.Fatalf("admission export on handle %d: %+v", h, res)
 			}

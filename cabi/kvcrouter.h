@@ -1,5 +1,5 @@
 /*
- * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.4.
+ * kvcrouter.h - C ABI of libkvcrouter.so (kvc-router), ABI version 1.5.
  *
  * Hand-maintained, and the one definition of the status codes and the ABI
  * version: cabi's Go constants and kvc_router's Python constants are checked
@@ -28,6 +28,9 @@
  *   "kv_events_modes" in kvr_config_schema.
  *   Minor 4 added kvr_set_log_fd (the collectors' log as JSON lines on a
  *   descriptor the host reads).
+ *   Minor 5 added kvr_release_done (a release naming its request and output
+ *   token count, for response-length learning) and "lengths" in the
+ *   router's status.
  *
  * Conventions
  *   - Every function but kvr_abi_version, kvr_abi_minor and kvr_free returns a status code
@@ -56,7 +59,7 @@ extern "C" {
 #endif
 
 #define KVR_ABI_VERSION 1 /* the major version */
-#define KVR_ABI_MINOR 4
+#define KVR_ABI_MINOR 5
 
 /* Status codes. */
 #define KVR_OK 0
@@ -252,6 +255,22 @@ int32_t kvr_release(kvr_handle h, const char *server_id, int64_t server_id_len,
  */
 int32_t kvr_release_admit(kvr_handle h, const char *server_id, int64_t server_id_len,
                           int32_t *out_released, char **out_admitted, char **err);
+
+/*
+ * kvr_release_admit for a caller that knows which request finished (ABI
+ * 1.5): request_id as given to kvr_acquire / kvr_acquire_with, and the
+ * number of tokens it generated (0 = unknown; then the time since its
+ * acquire is used). With lengths.enabled the router learns the prompt's
+ * response length from it (admission's longest-first order); otherwise it
+ * is kvr_release_admit. output_tokens outside [0, 2^24] or a request_id
+ * that is not a valid string (over 64 KiB, invalid UTF-8, NULL with a
+ * length) is KVR_INVALID_ARGUMENT and nothing is released; an empty
+ * request_id learns nothing. server_id and out_admitted as
+ * kvr_release_admit's.
+ */
+int32_t kvr_release_done(kvr_handle h, const char *server_id, int64_t server_id_len,
+                         const char *request_id, int64_t request_id_len, int64_t output_tokens,
+                         int32_t *out_released, char **out_admitted, char **err);
 
 /* Admits held requests into room that appeared without a release (servers
  * added, caps raised by fresh metrics, a sticky session's server removed);

@@ -38,7 +38,7 @@ import (
 // anything else is a new major.
 const (
 	abiVersion = 1 // the major version (KVR_ABI_VERSION)
-	abiMinor   = 4 // KVR_ABI_MINOR
+	abiMinor   = 5 // KVR_ABI_MINOR
 )
 
 // buildVersion is the library's build version, set by cabi/build.sh with

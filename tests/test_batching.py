@@ -302,3 +302,78 @@ def test_verl_client_patch_batches_for_ours_and_leaves_verls_alone(make_actor, r
         assert asyncio.run(one()) == "s0" and c.calls == 1
     finally:
         ray_cluster.kill(verl_lb)
+
+
+# -- releases carry the output's length to the learner ------------------------
+
+KVC_LENGTHS = {
+    "type": "kvc_aware",
+    "config": {"strategies": [{"name": "kvc_aware", "collector_names": []}], "lengths": {"enabled": True}},
+}
+
+
+class _Out:
+    """A generate output as verl's TokenOutput holds it."""
+
+    def __init__(self, n: int) -> None:
+        self.token_ids = list(range(n))
+
+
+@pytest.mark.parametrize("shape", ["0.9.1", "0.8.0"])
+@pytest.mark.parametrize("batch", ["1", "0"])
+def test_verl_client_patch_sends_output_counts_with_releases(make_actor, ray_cluster, monkeypatch, shape, batch):
+    """With our balancer, a generate's release leaves when the generate
+    returns and names the request and its output's token count (verl's own
+    release sends neither): the router learns one length per request. A
+    generate that fails after its acquire is released without a count."""
+    import types
+
+    from kvc_router.verl import patches
+
+    monkeypatch.setenv(batching.ENV, batch)
+    base = _client_shapes()[shape]
+
+    class Client(base):  # type: ignore[misc, valid-type]
+        async def generate(self, request_id: str, *, prompt_ids: Any, sampling_params: Any) -> Any:
+            sid, _ = await self._acquire_server(request_id, **({"prompt_ids": prompt_ids} if shape == "0.9.1" else {}))
+            try:
+                if sampling_params.get("fail"):
+                    raise RuntimeError("engine died")
+                return _Out(10 + int(request_id.split("-")[1]))
+            finally:
+                self._release_server(sid, **({"request_id": request_id} if shape == "0.9.1" else {}))
+
+    assert patches.patch_client(types.SimpleNamespace(LLMServerClient=Client)) == patches.APPLIED
+    lb = make_actor(servers=dict(SERVERS), router_config=KVC_LENGTHS)
+
+    async def run() -> Any:
+        c = Client(lb)
+        outs = await asyncio.gather(
+            *(c.generate(f"v-{i}", prompt_ids=prompt(i), sampling_params={}) for i in range(12))
+        )
+        with pytest.raises(RuntimeError, match="engine died"):
+            await c.generate("v-99", prompt_ids=prompt(99), sampling_params={"fail": True})
+        return outs
+
+    outs = asyncio.run(run())
+    assert [len(o.token_ids) for o in outs] == [10 + i for i in range(12)]
+    assert drained(ray_cluster, lb) == 0
+    lengths = ray_cluster.get(lb.get_status.remote())["router"]["lengths"]
+    # 12 counts; the failed request's release named no request (nothing learnt).
+    assert lengths["observed_tokens"] == 12 and lengths["observed_durations"] == 0, lengths
+    assert lengths["unmatched_releases"] == 0 and lengths["prompts"] == 12, lengths
+
+
+def test_release_server_counts_bad_output_tokens_and_still_releases():
+    lb = KVCAwareBalancer(dict(SERVERS), router_config=KVC_LENGTHS)
+    assert lb.require_release_fields() == ["request_id"]
+    for i, bad in enumerate([-1, 1 << 30, 2.5, True, "7"]):
+        sid, _ = lb.acquire_server(f"b{i}", prompt(i))
+        lb.release_server(sid, request_id=f"b{i}", output_tokens=bad)
+    sid, _ = lb.acquire_server("ok", prompt(50))
+    lb.release_server(sid, request_id="ok", output_tokens=33)
+    st = lb.get_status()["router"]
+    assert st["total_inflight"] == 0 and st["bad_output_tokens"] == 5
+    # The bad ones were learnt as durations (or nothing, at 0 ms): never as counts.
+    assert st["lengths"]["observed_tokens"] == 1 and st["lengths"]["unmatched_releases"] == 0
+    assert KVCAwareBalancer(dict(SERVERS), router_config=KVC).require_release_fields() == []

@@ -165,6 +165,13 @@ func (l *Library) ReleaseAdmit(server string, out []router.Admitted) (admitted [
 	return l.r.ReleaseAdmit(server, out)
 }
 
+// ReleaseDone is ReleaseAdmit for a caller that knows which request
+// finished and how many tokens it generated (0 = unknown): the length
+// learner (router.LengthsSpec) learns the prompt's response length from it.
+func (l *Library) ReleaseDone(server, requestID string, outputTokens int, out []router.Admitted) (admitted []router.Admitted, released bool) {
+	return l.r.ReleaseDone(server, requestID, outputTokens, out)
+}
+
 // Pump admits held requests into room that appeared without a release
 // (servers added, caps raised by fresh metrics), appending them to out.
 func (l *Library) Pump(out []router.Admitted) []router.Admitted { return l.r.Pump(out) }

@@ -45,7 +45,7 @@ LIB_NAME = "libkvcrouter.so"
 # (tests/test_errors.py checks them). A library of the same major and a minor
 # at least ABI_MINOR is accepted.
 ABI_VERSION = 1
-ABI_MINOR = 4
+ABI_MINOR = 5
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -113,6 +113,10 @@ SIGNATURES: dict = {
         c_int32,
     ),
     "kvr_release_admit": ([c_uint64, c_char_p, c_int64, POINTER(c_int32), _ERR, _ERR], c_int32),
+    "kvr_release_done": (
+        [c_uint64, c_char_p, c_int64, c_char_p, c_int64, c_int64, POINTER(c_int32), _ERR, _ERR],
+        c_int32,
+    ),
     "kvr_pump": ([c_uint64, _ERR, _ERR], c_int32),
     "kvr_cancel": ([c_uint64, c_uint64, POINTER(c_int32), _ERR], c_int32),
 }
@@ -591,6 +595,25 @@ class Router:
         released, out, err = c_int32(0), c_void_p(), c_void_p()
         code = self._lib.kvr_release_admit(
             self._h(), server_id, len(server_id), byref(released), byref(out), byref(err)
+        )
+        if code:
+            _check(self._lib, code, err)
+        return bool(released.value), (json.loads(take_string(self._lib, out) or "[]") if out.value else [])
+
+    def release_done(self, server_id: bytes, request_id: bytes, output_tokens: int) -> Tuple[bool, list]:
+        """:meth:`release_admit` naming the finished request and the tokens it
+        generated (0 = unknown), which the length learner learns from."""
+        released, out, err = c_int32(0), c_void_p(), c_void_p()
+        code = self._lib.kvr_release_done(
+            self._h(),
+            server_id,
+            len(server_id),
+            request_id,
+            len(request_id),
+            output_tokens,
+            byref(released),
+            byref(out),
+            byref(err),
         )
         if code:
             _check(self._lib, code, err)

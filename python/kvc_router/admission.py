@@ -129,11 +129,14 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
         self._pending.pop(got.ticket, None)
         return fut.result()
 
-    async def release_server(self, server_id: str, request_id: Optional[str] = None, **kwargs: Any) -> None:  # type: ignore[override]
-        """Counts one request finished and admits held requests into its room."""
-        self._release(server_id)
+    async def release_server(  # type: ignore[override]
+        self, server_id: str, request_id: Optional[str] = None, output_tokens: Any = None, **kwargs: Any
+    ) -> None:
+        """Counts one request finished and admits held requests into its room
+        (``request_id`` and ``output_tokens`` as the base class's)."""
+        self._release(server_id, request_id, output_tokens)
 
-    async def route_batch(self, releases: Sequence[str], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:  # type: ignore[override]
+    async def route_batch(self, releases: Sequence[Any], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:  # type: ignore[override]
         """The releases, then the acquires, without waiting: one entry per
         acquire, ``(server_id, handle)``, the exception it raised, or
         :class:`Held` (await it with :meth:`await_admission`)."""
@@ -258,12 +261,13 @@ class KVCAwareAdmissionBalancer(KVCAwareBalancer):
             self._pumper = loop.create_task(self._pump_while_held())
         return Held(ticket)
 
-    def _release(self, server_id: Any) -> None:
+    def _release(self, server_id: Any, request_id: Any = None, output_tokens: Any = None) -> None:
         sid = _native.lookup_id(server_id)
         if sid is None:
             self._ignored_ids += 1  # not a str: no server has it (as release_server)
             return
-        _, admitted = self._router.release_admit(sid)
+        done = self._done_args(request_id, output_tokens)
+        _, admitted = self._router.release_admit(sid) if done is None else self._router.release_done(sid, *done)
         if admitted:
             self._resolve(admitted)
 

@@ -23,6 +23,8 @@ logger = logging.getLogger("kvc_router")
 #: Routing attempts when each picks a server removed concurrently (pool churn).
 _ACQUIRE_ATTEMPTS = 64
 _MISSING = object()
+#: kvr_release_done's bound on output_tokens (cabi maxOutputTokens).
+_MAX_OUTPUT_TOKENS = 1 << 24
 
 #: verl's DEFAULT_ROUTING_CACHE_SIZE.
 DEFAULT_ROUTING_CACHE_SIZE = 10000
@@ -108,10 +110,15 @@ class KVCAwareBalancer:
         self._lock = threading.Lock()  # serialises pool changes (threaded actors)
         #: route_batch calls and what they carried (status: is client batching on?)
         self._batches = {"calls": 0, "acquires": 0, "releases": 0}
+        #: releases whose output_tokens was not a count (released without it)
+        self._bad_counts = 0
         self._router = _native.Router(self._config.native())
         self._finalizer = weakref.finalize(self, self._router.close_in_owner)
         #: max_prompt_tokens: longer prompts are refused before being packed
-        self._max_tokens: Optional[int] = self._router.status()["router"].get("max_prompt_tokens") or None
+        first = self._router.status()["router"]
+        self._max_tokens: Optional[int] = first.get("max_prompt_tokens") or None
+        #: lengths.enabled: releases that name their request teach the learner
+        self._learns = first.get("lengths") is not None
         self._refresh()
         if servers:
             self.add_servers(servers)
@@ -147,19 +154,50 @@ class KVCAwareBalancer:
         return ["prompt_ids"] if self._uses_prompt else []
 
     def require_release_fields(self) -> List[str]:
-        """verl >= 0.9.1: release counts by server id; nothing else is needed."""
-        return []
+        """verl >= 0.9.1: ``request_id`` when the length learner is on (the
+        time from acquire to release is then learnt), else nothing."""
+        return ["request_id"] if self._learns else []
 
-    def release_server(self, server_id: str, request_id: Optional[str] = None, **kwargs: Any) -> None:
+    def release_server(
+        self, server_id: str, request_id: Optional[str] = None, output_tokens: Any = None, **kwargs: Any
+    ) -> None:
         """Counts one request finished; unknown ids and zero counts are ignored.
-        ``request_id`` (verl >= 0.9.1) and other keywords are accepted and unused."""
+
+        With ``lengths.enabled``, ``request_id`` (as given to
+        :meth:`acquire_server`) and ``output_tokens`` (how many tokens the
+        request generated; the verl hook sends both) teach the router the
+        prompt's response length; without a count the time since the acquire
+        is learnt. A count that is not a non-negative int is dropped and
+        counted (``router.bad_output_tokens``); the release still counts.
+        Other keywords are accepted and unused."""
         sid = _native.lookup_id(server_id)
         if sid is None:
             self._ignored_ids += 1  # not a str: no server has it
-        else:
+            return
+        done = self._done_args(request_id, output_tokens)
+        if done is None:
             self._router.release(sid)  # the library counts impossible ids
+        else:
+            self._router.release_done(sid, *done)
 
-    def route_batch(self, releases: Sequence[str], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:
+    def _done_args(self, request_id: Any, output_tokens: Any) -> Optional[Tuple[bytes, int]]:
+        """``(request id, output tokens)`` for ``kvr_release_done`` when the
+        release can teach the length learner, else None (a plain release)."""
+        if not self._learns or not isinstance(request_id, str) or not request_id:
+            return None
+        try:
+            rid = request_id.encode("utf-8")
+        except UnicodeEncodeError:
+            return None  # no acquire had this id either
+        n = output_tokens
+        if n is None:
+            return rid, 0
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _MAX_OUTPUT_TOKENS:
+            self._bad_counts += 1
+            return rid, 0
+        return rid, n
+
+    def route_batch(self, releases: Sequence[Any], acquires: Sequence[Tuple[str, Any]]) -> List[Any]:
         """Many ``release_server`` then ``acquire_server`` calls in one actor
         call (see :mod:`kvc_router.batching`, which sends them from verl's
         clients). Returns one entry per acquire, in order: ``(server_id,
@@ -168,9 +206,9 @@ class KVCAwareBalancer:
 
     def _route_batch(
         self,
-        releases: Sequence[str],
+        releases: Sequence[Any],
         acquires: Sequence[Tuple[str, Any]],
-        release: Callable[[str], Any],
+        release: Callable[..., Any],
         acquire: Callable[[str, Any], Any],
     ) -> List[Any]:
         """route_batch with the release and acquire steps given (the
@@ -179,8 +217,13 @@ class KVCAwareBalancer:
         b["calls"] += 1
         b["acquires"] += len(acquires)
         b["releases"] += len(releases)
-        for sid in releases:
-            release(sid)
+        for item in releases:
+            # A str (server id), or (server id, request id, output tokens)
+            # from a client that knows the request's output.
+            if isinstance(item, (tuple, list)) and len(item) == 3:
+                release(*item)
+            else:
+                release(item)
         out: List[Any] = []
         for item in acquires:
             try:
@@ -262,6 +305,7 @@ class KVCAwareBalancer:
         router["pool_change_retries"] = self._races
         #: releases / in-flight lookups of ids no server can have (no-ops)
         router["ignored_invalid_ids"] = doc.get("ignored_invalid_ids", 0) + self._ignored_ids
+        router["bad_output_tokens"] = self._bad_counts
         if self._uses_prompt:
             router["index_mode"] = (
                 "approximate: no KV-event stream; cached prefixes are predicted from this balancer's own routing"

@@ -146,7 +146,8 @@ class Batcher:
         self._acquires: List[Tuple[str, Any, asyncio.Future, int]] = []
         #: times each caller's future was sent again (actor restarts)
         self._resent: Dict[asyncio.Future, int] = {}
-        self._releases: List[str] = []
+        #: server ids, or (server id, request id, output tokens)
+        self._releases: List[Any] = []
         self._inflight = 0
         self._scheduled = False
         self._fields: Optional[List[str]] = None
@@ -189,9 +190,11 @@ class Batcher:
             raise
         self._fields = list(fields)
 
-    def release(self, server_id: str) -> None:
-        """Fire-and-forget, as verl's client releases."""
-        self._releases.append(server_id)
+    def release(self, server_id: str, request_id: Optional[str] = None, output_tokens: Optional[int] = None) -> None:
+        """Fire-and-forget, as verl's client releases. With ``request_id``
+        (and the request's ``output_tokens`` when known) the balancer's
+        length learner learns from it."""
+        self._releases.append(server_id if request_id is None else (server_id, request_id, output_tokens))
         self._kick()
 
     def _kick(self) -> None:

@@ -213,10 +213,16 @@ class SatWorker:
             res = await asyncio.get_running_loop().run_in_executor(self.pool, call)
             rec.update({k: res[k] for k in ("e2e", "cached", "completion_tokens", "id")})
         finally:
+            # As the verl hook releases: the request id and its output's
+            # length when the call returned one, else the bare server id.
+            n = rec.get("completion_tokens")
+            rid = r["rid"] if isinstance(n, int) else None
             if batcher is not None:
-                batcher.release(sid)
-            else:
+                batcher.release(sid, rid, n if rid is not None else None)
+            elif rid is None:
                 self.lb.release_server.remote(server_id=sid)
+            else:
+                self.lb.release_server.remote(server_id=sid, request_id=rid, output_tokens=n)
 
     @staticmethod
     def _record(r: dict) -> dict:

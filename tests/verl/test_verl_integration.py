@@ -314,6 +314,39 @@ def test_client_batches_acquire_and_release_to_our_balancer_only(manager):
     assert len(generate(m2.get_client(), "plain", prompt(1)).token_ids) == 8
 
 
+@pytest.mark.parametrize("admission", [False, True])
+def test_releases_teach_the_router_output_lengths(manager, admission):
+    """verl's release sends no output length; the hook's does: each
+    generate's release names its request and the tokens it generated, so
+    the router's length learner (lengths.enabled) learns one count per
+    request, through the plain and the admission balancer."""
+    args = [
+        "+actor_rollout_ref.rollout.router.type=kvc_aware",
+        "+actor_rollout_ref.rollout.router.config.lengths={enabled:true}",
+    ]
+    if admission:
+        args.append("+actor_rollout_ref.rollout.router.config.admission={enabled:true}")
+    m = manager(*args)
+    lb = m.global_load_balancer
+    client = m.get_client()
+    want = [2 + (i % 5) for i in range(10)]
+
+    async def run():
+        return await asyncio.gather(
+            *(
+                client.generate(f"len-{i}", prompt_ids=prompt(700 + i, n=64), sampling_params={"max_tokens": n})
+                for i, n in enumerate(want)
+            )
+        )
+
+    outs = asyncio.run(run())
+    assert [len(o.token_ids) for o in outs] == want
+    assert wait_for(lambda: ray.get(lb.get_total_inflight.remote()) == 0)
+    lengths = ray.get(lb.get_status.remote())["router"]["lengths"]
+    assert lengths["observed_tokens"] == 10 and lengths["observed_durations"] == 0, lengths
+    assert lengths["unmatched_releases"] == 0 and lengths["prompts"] == 10, lengths
+
+
 async def _batcher_in_loop(lb):
     from kvc_router import batching
 

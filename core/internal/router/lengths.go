@@ -8,10 +8,10 @@ import (
 
 // LengthsSpec configures response-length learning (issue 26; package
 // lengths): the router remembers each in-flight request's prompt, and a
-// release that reports the request's output token count (ReleaseDone, Go
-// callers such as kvbench; the C ABI's release does not carry counts or
-// request ids yet, so through the Python balancer the learner sees no
-// release) teaches the prompt's length. Without counts
+// release that names the request and reports its output token count
+// (ReleaseDone; kvr_release_done in the C ABI, which the Python balancer
+// calls when release_server gets request_id and output_tokens, as the
+// verl hook sends them) teaches the prompt's length. Without counts
 // the time from acquire to release is learnt instead (a coarse proxy, in
 // milliseconds, used only while no count has arrived). The history is kept
 // per prompt hash and survives ResetCache (a weight sync ends a step).
@@ -24,10 +24,10 @@ import (
 // admission order is unchanged.
 type LengthsSpec struct {
 	// Enabled turns length learning on (kvc_aware mode). It learns from
-	// Go callers' ReleaseDone only: the C ABI (the Python balancer) does
-	// not report finished requests to it yet. When to change: on for Go
-	// callers whose releases report output token counts, or whose prompts
-	// recur across steps.
+	// releases that name their request (release_server with request_id,
+	// and output_tokens where known: the verl hook sends both). When to
+	// change: on when prompts recur across steps (a dataset iterated in
+	// epochs) or a group's samples finish at different times.
 	Enabled bool `json:"enabled"`
 	// Weight is the newest step's weight in a prompt's history (default
 	// 0.6). When to change: higher when lengths drift fast between epochs.
@@ -119,8 +119,8 @@ func newLenState(spec LengthsSpec) *lenState {
 // lenTrack remembers a decided request's prompt; r.mu held.
 func (r *Router) lenTrack(req *Request) {
 	l := r.lens
-	if l == nil {
-		return
+	if l == nil || req.ID == "" {
+		return // no id: no release could name it
 	}
 	if len(l.flights) >= maxLengthFlights {
 		clear(l.flights)
@@ -130,10 +130,11 @@ func (r *Router) lenTrack(req *Request) {
 
 // ReleaseDone is ReleaseAdmit for a caller that knows which request
 // finished: it teaches the length learner the request's output token
-// count (0 = unknown: the acquire-to-release time is learnt instead).
+// count (0 = unknown: the acquire-to-release time is learnt instead). An
+// empty requestID is a plain ReleaseAdmit.
 func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []Admitted) ([]Admitted, bool) {
 	r.mu.Lock()
-	if l := r.lens; l != nil {
+	if l := r.lens; l != nil && requestID != "" {
 		if f, ok := l.flights[requestID]; ok {
 			delete(l.flights, requestID)
 			if outputTokens > 0 {

@@ -141,3 +141,32 @@ func TestLengthsTimedAndFallback(t *testing.T) {
 		t.Fatalf("something was learnt: %+v", st)
 	}
 }
+
+// A request without an id is never remembered (a release could not name
+// it), a release without an id is a plain release, and Status reports the
+// learner's counters (null with lengths off).
+func TestLengthsNamelessAndStatus(t *testing.T) {
+	r := mustNew(t, lengthsConfig(4, 100), "s0")
+	s, _ := submit(t, r, "", 1, prompt(64, 1))
+	submit(t, r, "a", 2, prompt(64, 9))
+	if _, ok := r.ReleaseDone(s, "", 50, nil); !ok {
+		t.Fatal("nameless release not counted on its server")
+	}
+	if _, ok := r.ReleaseDone(s, "a", 40, nil); !ok {
+		t.Fatal("release of a not counted")
+	}
+	st := r.Status()
+	if st.Lengths == nil || st.Lengths.Observed != 1 || st.Lengths.Unmatched != 0 || st.Lengths.Prompts != 1 {
+		t.Fatalf("status lengths %+v", st.Lengths)
+	}
+	if st.TotalInflight != 0 {
+		t.Fatalf("in flight %d after both releases", st.TotalInflight)
+	}
+	if e := r.PredictTokens(prompt(64, 1)); e.History || e.Siblings > 0 {
+		t.Fatalf("the nameless request's prompt was learnt: %+v", e)
+	}
+	off := mustNew(t, Config{Mode: ModeKVCAware}, "s0")
+	if off.Status().Lengths != nil {
+		t.Fatal("lengths status present with lengths off")
+	}
+}

@@ -36,6 +36,9 @@ type Status struct {
 	Counters      Counters        `json:"counters"`
 	Index         index.Status    `json:"index"`
 	Admission     AdmissionStatus `json:"admission"`
+	// Lengths is the length learner's statistics (null when lengths is
+	// off): observed_tokens grows only when releases report output counts.
+	Lengths *LengthCounters `json:"lengths"`
 	// DecisionSeconds is the histogram of the decisions' duration.
 	DecisionSeconds LatencyStatus `json:"decision_seconds"`
 	// LastDecision is the last routing decision, stage by stage (null
@@ -54,6 +57,11 @@ func (r *Router) Status() Status {
 		DecisionSeconds: r.latency.status(), LastDecision: r.explainLocked(),
 	}
 	st.Admission.Enabled, st.Admission.Held, st.Admission.HeldBytes = r.admit, len(r.aq.tickets), r.aq.bytes
+	if l := r.lens; l != nil {
+		c := l.counts
+		c.Prompts, _ = l.tok.Len()
+		st.Lengths = &c
+	}
 	for _, s := range r.pool {
 		sn, _ := r.ld.Get(s.id)
 		ss := ServerStatus{ID: s.id, Events: s.events, BlockSize: blockSizeOf(s, &sn, r.cfg.BlockSize), Load: sn}

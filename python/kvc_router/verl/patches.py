@@ -412,15 +412,21 @@ def _make_init_lb(orig: Any) -> Any:
 
 
 # --------------------------------------------------------------------------
-# verl.workers.rollout.llm_server: the client. Two jobs:
+# verl.workers.rollout.llm_server: the client. Three jobs:
 # * verl 0.9.0 / 0.8.0 call ``_acquire_server(request_id)`` only, so the
 #   prompt is taken from ``generate``'s arguments (verl >= 0.9.1 forwards the
 #   fields the balancer names in ``require_acquire_fields()`` itself);
 # * when the balancer is ours, acquires and releases go through this event
-#   loop's :class:`kvc_router.batching.Batcher` (one actor call for many).
+#   loop's :class:`kvc_router.batching.Batcher` (one actor call for many);
+# * when the balancer is ours, the release a ``generate`` makes waits until
+#   that ``generate`` returns (no await in between: the same loop step) and
+#   carries the request id and the output's token count, which the router's
+#   length learner learns from (verl's release sends neither).
 #   With verl's own balancer (no ``route_batch``) verl's code runs unchanged.
 
 _prompt: contextvars.ContextVar = contextvars.ContextVar("kvc_router_prompt_ids", default=None)
+#: (client, [server ids it released]) while a generate of that client runs
+_deferred: contextvars.ContextVar = contextvars.ContextVar("kvc_router_deferred_release", default=None)
 
 
 def patch_client(module: Any) -> str:
@@ -429,26 +435,66 @@ def patch_client(module: Any) -> str:
     if acquire is None:
         raise PatchError("LLMServerClient._acquire_server does not exist")
     params = inspect.signature(acquire).parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    needs_prompt = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    releases = callable(getattr(client, "_release_server", None))
+    if needs_prompt or releases:
         if not inspect.iscoroutinefunction(getattr(client, "generate", None)):
             raise PatchError("LLMServerClient.generate is not a coroutine function")
-        _wrap_method(client, "generate", _make_generate)
-    if callable(getattr(client, "_release_server", None)):
+        _wrap_method(client, "generate", lambda orig: _make_generate(orig, needs_prompt))
+    if releases:
         # Without it (a verl releasing inline) releases stay single calls.
         _wrap_method(client, "_release_server", _make_release)
     return _wrap_method(client, "_acquire_server", _make_acquire)
 
 
-def _make_generate(orig: Any) -> Any:
+def output_tokens(output: Any) -> Optional[int]:
+    """How many tokens a ``generate`` output holds (``TokenOutput.token_ids``),
+    or None when it has no token list."""
+    ids = getattr(output, "token_ids", None)
+    if ids is None or isinstance(ids, (str, bytes)):
+        return None
+    try:
+        return len(ids)
+    except TypeError:
+        return None
+
+
+def _make_generate(orig: Any, with_prompt: bool) -> Any:
     @functools.wraps(orig)
     async def generate(self, *args, **kwargs):
-        token = _prompt.set(kwargs.get("prompt_ids"))
+        token = _prompt.set(kwargs.get("prompt_ids")) if with_prompt else None
+        lb = getattr(self, "_load_balancer", None)
+        released: Optional[List[Any]] = [] if batching.supports_batching(lb) else None
+        held = _deferred.set((self, released)) if released is not None else None
+        out = None
         try:
-            return await orig(self, *args, **kwargs)
+            out = await orig(self, *args, **kwargs)
+            return out
         finally:
-            _prompt.reset(token)
+            if held is not None:
+                _deferred.reset(held)
+            if token is not None:
+                _prompt.reset(token)
+            if released:
+                rid = args[0] if args else kwargs.get("request_id")
+                # One release per generate is verl's; anything else (or a
+                # failed generate) is released without a count.
+                n = output_tokens(out) if out is not None and len(released) == 1 else None
+                for sid in released:
+                    _release_to(lb, sid, rid if n is not None else None, n)
 
     return generate
+
+
+def _release_to(lb: Any, server_id: Any, request_id: Any, n: Optional[int]) -> None:
+    b = batching.batcher_for(lb)
+    if b is not None:
+        b.release(server_id, request_id, n)
+    elif request_id is None:
+        lb.release_server.remote(server_id=server_id)
+    else:
+        # Batching off (KVC_ROUTER_BATCH=0): one call, as verl's.
+        lb.release_server.remote(server_id=server_id, request_id=request_id, output_tokens=n)
 
 
 def _make_acquire(orig: Any) -> Any:
@@ -478,6 +524,10 @@ def _make_acquire(orig: Any) -> Any:
 def _make_release(orig: Any) -> Any:
     @functools.wraps(orig)
     def _release_server(self, server_id, *args, **kwargs):
+        deferred = _deferred.get()
+        if deferred is not None and deferred[0] is self:
+            deferred[1].append(server_id)  # sent when the generate returns
+            return None
         lb = getattr(self, "_load_balancer", None)
         b = batching.batcher_for(lb)
         if b is not None:
@@ -485,7 +535,8 @@ def _make_release(orig: Any) -> Any:
             return None
         if batching.supports_batching(lb) and getattr(self, "_lb_require_release_fields", 0) is None:
             # Our balancer, released outside an event loop after a batched
-            # acquire skipped verl's field query: it needs no release fields.
+            # acquire skipped verl's field query (generate's own release
+            # carries its request id itself): no release fields.
             self._lb_require_release_fields = []
         return orig(self, server_id, *args, **kwargs)
 
