@@ -63,7 +63,9 @@ class DemoOptions:
     sat_speed: Optional[float] = None
     sat_gpu_blocks: Optional[int] = None
     sat_max_num_seqs: Optional[int] = None
-    sat_workload: str = "grpo_sat"  # the arena workload whose shape the step takes
+    # The arena workload whose shape the step takes: RL's (a prompt's samples'
+    # lengths correlated, sent in verl's order); grpo_sat has independent ones.
+    sat_workload: str = "grpo_rho05"
     # The rollout steps after the headline (False: the headline alone, as the
     # reproducibility test runs it).
     rollout: bool = True

@@ -13,7 +13,9 @@ with kvc-router installed; ``KVC_ROUTER_CLIENT_BATCHING=0`` gives one actor
 call each), the HTTP call through the arena's client
 (:func:`kvc_harness.arena.stream_text_completion`, non-streamed, token ids as
 the prompt). The step's shape (prompt lengths, the long-tailed response
-lengths of reasoning RL) is the arena's ``grpo_sat`` workload, sized to the
+lengths of reasoning RL, a prompt's samples' lengths correlated at rho 0.5 and
+sent in verl's order) is the arena's ``grpo_rho05`` workload by default
+(``grpo_sat``: independent lengths, a burst in shuffled order), sized to the
 demo's fleet by prompts x samples; the prompts are token ids drawn by
 :func:`kvc_harness.workloads.grpo_step`.
 
@@ -78,7 +80,7 @@ class SatOptions:
     seed: int = 0
     # The arena workload whose shape (prompt and response lengths) the step
     # takes, sized by prompts x samples; the presentation reads it from here.
-    workload: str = "grpo_sat"
+    workload: str = "grpo_rho05"
 
     @property
     def sequences(self) -> int:
@@ -95,8 +97,9 @@ def quick_options(seed: int = 0) -> SatOptions:
 
 
 def workload(o: SatOptions) -> WorkloadSpec:
-    """The arena's ``grpo_sat`` shape (prompt lengths, response median, tail
-    and cap) at prompts x samples; one step, token-id prompts."""
+    """An arena workload's shape (prompt lengths, response median, tail and
+    cap; the length correlation of the RL-shaped ones) at prompts x samples;
+    one step, token-id prompts."""
     from kvc_harness.arena import workload_specs
 
     specs = workload_specs()

@@ -91,10 +91,14 @@ def test_demo_quick_kvc_beats_default(tmp_path):
         # engine clock never runs ahead of wall time x speed).
         assert 0 < s["ttft_p50_s"] <= s["ttft_p99_s"] <= s["client_step_time_s"]
         assert s["preemptions"] >= 0
-    # Siblings co-located: the servers' own counters show the extra prefix hits.
-    assert sby["kvc_aware"]["hit_rate"] > sby["default"]["hit_rate"], (sby["default"]["hit_rate"],
-                                                                    sby["kvc_aware"]["hit_rate"])
+    # Siblings co-located by admission (each freed slot to the held sample
+    # whose prompt that server holds): the servers' own counters show the
+    # extra prefix hits. (In verl's order plain kvc_aware's hit rate is
+    # default's, within a point either way: docs/demo.md.)
+    assert sby["kvc_aware+admit"]["hit_rate"] > sby["default"]["hit_rate"] + 0.03, (
+        sby["default"]["hit_rate"], sby["kvc_aware+admit"]["hit_rate"])
     assert sby["kvc_aware"]["router"]["event_stored_blocks"] > 0
+    assert "grpo_rho05" in table and "rho 0.5" in table  # the realistic step by default
     # The figures alone, and the step's requests fixed by the seed.
     summ = json.loads((out / "demo-summary.json").read_text())
     assert [x["policy"] for x in summ["sat"]["summaries"]] == ["default", "kvc_aware", "kvc_aware+admit"]
