@@ -139,15 +139,15 @@ def _ratio(s: dict, base: dict, key: str) -> str:
     return f" ({s[key] / b:.3f}x)" if b and s is not base else ""
 
 
-def render_readme(doc: dict) -> str:
+def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
     """The README's demo block, from :func:`summary_doc`'s document: every
     column says what it is against, losses are stated, nothing is typed."""
     sat = doc["sat"]
     sums = sat["summaries"]
     base = sums[0]
     lines = [
-        f"`make demo` at commit {doc['commit']}: {sat['description']} "
-        f"(rendered from `docs/results/demo.json`; ratios are each policy's over {base['policy']}'s, same run):",
+        f"`{doc.get('command') or 'make demo'}` at commit {doc['commit']}: {sat['description']} "
+        f"(rendered from `{source}`; ratios are each policy's over {base['policy']}'s, same run):",
         "",
         "| policy | step time, engines' clock (sim s) | hit rate (servers) | TTFT p50 / p99, submit to first "
         "token (sim s) † | of which acquire wait p99 (sim s) † | preemptions |",

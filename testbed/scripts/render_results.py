@@ -799,7 +799,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         from kvc_harness.demo import render_readme
 
         with open(demo_json, encoding="utf-8") as f:
-            targets.setdefault(os.path.join(a.docs, "README.md"), {})["demo"] = render_readme(json.load(f))
+            demo_block = render_readme(json.load(f))
+        targets.setdefault(os.path.join(a.docs, "README.md"), {})["demo"] = demo_block
+        # docs/demo.md: the same block, and the independent-length step
+        # (--sat-workload grpo_sat) from docs/results/demo-grpo_sat.json.
+        demo_doc = os.path.join(a.docs, "docs", "demo.md")
+        if os.path.isfile(demo_doc):
+            with open(demo_doc, encoding="utf-8") as f:
+                demo_text = f.read()
+            blocks = {}
+            if "<!-- BEGIN RENDERED: demo -->" in demo_text:
+                blocks["demo"] = demo_block
+            sat_json = os.path.join(a.docs, "docs", "results", "demo-grpo_sat.json")
+            if "<!-- BEGIN RENDERED: demo-grpo-sat -->" in demo_text and os.path.isfile(sat_json):
+                with open(sat_json, encoding="utf-8") as f:
+                    blocks["demo-grpo-sat"] = render_readme(json.load(f), source="docs/results/demo-grpo_sat.json")
+            if blocks:
+                targets.setdefault(demo_doc, {}).update(blocks)
     changed = []
     for path, blocks in targets.items():
         with open(path, encoding="utf-8") as f:
