@@ -55,31 +55,11 @@ func kvr_release_admit(h C.uint64_t, server *C.char, serverLen C.int64_t, outRel
 	outAdmitted **C.char, errOut **C.char,
 ) (code C.int32_t) {
 	defer recoverExport("kvr_release_admit", h, &code, errOut)
-	clearOut(errOut)
-	clearOut(outAdmitted)
-	if outReleased != nil {
-		*outReleased = 0
-	}
-	if outAdmitted == nil {
-		// What it admits is counted in flight: unreported, nobody could
-		// release it.
-		return fail(errOut, errf(codeInvalidArgument, "out_admitted is NULL"))
-	}
-	id, valid, err := lookupID(server, serverLen)
-	if err != nil {
+	if err := releaseOuts(outReleased, outAdmitted, errOut); err != nil {
 		return fail(errOut, err)
 	}
-	return result(errOut, reader(h, func(inst *instance) error {
-		if !valid {
-			inst.ignoredIDs.Add(1) // as kvr_release: no pool member has it
-			return nil
-		}
-		admitted, ok := inst.lib.ReleaseAdmit(id, nil)
-		if outReleased != nil && ok {
-			*outReleased = 1
-		}
-		return writeAdmitted(inst, outAdmitted, admitted)
-	}))
+	return releaseInto(h, server, serverLen, outReleased, outAdmitted, errOut,
+		func(inst *instance, id string) ([]kvcrouter.Admitted, bool) { return inst.lib.ReleaseAdmit(id, nil) })
 }
 
 // maxOutputTokens bounds kvr_release_done's count: more than any context
@@ -91,13 +71,8 @@ func kvr_release_done(h C.uint64_t, server *C.char, serverLen C.int64_t, reqID *
 	outputTokens C.int64_t, outReleased *C.int32_t, outAdmitted **C.char, errOut **C.char,
 ) (code C.int32_t) {
 	defer recoverExport("kvr_release_done", h, &code, errOut)
-	clearOut(errOut)
-	clearOut(outAdmitted)
-	if outReleased != nil {
-		*outReleased = 0
-	}
-	if outAdmitted == nil {
-		return fail(errOut, errf(codeInvalidArgument, "out_admitted is NULL"))
+	if err := releaseOuts(outReleased, outAdmitted, errOut); err != nil {
+		return fail(errOut, err)
 	}
 	if outputTokens < 0 || outputTokens > maxOutputTokens {
 		return fail(errOut, errf(codeInvalidArgument, "output_tokens must be in [0, %d], got %d", maxOutputTokens, int64(outputTokens)))
@@ -106,6 +81,33 @@ func kvr_release_done(h C.uint64_t, server *C.char, serverLen C.int64_t, reqID *
 	if err != nil {
 		return fail(errOut, err)
 	}
+	return releaseInto(h, server, serverLen, outReleased, outAdmitted, errOut,
+		func(inst *instance, id string) ([]kvcrouter.Admitted, bool) {
+			return inst.lib.ReleaseDone(id, rid, int(outputTokens), nil)
+		})
+}
+
+// releaseOuts resets the outputs of the admitting releases; out_admitted
+// is required: what a release admits is counted in flight, and
+// unreported nobody could release it.
+func releaseOuts(outReleased *C.int32_t, outAdmitted **C.char, errOut **C.char) error {
+	clearOut(errOut)
+	clearOut(outAdmitted)
+	if outReleased != nil {
+		*outReleased = 0
+	}
+	if outAdmitted == nil {
+		return errf(codeInvalidArgument, "out_admitted is NULL")
+	}
+	return nil
+}
+
+// releaseInto looks the server up and releases on it with release,
+// reporting what was admitted (the admitting releases after their own
+// argument checks).
+func releaseInto(h C.uint64_t, server *C.char, serverLen C.int64_t, outReleased *C.int32_t, outAdmitted **C.char,
+	errOut **C.char, release func(inst *instance, id string) ([]kvcrouter.Admitted, bool),
+) C.int32_t {
 	id, valid, err := lookupID(server, serverLen)
 	if err != nil {
 		return fail(errOut, err)
@@ -115,7 +117,7 @@ func kvr_release_done(h C.uint64_t, server *C.char, serverLen C.int64_t, reqID *
 			inst.ignoredIDs.Add(1) // as kvr_release: no pool member has it
 			return nil
 		}
-		admitted, ok := inst.lib.ReleaseDone(id, rid, int(outputTokens), nil)
+		admitted, ok := release(inst, id)
 		if outReleased != nil && ok {
 			*outReleased = 1
 		}
