@@ -139,8 +139,12 @@ def test_samples_of_a_live_kv_event_subscription():
                 pub.send_multipart([topic, struct.pack(">Q", seq), payload])
 
             # The subscription joins asynchronously: publish until one lands.
-            procs.wait_for(lambda: send(0, 1) or publisher_status(lb.get_status(), "s0").get("events", {}).get(
-                "batches"), 10, "first KV-event batch applied", interval=0.1)
+            procs.wait_for(
+                lambda: send(0, 1) or publisher_status(lb.get_status(), "s0").get("events", {}).get("batches"),
+                10,
+                "first KV-event batch applied",
+                interval=0.1,
+            )
             st = lb.get_status()
             seq0 = publisher_status(st, "s0")["last_seq"]
             send(seq0 + 2, 5000)  # seq0 + 1 never sent: a gap
@@ -175,6 +179,25 @@ def test_admission_queue_is_exported_when_status_has_one():
     assert got[("admission_held", ())] == 3 and got[("admission_timeouts_total", ())] == 2
     assert km.spec_of("admission_timeouts_total").kind == "counter"
     assert not [n for n, _ in got if n == "admission_policy"]
+
+
+def test_length_learning_is_exported_only_when_on():
+    cfg = _cfg()
+    cfg["config"]["lengths"] = {"enabled": True}
+    with KVCAwareBalancer({"s0": None}, router_config=cfg) as lb:
+        for rid, prompt, n in (("a", PROMPT, 40), ("b", PROMPT_B, "x")):
+            sid, _ = lb.acquire_server(rid, prompt)
+            lb.release_server(sid, request_id=rid, output_tokens=n)
+        lb.release_server("s0", request_id="ghost", output_tokens=3)  # never routed
+        st = lb.get_status()
+    got = _by_key(km.samples(st, lambda s: s))
+    assert got[("lengths_observed_tokens_total", ())] == 1 and got[("bad_output_tokens_total", ())] == 1
+    assert got[("lengths_unmatched_releases_total", ())] == 1 and got[("lengths_prompts", ())] == 1
+    # "b" (a bad count) taught its acquire-to-release time, or nothing at 0 ms.
+    assert got[("lengths_observed_durations_total", ())] == st["router"]["lengths"]["observed_durations"] <= 1
+    with KVCAwareBalancer({"s0": None}, router_config=_cfg()) as lb:
+        off = _by_key(km.samples(lb.get_status(), lambda s: s))
+    assert not [n for n, _ in off if n.startswith("lengths_") or n == "bad_output_tokens_total"]
 
 
 # --------------------------------------------------------------------------
@@ -361,9 +384,18 @@ def test_grafana_dashboard_uses_only_exported_metrics():
             used.add(name)
     assert used and used <= set(km.SPECS), used - set(km.SPECS)
     # The panels cover the metric families the issue lists.
-    for want in ("decisions_total", "decision_seconds_bucket_total", "credited_prefix_tokens_total",
-                 "sticky_breaks_total", "index_evictions_total", "kv_event_gaps_total",
-                 "kv_event_decode_errors_total", "server_healthy", "server_inflight", "admission_held"):
+    for want in (
+        "decisions_total",
+        "decision_seconds_bucket_total",
+        "credited_prefix_tokens_total",
+        "sticky_breaks_total",
+        "index_evictions_total",
+        "kv_event_gaps_total",
+        "kv_event_decode_errors_total",
+        "server_healthy",
+        "server_inflight",
+        "admission_held",
+    ):
         assert want in used, want
 
 

@@ -149,6 +149,12 @@ SPECS: Dict[str, Spec] = {
     "admission_admitted_total": Spec("counter", "held requests admitted to a server"),
     "admission_cancelled_total": Spec("counter", "held requests cancelled by their caller"),
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
+    # response-length learning (router.lengths; only when it is on)
+    "lengths_observed_tokens_total": Spec("counter", "releases that taught a response length (output tokens)"),
+    "lengths_observed_durations_total": Spec("counter", "releases that taught an acquire-to-release time"),
+    "lengths_unmatched_releases_total": Spec("counter", "releases naming a request the router did not route"),
+    "lengths_prompts": Spec("gauge", "prompts with a learnt response length"),
+    "bad_output_tokens_total": Spec("counter", "releases whose output_tokens was not a count (released without it)"),
     # health of the library
     "panics_total": Spec("counter", "panics recovered at the C boundary"),
     "collector_panics_total": Spec("counter", "panics recovered in collector goroutines (which restarted)"),
@@ -251,6 +257,13 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
     add("ignored_invalid_ids_total", r.get("ignored_invalid_ids", 0))
     add("pool_change_retries_total", r.get("pool_change_retries", 0))
     add("goroutines", r.get("goroutines", 0))
+    lens = r.get("lengths")
+    if isinstance(lens, Mapping):
+        add("lengths_observed_tokens_total", lens.get("observed_tokens", 0))
+        add("lengths_observed_durations_total", lens.get("observed_durations", 0))
+        add("lengths_unmatched_releases_total", lens.get("unmatched_releases", 0))
+        add("lengths_prompts", lens.get("prompts", 0))
+        add("bad_output_tokens_total", r.get("bad_output_tokens", 0))
     out.extend(_admission(r.get("admission")))
     return out
 
