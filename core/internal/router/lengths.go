@@ -169,8 +169,13 @@ func (r *Router) LengthCounters() LengthCounters {
 	if r.lens == nil {
 		return LengthCounters{}
 	}
-	c := r.lens.counts
-	c.Prompts, _ = r.lens.tok.Len()
+	return r.lens.snapshot()
+}
+
+// snapshot is the learner's counters with the prompts it remembers.
+func (l *lenState) snapshot() LengthCounters {
+	c := l.counts
+	c.Prompts, _ = l.tok.Len()
 	return c
 }
 

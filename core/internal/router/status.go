@@ -57,9 +57,8 @@ func (r *Router) Status() Status {
 		DecisionSeconds: r.latency.status(), LastDecision: r.explainLocked(),
 	}
 	st.Admission.Enabled, st.Admission.Held, st.Admission.HeldBytes = r.admit, len(r.aq.tickets), r.aq.bytes
-	if l := r.lens; l != nil {
-		c := l.counts
-		c.Prompts, _ = l.tok.Len()
+	if r.lens != nil {
+		c := r.lens.snapshot()
 		st.Lengths = &c
 	}
 	for _, s := range r.pool {
