@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-rl docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl kvbench-rl-tuned docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -281,6 +281,19 @@ kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at 
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null && \
 	  $(GO) run ./cmd/kvbench $(RL_AGENT) --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl,dynamo_cost+session,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-agt-$$s.json >/dev/null || exit 1; done
 	$(PYH) testbed/scripts/render_rl.py build
+
+# Every peer at its best on the RL settings (issue 27): the one peer set of
+# KVBENCH_POLICIES plus Dynamo's agentic preset, each variant tuned on its own
+# grid on TUNE_SEEDS for step time alone, reported on fresh seeds; kvc_aware
+# frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/.
+RL_TUNED_SEEDS ?= 361,362,363,364,365
+RL_TUNED_POLICIES ?= $(KVBENCH_POLICIES),dynamo_cost+agentic
+RL_TUNED = --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_SEEDS) --tune-objective step
+kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 101,102), reported on fresh seeds RL_TUNED_SEEDS -> build/rl-tuned/ (~25 min)
+	@mkdir -p build/rl-tuned
+	@for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 1 --length-corr $$r --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-r$$t.json || exit 1; done
+	$(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --report-from-step 1 --policies $(RL_TUNED_POLICIES),kvc_aware+admit+lengths --json build/rl-tuned/heldout-rl-rec.json
+	$(GO) run ./cmd/kvbench $(RL_AGENT) --parallel 2 $(RL_TUNED) --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-agt.json
 
 render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it
 	@mkdir -p docs/results

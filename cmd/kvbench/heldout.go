@@ -24,7 +24,14 @@ var tuneGrid = map[string][]string{
 	"llmd_weighted":      {`{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
 	"llmd_precise":       {`{"prefix_weight":2,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":3,"queue_weight":2,"kv_weight":2}`, `{"prefix_weight":1,"queue_weight":1,"kv_weight":1}`, `{"prefix_weight":4,"queue_weight":1,"kv_weight":1}`},
 	"dynamo_cost":        {`{"overlap_score_credit":1}`, `{"overlap_score_credit":0.5}`, `{"overlap_score_credit":2}`, `{"overlap_score_credit":4}`},
-	"smg_cache_aware":    {`{"balance_abs_threshold":64,"balance_rel_threshold":1.5}`, `{"balance_abs_threshold":32,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":8,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":2,"balance_rel_threshold":1.05}`},
+	// Dynamo's predict-on-route variant: its overlap credit and its own
+	// feature, router_predicted_ttl_secs (the arena's tuning picked 2 s and
+	// 20 s on different workloads).
+	"dynamo_cost+ttl": {`{"overlap_score_credit":1}`, `{"overlap_score_credit":4}`, `{"overlap_score_credit":1,"router_predicted_ttl_secs":20}`, `{"overlap_score_credit":4,"router_predicted_ttl_secs":20}`},
+	// The agentic preset's points keep its per-request decode charge and
+	// move the two weights it sets (the first point is the preset).
+	"dynamo_cost+agentic": {`{"overlap_score_credit":2}`, `{"overlap_score_credit":4}`, `{"overlap_score_credit":1}`, `{"overlap_score_credit":2,"prefill_load_scale":1}`},
+	"smg_cache_aware":     {`{"balance_abs_threshold":64,"balance_rel_threshold":1.5}`, `{"balance_abs_threshold":32,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":8,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":2,"balance_rel_threshold":1.05}`},
 }
 
 // gridFor is a policy's tuning grid: its own when it has one, else its
@@ -140,8 +147,15 @@ func parseSeeds(s string) ([]uint64, error) {
 }
 
 // objective is what tuning minimises: the mean of the makespan and TTFT
-// p99 ratios to verl_default on the same seed.
-func objective(s, base bench.Summary) float64 {
+// p99 ratios to verl_default on the same seed ("mixed"), or the makespan
+// ratio alone ("step").
+func objective(kind string, s, base bench.Summary) float64 {
+	if kind == "step" {
+		if base.Makespan > 0 {
+			return s.Makespan / base.Makespan
+		}
+		return 0
+	}
 	r := 0.0
 	if base.Makespan > 0 {
 		r += s.Makespan / base.Makespan
@@ -261,6 +275,9 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return fmt.Errorf("--policies is empty")
 	}
+	if c.tuneObjective != "mixed" && c.tuneObjective != "step" {
+		return fmt.Errorf("--tune-objective %q: want mixed or step", c.tuneObjective)
+	}
 	// Tuning.
 	var jobs []runJob
 	for _, s := range tune {
@@ -304,7 +321,7 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 		var o float64
 		for i, j := range jobs {
 			if j.policy == p.policy && string(j.params[bench.BaseName(p.policy)]) == p.raw {
-				o += objective(sums[i], base[j.seed])
+				o += objective(c.tuneObjective, sums[i], base[j.seed])
 			}
 		}
 		o /= float64(len(tune))
@@ -416,7 +433,8 @@ func heldout(c *config, stdout, stderr io.Writer) error {
 			"engines": c.engines, "max_num_seqs": c.maxSeqs, "makespan_prefill_free_s": statOf(bs), "achievable_gain_over_verl": statOf(gaps),
 			"makespan_lower_bound_s": statOf(lbs), "best_over_lower_bound": statOf(best), "rows": rows,
 			"kvc_frozen":   map[string]string{"path": c.kvcFrozen, "commit": c.frozenCommit},
-			"engine_model": c.engineModel, "arrivals": c.arrivals, "report_from_step": c.fromStep}
+			"engine_model": c.engineModel, "arrivals": c.arrivals, "report_from_step": c.fromStep,
+			"tune_objective": c.tuneObjective}
 		if c.arrivals == "verl" {
 			doc["client_rate"], doc["client_workers"] = c.clientRate, c.clientWorkers
 		}

@@ -79,8 +79,11 @@ type config struct {
 	params                                                         paramFlag
 	makespanBound                                                  bool
 	sweepSpread, tuneSeeds, reportSeeds                            string
-	heldout                                                        bool
-	quiet                                                          bool
+	// tuneObjective is what held-out tuning minimises: "mixed" (makespan
+	// and TTFT p99 ratios, equally) or "step" (makespan ratio alone).
+	tuneObjective string
+	heldout       bool
+	quiet         bool
 	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
 	// frozenCommit the commit it records.
 	kvcFrozen, frozenCommit string
@@ -164,6 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.heldout, "heldout", false, "held-out evaluation: tune each tunable policy's main knob on --tune-seeds, report --report-seeds")
 	fs.StringVar(&c.tuneSeeds, "tune-seeds", "101,102", "held-out: seeds used only for tuning")
 	fs.StringVar(&c.reportSeeds, "report-seeds", "1,2,3,4,5", "held-out: seeds reported (never tuned on)")
+	fs.StringVar(&c.tuneObjective, "tune-objective", "mixed", `held-out: what tuning minimises over the tuning seeds: "mixed" (mean of the step-time and TTFT p99 ratios to verl_default) or "step" (the step-time ratio alone: each peer at its best step time)`)
 	fs.IntVar(&c.parallel, "parallel", 2, "policies run concurrently")
 	fs.StringVar(&c.sweepAlpha, "sweep-alpha", "", "sensitivity: kvc_aware alpha values (comma list); runs the grid instead of --policies")
 	fs.StringVar(&c.sweepThreshold, "sweep-threshold", "0.9", "sensitivity: load_threshold values")

@@ -11,6 +11,9 @@ import (
 	"testing"
 
 	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/testbed/bench"
+	"github.com/kvc-router/kvc-router/testbed/peers"
 )
 
 // writeTrace writes a conversation-like Mooncake trace: shared block 0 and
@@ -304,5 +307,56 @@ func TestHeldoutFrozenKVCAware(t *testing.T) {
 	if code := run(append(append([]string{}, tinyGRPO...), "--kvc-frozen", frozen), &out, &errb); code == 0 ||
 		!strings.Contains(errb.String(), "alpha") {
 		t.Fatalf("bad frozen file accepted (exit %d): %s", code, errb.String())
+	}
+}
+
+// Every tuning grid has four points, each one a valid parameter set for
+// every policy tuned on it, and the first point is the launcher default
+// (the held-out rows call a grid's first choice "launcher defaults").
+func TestTuneGrids(t *testing.T) {
+	for _, name := range bench.PolicyNames {
+		g := gridFor(name)
+		if g == nil {
+			continue
+		}
+		if len(g) != 4 {
+			t.Errorf("%s: %d grid points, want the common budget of 4", name, len(g))
+		}
+		for _, raw := range g {
+			if _, err := bench.NewPolicy(name, bench.PolicyOptions{BlockSize: 16,
+				Params: map[string]json.RawMessage{bench.BaseName(name): json.RawMessage(raw)}}); err != nil {
+				t.Errorf("%s: grid point %s refused: %v", name, raw, err)
+			}
+		}
+	}
+	// The first point restates the variant's launcher default.
+	def, agentic := peers.DefaultDynamo(), peers.AgenticDynamo()
+	for name, want := range map[string]float64{"dynamo_cost": def.OverlapCredit, "dynamo_cost+ttl": def.OverlapCredit,
+		"dynamo_cost+agentic": agentic.OverlapCredit} {
+		var p struct {
+			Credit float64 `json:"overlap_score_credit"`
+		}
+		if err := json.Unmarshal([]byte(gridFor(name)[0]), &p); err != nil || p.Credit != want {
+			t.Errorf("%s: first grid point %s, want its default credit %v", name, gridFor(name)[0], want)
+		}
+	}
+}
+
+func TestTuneObjective(t *testing.T) {
+	base := bench.Summary{Makespan: 100, TTFTP99: 10}
+	s := bench.Summary{Makespan: 90, TTFTP99: 20}
+	for _, tc := range []struct {
+		kind string
+		want float64
+	}{{"step", 0.9}, {"mixed", (0.9 + 2) / 2}} {
+		if got := objective(tc.kind, s, base); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("objective(%s) = %v, want %v", tc.kind, got, tc.want)
+		}
+	}
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, tinyGRPO...), "--heldout", "--tune-seeds", "9", "--report-seeds", "1,2",
+		"--policies", "verl_default,dynamo_cost", "--tune-objective", "ttft")
+	if code := run(args, &out, &errb); code == 0 || !strings.Contains(errb.String(), "--tune-objective") {
+		t.Fatalf("a bad --tune-objective was accepted (exit %d): %s", code, errb.String())
 	}
 }

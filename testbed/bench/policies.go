@@ -20,7 +20,7 @@ var PolicyNames = []string{
 	"sglang_cache_aware", "sglang_cache_aware+gateway",
 	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
 	"llmd_precise+nohit", "llmd_precise+active",
-	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session",
+	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic",
 	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
 }
@@ -289,8 +289,11 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			return c
 		}
 		return p, nil
-	case "dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session":
+	case "dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic":
 		d := peers.DefaultDynamo()
+		if name == "dynamo_cost+agentic" {
+			d = peers.AgenticDynamo()
+		}
 		d.BlockSize = o.BlockSize
 		d.Seed = seed
 		if err := decodeOver(name, raw, &d); err != nil {
@@ -306,7 +309,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
 					Speculate: bptr(ttl), StickyOverload: bptr(false), Strategy: st, Servers: uncapped()}
 				if ttl {
-					c.Index.SpecTTLMS = 5000
+					c.Index.SpecTTLMS = int(d.PredictedTTLSecs * 1000)
 				}
 				return c
 			}}, nil

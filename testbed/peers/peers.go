@@ -472,8 +472,10 @@ func breakTies(rng *rand.Rand, out []float64) {
 //	decode           = unique active blocks on the worker + the request's
 //	                   blocks not already held by its active sequences
 //	cost             = prefill_load_scale·adjusted_prefill + decode
+//	                   + decode_active_request_weight·active_requests
 //
-// At temperature 0 the minimum cost wins and ties break at random. Worker
+// (the third term is Dynamo 1.6.1's, default 0; its agentic preset sets it to
+// 64 with overlap credit 2 and prefill_load_scale 4). At temperature 0 the minimum cost wins and ties break at random. Worker
 // figures come from Signals.Active; without signals both are estimated from
 // the router's in-flight prompt tokens / BlockSize, with no sharing.
 type Dynamo struct {
@@ -481,16 +483,33 @@ type Dynamo struct {
 	PrefillLoadScale float64 `json:"prefill_load_scale"`
 	HostWeight       float64 `json:"host_cache_hit_weight"`
 	DiskWeight       float64 `json:"disk_cache_hit_weight"`
+	// ActiveRequestWeight charges each request the router has in flight on
+	// the worker as that many blocks of decode.
+	ActiveRequestWeight float64 `json:"decode_active_request_weight"`
+	// PredictedTTLSecs is router_predicted_ttl_secs: how long the +ttl
+	// variant's predicted blocks (its own routing decisions) live before a KV
+	// event confirms them. Only the +ttl variant reads it.
+	PredictedTTLSecs float64 `json:"router_predicted_ttl_secs"`
 	BlockSize        int     `json:"block_size"`
 	Seed             uint64  `json:"seed"`
 	sig              Signals
 	rng              *rand.Rand
 }
 
-// DefaultDynamo returns Dynamo's documented defaults (1.0, 1.0, 0.75, 0.25)
-// with vLLM's 16-token blocks.
+// DefaultDynamo returns Dynamo's documented defaults (1.0, 1.0, 0.75, 0.25,
+// no per-request decode charge) with vLLM's 16-token blocks, and the 5 s
+// predicted-block lifetime the +ttl variant runs with.
 func DefaultDynamo() Dynamo {
-	return Dynamo{OverlapCredit: 1, PrefillLoadScale: 1, HostWeight: 0.75, DiskWeight: 0.25, BlockSize: 16}
+	return Dynamo{OverlapCredit: 1, PrefillLoadScale: 1, HostWeight: 0.75, DiskWeight: 0.25, PredictedTTLSecs: 5, BlockSize: 16}
+}
+
+// AgenticDynamo is Dynamo 1.6.1's agentic preset over DefaultDynamo: overlap
+// credit 2, prefill_load_scale 4, decode_active_request_weight 64 (the
+// values the arena's dynamo_kv_router+agentic gives the real router).
+func AgenticDynamo() Dynamo {
+	d := DefaultDynamo()
+	d.OverlapCredit, d.PrefillLoadScale, d.ActiveRequestWeight = 2, 4, 64
+	return d
 }
 
 // NewDynamo validates cfg and binds it to sig (may be nil).
@@ -499,8 +518,11 @@ func NewDynamo(cfg Dynamo, sig Signals) (*Dynamo, error) {
 	if d.BlockSize <= 0 {
 		return nil, errors.New("dynamo_cost: block_size must be > 0")
 	}
-	if d.OverlapCredit < 0 || d.PrefillLoadScale < 0 || d.HostWeight < 0 || d.DiskWeight < 0 {
+	if d.OverlapCredit < 0 || d.PrefillLoadScale < 0 || d.HostWeight < 0 || d.DiskWeight < 0 || d.ActiveRequestWeight < 0 {
 		return nil, errors.New("dynamo_cost: weights must not be negative")
+	}
+	if !(d.PredictedTTLSecs > 0 && d.PredictedTTLSecs <= 3600) {
+		return nil, errors.New("dynamo_cost: router_predicted_ttl_secs must be in (0, 3600]")
 	}
 	d.sig = sig
 	d.rng = rand.New(rand.NewPCG(d.Seed, 0x64796e61))
@@ -532,5 +554,5 @@ func (d *Dynamo) Cost(req *kvcrouter.ScoreRequest, c *kvcrouter.Candidate) float
 	adj := a.PrefillBlocks + reqBlocks - d.OverlapCredit*float64(c.Hit.Tier[kvcrouter.TierGPU]) -
 		d.HostWeight*float64(c.Hit.Tier[kvcrouter.TierCPU]) - d.DiskWeight*float64(c.Hit.Tier[kvcrouter.TierSSD])
 	adj = math.Max(adj, 0)
-	return d.PrefillLoadScale*adj + a.DecodeBlocks + a.NewBlocks
+	return d.PrefillLoadScale*adj + a.DecodeBlocks + a.NewBlocks + d.ActiveRequestWeight*float64(c.Inflight)
 }

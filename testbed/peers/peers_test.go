@@ -311,6 +311,39 @@ func TestDynamoCost(t *testing.T) {
 	if got := c[kvcrouter.Pick(c, out)].ID; got != "b" {
 		t.Fatalf("picked %s, want the cheaper b", got)
 	}
+	// The agentic preset (credit 2, prefill_load_scale 4, 64 blocks per
+	// active request): a: 4*max(10+20-2*16, 0) + 120 + 64*3 = 312;
+	// b: 4*(20-0.75*8) + 60 + 64*1 = 180.
+	ag := mustDynamo(t, AgenticDynamo(), sig)
+	for i, tc := range []struct {
+		c    kvcrouter.Candidate
+		want float64
+	}{
+		{cand("a", 0, 3, [3]int{16, 0, 0}, 19), 312},
+		{cand("b", 1, 1, [3]int{0, 8, 0}, 19), 180},
+	} {
+		if got := ag.Cost(req, &tc.c); math.Abs(got-tc.want) > 1e-9 {
+			t.Fatalf("agentic case %d: cost %v, want %v", i, got, tc.want)
+		}
+	}
+	// The per-request charge alone turns a decision: with equal blocks the
+	// worker running fewer requests wins only when the weight is on.
+	few, many := cand("a", 0, 1, [3]int{}, 19), cand("b", 1, 6, [3]int{}, 19)
+	even := fakeSignals{servers: map[string]fakeServer{
+		"a": {active: Active{DecodeBlocks: 50, NewBlocks: 20}}, "b": {active: Active{DecodeBlocks: 40, NewBlocks: 20}}}}
+	for _, tc := range []struct {
+		w    float64
+		want string
+	}{{0, "b"}, {64, "a"}} {
+		cfg := DefaultDynamo()
+		cfg.ActiveRequestWeight = tc.w
+		dd := mustDynamo(t, cfg, even)
+		cs := []kvcrouter.Candidate{few, many}
+		dd.Score(req, cs, out)
+		if got := cs[kvcrouter.Pick(cs, out)].ID; got != tc.want {
+			t.Fatalf("decode_active_request_weight %v picked %s, want %s", tc.w, got, tc.want)
+		}
+	}
 	// Without signals the in-flight prompt tokens stand in for both loads.
 	n := mustDynamo(t, DefaultDynamo(), nil)
 	c2 := []kvcrouter.Candidate{cand("a", 0, 1, [3]int{}, 9), cand("b", 1, 1, [3]int{}, 9)}
@@ -346,6 +379,18 @@ func TestPeerConfigValidation(t *testing.T) {
 	d.OverlapCredit = -1
 	if _, err := NewDynamo(d, nil); err == nil {
 		t.Error("dynamo accepted a negative overlap credit")
+	}
+	d = DefaultDynamo()
+	d.ActiveRequestWeight = -64
+	if _, err := NewDynamo(d, nil); err == nil {
+		t.Error("dynamo accepted a negative decode_active_request_weight")
+	}
+	for _, ttl := range []float64{0, -1, 1e9} {
+		d = DefaultDynamo()
+		d.PredictedTTLSecs = ttl
+		if _, err := NewDynamo(d, nil); err == nil {
+			t.Errorf("dynamo accepted router_predicted_ttl_secs %v", ttl)
+		}
 	}
 }
 
