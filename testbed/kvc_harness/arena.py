@@ -804,9 +804,11 @@ class DynamoRoute(Route):
     request), forwards the request to that server, calls
     ``mark_prefill_complete`` when the first streamed token comes back and
     ``free`` when the response ends. Fed by the fleet's KV events through
-    Dynamo's own ZMQ relay; Dynamo's defaults. Its requests are streamed so
-    that the first token is the real one (a non-streamed request would keep
-    counting its prompt as pending prefill until it finished).
+    Dynamo's own ZMQ relay; Dynamo's defaults. The proxy always streams from
+    the engine so that the first token is the real one (a non-streamed
+    request would keep counting its prompt as pending prefill until it
+    finished), and answers a non-streamed client with one completion, so the
+    client does per request what it does behind any other router.
 
     Earlier arena runs called the router from the client (acquire, first
     token, release over a Unix socket): each call waited for the client's GIL
@@ -814,7 +816,6 @@ class DynamoRoute(Route):
     step sent in order those waits added up before the engines had the step."""
 
     needs_ids = True
-    needs_first_token = True
     sends_ids = True
 
     def __init__(self, servers: List[Server], block_size: int, num_gpu_blocks: int, max_num_seqs: int,
@@ -1009,6 +1010,11 @@ class ArenaConfig:
     # (TUNE_GRID's keys); see peer_flags.
     peer_params: Dict[str, Dict[str, Dict[str, Any]]] = field(default_factory=dict)
     overhead_probes: int = 8  # idle 4-token requests per peer, via the router and direct
+    # Simulated seconds every later turn of a trajectory waits on top of its
+    # tool's latency (--turn-gap; an experiment, 0 in every published run): how
+    # an agent workload's engine-clock step responds to a client that is
+    # slower between turns, as a slow proxy makes it.
+    turn_gap_s: float = 0.0
 
 
 FROZEN_DEFAULT = os.path.join(REPO, "docs", "frozen-kvc-aware.json")
@@ -1043,8 +1049,9 @@ class Runner:
     """Replays the steps of one workload through one route."""
 
     def __init__(self, route: Route, servers: List[Server], speed: float, stream: bool = True,
-                 ordered: bool = True, hold: bool = True) -> None:
+                 ordered: bool = True, hold: bool = True, turn_gap_s: float = 0.0) -> None:
         self.route = route
+        self.turn_gap_s = turn_gap_s
         self.servers = servers
         self.speed = speed
         self.stream = stream
@@ -1175,8 +1182,9 @@ class Runner:
                 return
             if i == len(job.turns) - 1:
                 return
-            if turn.tool_latency_s > 0:
-                time.sleep(turn.tool_latency_s / self.speed)  # the tool call runs outside the fleet
+            gap = turn.tool_latency_s + self.turn_gap_s
+            if gap > 0:
+                time.sleep(gap / self.speed)  # the tool call runs outside the fleet
             # Next prompt: context + this response + a seeded tool output.
             tool = " ".join(_words(rng, turn.tool_words, "o"))
             suffix = (r.get("text") or "").strip() + " " + tool
@@ -1323,7 +1331,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         _settle(route, servers, policy)
         settled = {(t["server"], t["engine"], t["id"]) for t in engine_timings(servers)}
         before = scrape_all(urls)
-        runner = Runner(route, servers, cfg.speed, cfg.stream, cfg.ordered, cfg.hold)
+        runner = Runner(route, servers, cfg.speed, cfg.stream, cfg.ordered, cfg.hold, cfg.turn_gap_s)
         makespans: List[float] = []
         busy: List[float] = []
         steps = build_steps(spec, seed)
@@ -1639,6 +1647,8 @@ def portable_config(cfg: ArenaConfig) -> Dict[str, Any]:
     """The configuration as recorded in results: paths inside the repository
     relative to it, so committed JSON names no machine path."""
     d = asdict(cfg)
+    if not d.get("turn_gap_s"):
+        d.pop("turn_gap_s", None)  # recorded only when set: published runs' configurations stay comparable
     for k in ("out_dir", "kvc_frozen"):
         v = d.get(k)
         if isinstance(v, str) and os.path.isabs(v):

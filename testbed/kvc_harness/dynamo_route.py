@@ -342,6 +342,47 @@ async def _tokenize(url: str, prompt: str, model: str) -> List[int]:
         writer.close()
 
 
+def sse_to_completion(raw: bytes) -> Tuple[int, Dict[str, Any]]:
+    """A streamed completion's server-sent events (as an engine sends them,
+    ``data: {...}`` lines ending with ``data: [DONE]``) as the one JSON
+    completion a non-streamed request gets: the choices' texts and token ids
+    joined, the last finish reason, the usage chunk. An error event is
+    (503, its message); events that are not JSON are (502, why)."""
+    text: List[str] = []
+    ids: List[int] = []
+    finish = None
+    usage: Dict[str, Any] = {}
+    head: Dict[str, Any] = {}
+    for line in raw.split(b"\n"):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            continue
+        try:
+            msg = json.loads(payload)
+        except ValueError as e:
+            return 502, {"error": f"dynamo proxy: an event that is not JSON: {e}"}
+        if not isinstance(msg, dict):
+            return 502, {"error": "dynamo proxy: an event that is not a JSON object"}
+        if msg.get("object") == "error":
+            return 503, {"error": str(msg.get("message", "engine error"))}
+        for k in ("id", "object", "created", "model"):
+            if k in msg and k not in head:
+                head[k] = msg[k]
+        for ch in msg.get("choices") or ():
+            text.append(ch.get("text") or "")
+            ids.extend(ch.get("token_ids") or ())
+            finish = ch.get("finish_reason") or finish
+        if msg.get("usage"):
+            usage = msg["usage"]
+    out = dict(head, choices=[{"index": 0, "text": "".join(text), "token_ids": ids, "finish_reason": finish}])
+    if usage:
+        out["usage"] = usage
+    return 200, out
+
+
 async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, stats: ProxyStats,
                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """One client request (the connection closes after it): route it with
@@ -350,7 +391,14 @@ async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, 
     bytes arrive (a streamed response's first chunk) and free the request
     when the engine closes the response. The client then sees Dynamo as it
     sees sglang-router or vllm-router: one HTTP hop, no per-request calls of
-    its own (in the client's process those waited for its GIL)."""
+    its own (in the client's process those waited for its GIL).
+
+    The engine is always asked to stream (the first token must be the real
+    one); a client that asked for a non-streamed completion gets one, built
+    here from the events (sse_to_completion), so its work per request is what
+    it is behind any other router. (Relaying the stream to a non-streaming
+    client made the arena's Python client parse every token's event for
+    Dynamo alone: its turns came back later and the engines ran emptier.)"""
     r = router._router
     rid = ""
     tracked = False
@@ -389,6 +437,10 @@ async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, 
             ids = list(prompt) if isinstance(prompt, list) else await _tokenize(
                 next(iter(urls.values())), str(prompt), body.get("model") or model)
             stats.tokenized += 1
+        buffered = not body.get("stream")
+        if buffered:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         rid = uuid.uuid4().hex
         t0 = time.perf_counter()
         wid, _dp, overlap = await r.best_worker(list(ids), request_id=rid)
@@ -402,13 +454,19 @@ async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, 
         try:
             extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
                             if k.startswith("x-") or k == "authorization")
-            up_w.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(data)}\r\n{extra}x-dynamo-worker: {sid}\r\nConnection: close\r\n\r\n"
-                       .encode() + data)
+            # HTTP/1.0 upstream when buffering: the engine then sends the
+            # events unchunked until it closes, so they parse as they are.
+            version = "1.0" if buffered else "1.1"
+            up_w.write(f"POST /v1/completions HTTP/{version}\r\nHost: {host}:{port}\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n{extra}"
+                       f"x-dynamo-worker: {sid}\r\nConnection: close\r\n\r\n".encode() + data)
             await up_w.drain()
             head = await up_r.readuntil(b"\r\n\r\n")
-            writer.write(head)
+            ok = head.split(b" ", 2)[1:2] == [b"200"]
+            if not buffered or not ok:
+                writer.write(head)
             marked = False
+            got = bytearray()
             while True:
                 chunk = await up_r.read(1 << 16)
                 if not chunk:
@@ -417,8 +475,18 @@ async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, 
                     marked = True
                     await r.mark_prefill_complete(rid)
                     stats.first_token_marks += 1
+                if buffered and ok:
+                    got += chunk
+                    if len(got) > PROXY_MAX_BODY:
+                        raise ValueError(f"a response over {PROXY_MAX_BODY} bytes")
+                    continue
                 writer.write(chunk)
                 await writer.drain()
+            if buffered and ok:
+                status, out = sse_to_completion(bytes(got))
+                if status != 200:
+                    stats.errors += 1
+                _reply(writer, status, out)
         finally:
             up_w.close()
     except Exception as e:  # noqa: BLE001 - the error goes to this request's client; the proxy keeps serving

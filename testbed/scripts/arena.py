@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="vllm-sim's clock: paced (host stalls add no simulated time to busy engines) or wall")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=False,
                     help="streamed requests (client TTFT measured) or not (less client work per request)")
+    ap.add_argument("--turn-gap", type=float, default=0.0, metavar="S",
+                    help="experiment: simulated seconds every later agent turn waits on top of its tool latency")
     a = ap.parse_args(argv)
+    if a.turn_gap < 0:
+        ap.error("--turn-gap must be >= 0")
     specs = workload_specs(short=a.short)
     if a.workloads == "all":
         a.workloads = ",".join(specs)
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ArenaConfig(servers=a.servers, speed=a.speed, kvc_knobs=knobs, kvc_frozen=a.kvc_frozen,
                       kvc_frozen_commit=commit + (" + --kvc-knob " + " ".join(a.kvc_knob) if a.kvc_knob else ""),
                       stream=a.stream, clock=a.clock, repeat_policy=a.repeat,
-                      ordered=a.ordered, hold=a.hold, both_holds=a.both_holds)
+                      ordered=a.ordered, hold=a.hold, both_holds=a.both_holds, turn_gap_s=a.turn_gap)
     if a.out:
         cfg.out_dir = a.out
     t0 = time.time()

@@ -345,6 +345,92 @@ def overhead_lines(runs: List[dict], w: str, speed: float) -> List[str]:
             f"client clock): {cells}"]
 
 
+# An agent step's engine-clock time sums each trajectory's engine latencies:
+# the time between its turns (tools, the client, the router) is not in it. A
+# router whose turns come back later therefore leaves the engines emptier and
+# shortens that sum (docs/arena.md, "Agent steps and slow routers": the same
+# extra wait between turns shortened verl_default's engine-clock step by
+# 15-37%). A row whose client clock runs this much longer than verl_default's,
+# paired by seed with the interval clear of 1, is marked not comparable. The
+# measure is the client clock's time outside the engines (client makespan −
+# engine-clock step): a router that only balances worse makes the engines
+# slower, which lengthens the engine clock too and does not count here.
+SLOW_CLIENT_RATIO = 1.2
+
+
+def slow_clients(runs: List[dict], w: str) -> Dict[str, MeanCI]:
+    """Per policy on an agent workload (not grpo, whose step is the fleet's
+    span and already charges a late turn): its clients' time outside the
+    engines (client makespan − engine-clock step) ÷ verl_default's (same
+    arrival model), paired by seed, where the mean is at least
+    SLOW_CLIENT_RATIO and the interval clears 1."""
+    if w.startswith("grpo"):
+        return {}
+    c = {(r["row"]["policy"], r["row"]["seed"]): r["details"].get("client_over_engine_s", float("nan"))
+         for r in runs if r["row"]["workload"] == w}
+    out: Dict[str, MeanCI] = {}
+    for p in sorted({q for q, _ in c}):
+        if not is_policy(p):
+            continue
+        base = "verl_default" + (NOHOLD if p.endswith(NOHOLD) else "")
+        if p == base:
+            continue
+        rs = [v / c[(base, seed)] for (q, seed), v in c.items()
+              if q == p and c.get((base, seed), 0) > 0 and not math.isnan(v)]
+        if len(rs) < 2:
+            continue
+        ci = mean_ci(rs)
+        if ci.mean >= SLOW_CLIENT_RATIO and _clear(ci) == 1:
+            out[p] = ci
+    return out
+
+
+def slow_client_lines(runs: List[dict], w: str) -> List[str]:
+    slow = slow_clients(runs, w)
+    if not slow:
+        return []
+    cells = ", ".join(f"{p} {ci.fmt(2)}" for p, ci in slow.items())
+    return [f"- not comparable on the engine clock: these rows' client time outside the engines (client makespan − "
+            f"step time) ÷ verl_default's, paired by seed, is at least {SLOW_CLIENT_RATIO:g}: {cells}. Their turns "
+            "came back later (a slower router or proxy, or a busier host while that row ran), "
+            "so the engines ran emptier and each trajectory's summed engine latencies, this workload's step time, "
+            "came out shorter; the same extra wait given to verl_default shortened its engine-clock step by "
+            "15–37% (docs/arena.md, \"Agent steps and slow routers\")"]
+
+
+# docs/results/agent-turn-gap/: the experiment behind SLOW_CLIENT_RATIO, in
+# the order its table lists it (file stem, what ran).
+TURN_GAP_FILES = (("gap-0", "no extra wait"), ("gap-5", "+5 s before every later turn"),
+                  ("gap-10", "+10 s before every later turn"), ("gap-20", "+20 s before every later turn"),
+                  ("dynamo-streamed-to-client", "no extra wait; the proxy relayed the stream to the client"),
+                  ("dynamo-buffered", "no extra wait; the proxy answered the client with one completion"))
+
+
+def render_turn_gap(folder: str) -> Optional[str]:
+    """docs/arena.md's table of the agent_task turn-gap experiment: every run
+    of every file, its engine-clock step, client makespan, the time outside
+    the engines and the busiest server's compute (simulated seconds)."""
+    rows = []
+    for stem, what in TURN_GAP_FILES:
+        path = os.path.join(folder, stem + ".json")
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        for r in doc["runs"]:
+            d = r["details"]
+            rows.append(f"| `{stem}.json` | {what} | {r['row']['policy']} | {r['row']['seed']} | "
+                        f"{d['engine_makespan_s']:.1f} | {d['client_makespan_s']:.1f} | "
+                        f"{d['client_makespan_s'] - d['engine_makespan_s']:.1f} | {d['busy_makespan_s']:.1f} | "
+                        f"{r['row']['hit_rate']:.3f} |")
+    rel = os.path.relpath(folder, REPO)
+    return "\n".join([f"Rendered from `{rel}/` (agent_task, tuning seeds 101 and 102, never reported; simulated "
+                      "seconds):", "",
+                      "| file | client between turns | policy | seed | step time (engine clock) | client makespan | "
+                      "outside the engines | busiest server's compute | hit rate |",
+                      "|---|---|---|---|---|---|---|---|---|", *rows])
+
+
 def noise_lines(doc: dict, w: str) -> List[str]:
     rows = [n for n in doc.get("noise_floor") or [] if n["workload"] == w]
     if not rows:
@@ -453,6 +539,7 @@ def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_sou
                               ours="kvc_aware" + NOHOLD, base="verl_default" + NOHOLD)
         out += pacing_lines(runs, w)
         out += overhead_lines(runs, w, float(cfg.get("speed") or 1.0))
+        out += slow_client_lines(runs, w)
         out += precision_line(w, ps, stats)
         out += noise_lines(doc, w)
         out += tuning_lines(doc, w)
@@ -487,6 +574,32 @@ def _kvc_row(rows: List[dict]) -> Optional[dict]:
     return next((r for r in rows if r["policy"] == "kvc_aware"), None)
 
 
+# `make kvbench-rl-tuned`'s files (docs/results/rl-tuned/heldout-rl-KEY.json), in report order.
+RL_TUNED = ("r0", "r5", "r8", "rec", "agt")
+
+
+def kvbench_title(d: dict) -> str:
+    """A held-out run's setting in words: its workload, and the RL shape
+    (length correlation, recurring prompts, the reported steps, tools)
+    when the run had one."""
+    title = d["workload"]
+    if d.get("arrival_spread_s"):
+        title += f", arrivals spread over {d['arrival_spread_s']:g} s"
+    if d.get("arrivals") == "verl":
+        title += ", verl's arrival order"
+    shape = d.get("shape") or {}
+    if shape.get("dataset_prompts"):
+        title += (f", recurring prompts (a {shape['dataset_prompts']}-prompt dataset, epoch correlation "
+                  f"{shape.get('epoch_corr', 0):g})")
+    if shape:
+        title += f", ρ {shape.get('length_corr', 0):g}"
+    if d.get("report_from_step"):
+        title += f", step {d['report_from_step'] + 1} reported"
+    if d.get("tool_pareto"):
+        title += f", tools bounded Pareto {d['tool_pareto']}"
+    return title
+
+
 def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
     out = ["Rendered by `testbed/scripts/render_results.py` from `kvbench --heldout --json` outputs. "
            "Each tunable peer has its launcher-default row and, below it, its row tuned on seeds 101–102 "
@@ -495,14 +608,13 @@ def render_kvbench(docs: List[Tuple[str, dict]]) -> str:
     for path, d in docs:
         rows = d["rows"]
         frozen = d.get("kvc_frozen") or {}
-        title = d["workload"]
-        if d.get("arrival_spread_s"):
-            title += f", arrivals spread over {d['arrival_spread_s']:g} s"
+        title = kvbench_title(d)
         out.append(f"#### {title} (`{os.path.relpath(path, REPO)}`)")
         out.append("")
         seeds = ", ".join(map(str, d["report_seeds"]))
         tuned_on = ", ".join(map(str, d["tune_seeds"]))
-        out.append(f"Reported seeds {seeds}; tuned on {tuned_on}"
+        goal = " for step time alone" if d.get("tune_objective") == "step" else ""
+        out.append(f"Reported seeds {seeds}; tuned on {tuned_on}{goal}"
                    + (f"; kvc_aware frozen at `{frozen.get('commit')}`" if frozen.get("commit") else "") + ".")
         out.append("")
         out += ["| policy | knob | hit rate % | TTFT p50 s | TTFT p99 s | makespan s | makespan / verl_default |",
@@ -648,19 +760,22 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
         if w not in shown or "kvc_aware" not in policies[w]:
             continue
         per_seed = arena_per_seed(arena["runs"], w)
+        slow = slow_clients(arena["runs"], w)
         lost = []
         for p in policies[w]:
             if not is_policy(p) or p.endswith(NOHOLD) or p in ("kvc_aware", "round_robin"):
                 continue
             vs = paired(per_seed, "kvc_aware", p, "step")
             if vs is not None and _clear(vs) == 1:
-                lost.append(f"{p} {vs.fmt(3)}")
+                lost.append(f"{p} {vs.fmt(3)}" + (f" (not comparable: its clients' time outside the engines "
+                                                  f"{slow[p].fmt(2)} × verl_default's)" if p in slow else ""))
         losses.append(f"{w}: {', '.join(lost) if lost else 'none'}")
     out += ["", "kvc_aware's step-time losses (kvc_aware ÷ the router, paired by seed, interval above 1; with the "
             "hold): " + "; ".join(losses) + "."]
     speed = float((arena.get("config") or {}).get("speed") or 1.0)
-    notes = [ln.replace("- routing", f"- {w}: routing", 1) for w in workloads if w in shown
-             for ln in overhead_lines(arena["runs"], w, speed)]
+    notes = [ln.replace("- routing", f"- {w}: routing", 1).replace("- not comparable", f"- {w}: not comparable", 1)
+             for w in workloads if w in shown
+             for ln in overhead_lines(arena["runs"], w, speed) + slow_client_lines(arena["runs"], w)]
     if notes:
         out += ["", "Caveat, from the same JSON:", *notes]
     return "\n".join(out)
@@ -784,6 +899,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"
                 targets.setdefault(rl_doc, {})[block] = render_rl_tables(d, shown)
+        # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`).
+        tuned_rl = [os.path.join(a.docs, "docs", "results", "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED]
+        if "<!-- BEGIN RENDERED: rl-tuned -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):
+            tdocs = []
+            for p in tuned_rl:
+                with open(p, encoding="utf-8") as f:
+                    tdocs.append((p, json.load(f)))
+            targets.setdefault(rl_doc, {})["rl-tuned"] = render_kvbench(tdocs)
     readme = os.path.join(a.docs, "README.md")
     has_rl = False
     if os.path.isfile(readme):
@@ -792,6 +915,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rl = render_rl_block(a.docs) if has_rl else None
     if rl is not None:
         targets.setdefault(readme, {})["rl"] = rl
+    gap = render_turn_gap(os.path.join(a.docs, "docs", "results", "agent-turn-gap"))
+    arena_doc = os.path.join(a.docs, "docs", "arena.md")
+    if gap is not None and os.path.isfile(arena_doc):
+        with open(arena_doc, encoding="utf-8") as f:
+            if "<!-- BEGIN RENDERED: agent-turn-gap -->" in f.read():
+                targets.setdefault(arena_doc, {})["agent-turn-gap"] = gap
     # The demo's table (README "Headline"): docs/results/demo.json, a copy of
     # the last `make demo`'s build/demo/demo-summary.json.
     demo_json = os.path.join(a.docs, "docs", "results", "demo.json")

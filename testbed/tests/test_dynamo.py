@@ -6,6 +6,7 @@ through Dynamo's own ZMQ relay)."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import subprocess
@@ -161,8 +162,51 @@ def test_proxy_routes_forwards_and_tracks(tmp_path):
         assert http_request(router.proxy_url + "/v1/chat", "POST", {"x": 1}, timeout=10.0)[0] == 404
         assert stream_text_completion(router.proxy_url, text, 2, 4,
                                       extra_body={"prompt_token_ids": ids})["completion_tokens"] == 2
+        # A non-streamed request gets one completion (the proxy streamed from
+        # the engine to hear the first token): the same text, token count and
+        # cached tokens a streamed one gets, and the first token was marked.
+        marks = router.proxy_stats()["first_token_marks"]
+        whole = stream_text_completion(router.proxy_url, text, 6, 5, stream=False,
+                                       extra_body={"prompt_token_ids": ids})
+        streamed = stream_text_completion(router.proxy_url, text, 6, 5, extra_body={"prompt_token_ids": ids})
+        assert whole["completion_tokens"] == 6 and whole["text"] == streamed["text"] and whole["id"], whole
+        assert whole["cached"] >= 192 and whole["prompt_tokens"] == streamed["prompt_tokens"], (whole, streamed)
+        assert router.proxy_stats()["first_token_marks"] == marks + 2
+        assert all(v["active_requests"] == 0 for v in router.potential_loads(ids).values())
         assert router.proc.poll() is None
     finally:
         if router is not None:
             router.close()
         cleanup.run()
+
+
+def test_sse_to_completion_joins_events_and_reports_errors():
+    """The proxy's conversion of an engine's events into a non-streamed
+    completion (no processes): texts and token ids joined in order, the last
+    finish reason, the usage chunk; an engine's error event is a 503 and a
+    broken event a 502, never a partial completion."""
+    from kvc_harness.dynamo_route import sse_to_completion
+
+    def ev(obj) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    ok = (ev({"id": "c1", "object": "text_completion", "model": "m",
+              "choices": [{"text": "a", "token_ids": [1], "finish_reason": None}]})
+          + ev({"id": "c1", "choices": [{"text": "b", "token_ids": [2], "finish_reason": "length"}]})
+          + ev({"id": "c1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+          + b"data: [DONE]\n\n")
+    cases = [
+        (ok, 200, {"id": "c1", "object": "text_completion", "model": "m",
+                   "choices": [{"index": 0, "text": "ab", "token_ids": [1, 2], "finish_reason": "length"}],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 2}}),
+        (ev({"object": "error", "message": "engine stopped", "code": 503}), 503, {"error": "engine stopped"}),
+        (b"data: {not json\n\n", 502, None),
+        (b"data: [1, 2]\n\n", 502, None),
+    ]
+    for raw, status, want in cases:
+        got_status, got = sse_to_completion(raw)
+        assert got_status == status, (raw, got)
+        if want is not None:
+            assert got == want
+        else:
+            assert "error" in got and "choices" not in got

@@ -175,6 +175,36 @@ def test_slow_routing_decisions_are_named(tmp_path):
     assert "- agent_scale: routing decisions slower than 10 ms" in h and "dynamo_kv_router 127.4 ms" in h
 
 
+def test_agent_rows_whose_clients_wait_longer_are_not_comparable(tmp_path):
+    """On an agent workload a row whose clients spend at least 1.2 x
+    verl_default's time outside the engines (paired by seed, interval clear of
+    1) is marked not comparable, in the arena section, the headline's caveat
+    and kvc_aware's loss list; a row at verl_default's pace is not, and a GRPO
+    step (its span charges a late turn) never is."""
+    _docs(tmp_path)
+    runs = []
+    for w in ("agent_scale", "grpo_sat"):
+        for seed in (321, 322, 323):
+            for p, mk, outside in (("verl_default", 34.0, 100.0), ("kvc_aware", 34.5, 104.0),
+                                   ("dynamo_kv_router", 27.0, 190.0)):
+                r = _arena_run(w, p, seed, mk + seed % 3 * 0.1, 0.7)
+                r["details"]["client_over_engine_s"] = outside + seed % 3
+                runs.append(r)
+    arena = tmp_path / "arena-details.json"
+    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
+    r = _run("--arena", str(arena), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "docs" / "arena.md").read_text()
+    flagged = [ln for ln in a.splitlines() if ln.startswith("- not comparable on the engine clock")]
+    assert len(flagged) == 1 and "dynamo_kv_router 1.89" in flagged[0] and "kvc_aware" not in flagged[0], flagged
+    h = (tmp_path / "README.md").read_text()
+    loss = [ln for ln in h.splitlines() if ln.startswith("kvc_aware's step-time losses")][0]
+    agent, grpo = loss.split("agent_scale: ")[1].split("; grpo_sat: ")
+    assert "dynamo_kv_router" in agent and "(not comparable: its clients' time outside the engines 1.89" in agent
+    assert "dynamo_kv_router" in grpo and "not comparable" not in grpo, loss
+    assert "- agent_scale: not comparable on the engine clock" in h
+
+
 def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     """README's RL block: kvc_aware's step time over verl_default's on the
     same seed, per setting, at the defaults (docs/results/rl-f591d2b/), at
@@ -281,7 +311,7 @@ def test_committed_results_name_no_machine_path():
     an absolute path (the renderer prints the frozen configuration's path)."""
     import glob
 
-    for p in glob.glob(os.path.join(REPO, "docs", "results", "*.json")):
+    for p in glob.glob(os.path.join(REPO, "docs", "results", "**", "*.json"), recursive=True):
         with open(p, encoding="utf-8") as f:
             text = f.read()
         assert '": "/' not in text, f"{os.path.relpath(p, REPO)} names an absolute path"
