@@ -30,6 +30,16 @@ def _docs(tmp) -> None:
                                 f"<!-- END RENDERED: {block} -->\n\noutro\n")
 
 
+def _render_arena(tmp_path, runs: list) -> str:
+    """Renders an arena JSON of these runs (--speed 20, paced, non-streamed)
+    into tmp_path's docs; returns docs/arena.md's text."""
+    arena = tmp_path / "arena-details.json"
+    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
+    r = _run("--arena", str(arena), "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    return (tmp_path / "docs" / "arena.md").read_text()
+
+
 def test_render_blocks_with_intervals(tmp_path):
     _docs(tmp_path)
     runs = []
@@ -124,11 +134,7 @@ def test_arena_nohold_rows_pair_within_their_arrival_model(tmp_path):
                  _arena_run("grpo_sat", "kvc_aware+nohold", seed, work * (1.0 + 0.001 * (seed % 3)), 0.8),
                  _arena_run("grpo_sat", "dynamo_kv_router", seed, work * 1.3, 0.4),
                  _arena_run("grpo_sat", "dynamo_kv_router+nohold", seed, work * 0.95, 0.7)]
-    arena = tmp_path / "arena-details.json"
-    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
-    r = _run("--arena", str(arena), "--docs", str(tmp_path))
-    assert r.returncode == 0, r.stderr
-    a = (tmp_path / "docs" / "arena.md").read_text()
+    a = _render_arena(tmp_path, runs)
     lines = a.splitlines()
     row = [ln for ln in lines if ln.startswith("| kvc_aware+nohold |")][0]
     assert "| 1.001 ± " in row, row
@@ -163,11 +169,7 @@ def test_slow_routing_decisions_are_named(tmp_path):
             r["details"]["router_overhead_ms"] = ms
             r["details"]["busy_makespan_s"] = {"verl_default": 40.0, "kvc_aware": 36.0, "dynamo_kv_router": 45.0}[p]
             runs.append(r)
-    arena = tmp_path / "arena-details.json"
-    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
-    r = _run("--arena", str(arena), "--docs", str(tmp_path))
-    assert r.returncode == 0, r.stderr
-    a = (tmp_path / "docs" / "arena.md").read_text()
+    a = _render_arena(tmp_path, runs)
     line = [ln for ln in a.splitlines() if "slower than 10 ms" in ln][0]
     assert "dynamo_kv_router 127.4 ms (2.5 simulated s; busiest server's compute, kvc_aware ÷ it, paired: 0.800" in line
     assert "kvc_aware 0." not in line
@@ -190,11 +192,7 @@ def test_agent_rows_whose_clients_wait_longer_are_not_comparable(tmp_path):
                 r = _arena_run(w, p, seed, mk + seed % 3 * 0.1, 0.7)
                 r["details"]["client_over_engine_s"] = outside + seed % 3
                 runs.append(r)
-    arena = tmp_path / "arena-details.json"
-    arena.write_text(json.dumps({"config": {"speed": 20, "clock": "paced", "stream": False}, "runs": runs}))
-    r = _run("--arena", str(arena), "--docs", str(tmp_path))
-    assert r.returncode == 0, r.stderr
-    a = (tmp_path / "docs" / "arena.md").read_text()
+    a = _render_arena(tmp_path, runs)
     flagged = [ln for ln in a.splitlines() if ln.startswith("- not comparable on the engine clock")]
     assert len(flagged) == 1 and "dynamo_kv_router 1.89" in flagged[0] and "kvc_aware" not in flagged[0], flagged
     h = (tmp_path / "README.md").read_text()
