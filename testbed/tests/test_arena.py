@@ -472,3 +472,27 @@ def test_engine_clock_holds_on_a_loaded_host(tmp_path):
         assert ls == pytest.approx(qs, rel=rel), (p, qs, ls)
         assert ld["row"]["makespan_s"] == ls and ld["details"]["client_makespan_s"] > ls
         assert ld["row"]["hit_rate"] == pytest.approx(q["row"]["hit_rate"], abs=hit), (p, q["row"], ld["row"])
+
+
+def test_turn_gap_delays_later_turns_and_is_recorded_only_when_set(tmp_path):
+    """--turn-gap (an experiment knob): every later agent turn waits that many
+    simulated seconds more, so the clients' clock stretches by at least one
+    gap; the configuration records it only when set, so published runs'
+    configurations stay comparable (arena_merge compares them)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
+    base = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--seeds", "1",
+            "--workloads", "agent", "--policies", "verl_default"]
+    bad = subprocess.run(base + ["--turn-gap", "-1", "--out", str(tmp_path / "bad")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--turn-gap" in bad.stderr
+    got = {}
+    for gap in (0.0, 10.0):
+        out = tmp_path / f"gap{gap:g}"
+        r = subprocess.run(base + ["--turn-gap", str(gap), "--out", str(out)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        with open(out / "arena-details.json", encoding="utf-8") as f:
+            got[gap] = json.load(f)
+    assert "turn_gap_s" not in got[0.0]["config"] and got[10.0]["config"]["turn_gap_s"] == 10.0
+    (quiet,), (gapped,) = got[0.0]["runs"], got[10.0]["runs"]
+    assert gapped["details"]["client_makespan_s"] >= quiet["details"]["client_makespan_s"] + 10.0
