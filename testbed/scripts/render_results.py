@@ -915,6 +915,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     rl = render_rl_block(a.docs) if has_rl else None
     if rl is not None:
         targets.setdefault(readme, {})["rl"] = rl
+    # agent_task re-measured with Dynamo's proxy answering non-streamed (its own file and block).
+    agent_json = os.path.join(os.path.dirname(os.path.abspath(a.arena)), "arena-agent-task-details.json")
+    arena_md = os.path.join(a.docs, "docs", "arena.md")
+    if os.path.isfile(agent_json) and os.path.isfile(arena_md):
+        with open(arena_md, encoding="utf-8") as f:
+            has_block = "<!-- BEGIN RENDERED: arena-agent-task -->" in f.read()
+        if has_block:
+            with open(agent_json, encoding="utf-8") as f:
+                targets.setdefault(arena_md, {})["arena-agent-task"] = render_arena(
+                    json.load(f), os.path.relpath(agent_json, REPO))
     gap = render_turn_gap(os.path.join(a.docs, "docs", "results", "agent-turn-gap"))
     arena_doc = os.path.join(a.docs, "docs", "arena.md")
     if gap is not None and os.path.isfile(arena_doc):
