@@ -661,9 +661,6 @@ class Route(abc.ABC):
     release(ticket)."""
 
     needs_ids = False
-    # True for a router that must hear each request's first token: its
-    # requests are streamed whatever ArenaConfig.stream says.
-    needs_first_token = False
     overhead_ms: float = float("nan")
 
     @abc.abstractmethod
@@ -1092,7 +1089,7 @@ class Runner:
                     try:
                         rec.update(stream_text_completion(url, text, turn.max_tokens, seed, headers=headers,
                                                           on_first_token=lambda: self.route.first_token(ticket),
-                                                          stream=self.stream or self.route.needs_first_token,
+                                                          stream=self.stream,
                                                           on_sent=mine.set if mine is not None else None,
                                                           extra_body=extra))
                         break

@@ -475,9 +475,10 @@ func breakTies(rng *rand.Rand, out []float64) {
 //	                   + decode_active_request_weight·active_requests
 //
 // (the third term is Dynamo 1.6.1's, default 0; its agentic preset sets it to
-// 64 with overlap credit 2 and prefill_load_scale 4). At temperature 0 the minimum cost wins and ties break at random. Worker
-// figures come from Signals.Active; without signals both are estimated from
-// the router's in-flight prompt tokens / BlockSize, with no sharing.
+// 64 with overlap credit 2 and prefill_load_scale 4). At temperature 0 the
+// minimum cost wins and ties break at random. Worker figures come from
+// Signals.Active; without signals both are estimated from the router's
+// in-flight prompt tokens / BlockSize, with no sharing.
 type Dynamo struct {
 	OverlapCredit    float64 `json:"overlap_score_credit"`
 	PrefillLoadScale float64 `json:"prefill_load_scale"`

@@ -349,12 +349,12 @@ def overhead_lines(runs: List[dict], w: str, speed: float) -> List[str]:
 # the time between its turns (tools, the client, the router) is not in it. A
 # router whose turns come back later therefore leaves the engines emptier and
 # shortens that sum (docs/arena.md, "Agent steps and slow routers": the same
-# extra wait between turns shortened verl_default's engine-clock step by
-# 15-37%). A row whose client clock runs this much longer than verl_default's,
-# paired by seed with the interval clear of 1, is marked not comparable. The
-# measure is the client clock's time outside the engines (client makespan −
-# engine-clock step): a router that only balances worse makes the engines
-# slower, which lengthens the engine clock too and does not count here.
+# extra wait between turns shortened verl_default's engine-clock step). A
+# row whose clients spend this many times verl_default's time outside the
+# engines (client makespan − engine-clock step), paired by seed with the
+# interval clear of 1, is marked not comparable. A router that only balances
+# worse makes the engines slower, which lengthens the engine clock too and
+# does not count here.
 SLOW_CLIENT_RATIO = 1.2
 
 
@@ -394,8 +394,8 @@ def slow_client_lines(runs: List[dict], w: str) -> List[str]:
             f"step time) ÷ verl_default's, paired by seed, is at least {SLOW_CLIENT_RATIO:g}: {cells}. Their turns "
             "came back later (a slower router or proxy, or a busier host while that row ran), "
             "so the engines ran emptier and each trajectory's summed engine latencies, this workload's step time, "
-            "came out shorter; the same extra wait given to verl_default shortened its engine-clock step by "
-            "15–37% (docs/arena.md, \"Agent steps and slow routers\")"]
+            "came out shorter; the same extra wait given to verl_default shortened its engine-clock step "
+            "(docs/arena.md, \"Agent steps and slow routers\", measures by how much)"]
 
 
 # docs/results/agent-turn-gap/: the experiment behind SLOW_CLIENT_RATIO, in
@@ -411,6 +411,7 @@ def render_turn_gap(folder: str) -> Optional[str]:
     of every file, its engine-clock step, client makespan, the time outside
     the engines and the busiest server's compute (simulated seconds)."""
     rows = []
+    step: Dict[Tuple[str, str, int], float] = {}
     for stem, what in TURN_GAP_FILES:
         path = os.path.join(folder, stem + ".json")
         if not os.path.isfile(path):
@@ -419,6 +420,7 @@ def render_turn_gap(folder: str) -> Optional[str]:
             doc = json.load(f)
         for r in doc["runs"]:
             d = r["details"]
+            step[(stem, r["row"]["policy"], r["row"]["seed"])] = d["engine_makespan_s"]
             rows.append(f"| `{stem}.json` | {what} | {r['row']['policy']} | {r['row']['seed']} | "
                         f"{d['engine_makespan_s']:.1f} | {d['client_makespan_s']:.1f} | "
                         f"{d['client_makespan_s'] - d['engine_makespan_s']:.1f} | {d['busy_makespan_s']:.1f} | "
@@ -428,7 +430,20 @@ def render_turn_gap(folder: str) -> Optional[str]:
                       "seconds):", "",
                       "| file | client between turns | policy | seed | step time (engine clock) | client makespan | "
                       "outside the engines | busiest server's compute | hit rate |",
-                      "|---|---|---|---|---|---|---|---|---|", *rows])
+                      "|---|---|---|---|---|---|---|---|---|", *rows, "", turn_gap_drop(step)])
+
+
+def turn_gap_drop(step: Dict[Tuple[str, str, int], float]) -> str:
+    """How much shorter the engine-clock step got with +10 and +20 s between
+    turns than the same policy and seed with no wait (min-max over them)."""
+    cuts = [1 - v / step[("gap-0", p, seed)] for (stem, p, seed), v in step.items()
+            if stem in ("gap-10", "gap-20") and ("gap-0", p, seed) in step]
+    if not cuts:
+        return ""
+    pols = sorted({p for (stem, p, _) in step if stem == "gap-0"})
+    return (f"With +10 or +20 s between turns the engine-clock step of {' and '.join(pols)} was "
+            f"{100 * min(cuts):.0f}–{100 * max(cuts):.0f}% shorter than the same policy's on the same seed "
+            "with no wait.")
 
 
 def noise_lines(doc: dict, w: str) -> List[str]:

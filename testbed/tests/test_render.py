@@ -392,3 +392,25 @@ def test_rl_workloads_tables_render_from_the_results(tmp_path):
         rep = json.load(f)
     mk = rep["policies"]["kvc_aware"]["makespan_s"] / rep["policies"]["verl_default"]["makespan_s"]
     assert f"| kvc_aware | {rep['policies']['kvc_aware']['makespan_s']:.1f} |" in text and f"{mk:.3f}" in text
+
+
+def test_turn_gap_drop_is_computed_from_the_runs():
+    """The turn-gap experiment's summary line (docs/arena.md) is the range of
+    1 − step(with +10/+20 s) ÷ step(no wait), same policy and seed, computed
+    here again from the committed runs."""
+    path = os.pathsep.join([os.path.join(REPO, "testbed"), os.path.join(REPO, "testbed", "scripts")])
+    env = dict(os.environ, PYTHONPATH=path)
+    code = ("import json, render_results as r; "
+            "print(json.dumps(r.render_turn_gap(r.os.path.join(r.REPO, 'docs', 'results', 'agent-turn-gap'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = json.loads(out.stdout)
+    folder = os.path.join(REPO, "docs", "results", "agent-turn-gap")
+    step = {}
+    for stem in ("gap-0", "gap-10", "gap-20"):
+        with open(os.path.join(folder, stem + ".json"), encoding="utf-8") as f:
+            for run in json.load(f)["runs"]:
+                step[(stem, run["row"]["policy"], run["row"]["seed"])] = run["details"]["engine_makespan_s"]
+    cuts = [1 - v / step[("gap-0", p, s)] for (stem, p, s), v in step.items() if stem != "gap-0"]
+    assert len(cuts) == 8
+    assert f"was {100 * min(cuts):.0f}–{100 * max(cuts):.0f}% shorter" in text
