@@ -510,7 +510,8 @@ async def _proxy_conn(router: DynamoKvRouter, urls: Dict[str, str], model: str, 
 
 def serve(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the router process: starts DynamoKvRouter, listens on
-    --socket, prints READY once its workers are discovered, and serves until
+    --socket, prints "READY <proxy port>" (0 without a proxy) once its workers
+    are discovered and its sockets are bound, and serves until
     stdin closes (the parent exited or closed it)."""
     ap = argparse.ArgumentParser(description="Dynamo's KvRouter served over a Unix socket (arena tooling)")
     ap.add_argument("--serve", action="store_true", required=True)
@@ -534,12 +535,16 @@ def serve(argv: Optional[Sequence[str]] = None) -> int:
             urls = dict(spec["proxy"]["urls"])
 
             async def start_proxy() -> Any:
+                # Port 0: the kernel picks a free port while this socket holds
+                # it (a port picked by the parent and bound here later can be
+                # taken by another process in between).
                 return await asyncio.start_server(
                     lambda rd, wr: _proxy_conn(router, urls, spec["model"], stats, rd, wr),
-                    host="127.0.0.1", port=int(spec["proxy"]["port"]), limit=PROXY_MAX_HEAD, backlog=4096)
+                    host="127.0.0.1", port=0, limit=PROXY_MAX_HEAD, backlog=4096)
 
             proxy = router._call(start_proxy())
-        print("READY", flush=True)
+        port = proxy.sockets[0].getsockname()[1] if proxy is not None else 0
+        print(f"READY {port}", flush=True)
         sys.stdin.read()  # EOF: the parent is gone or closed the pipe
         router._loop.call_soon_threadsafe(server.close)
         if proxy is not None:
@@ -547,14 +552,6 @@ def serve(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         router.close()
     return 0
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class DynamoRouterProcess:
@@ -576,11 +573,9 @@ class DynamoRouterProcess:
             "router_config": self.router_config}
         # proxy_urls {server id: base URL}: the process also serves an HTTP
         # proxy (POST /v1/completions) routing to those servers, at proxy_url.
-        self.proxy_url = ""
+        self.proxy_url = ""  # set from the child's READY line (the port it bound)
         if proxy_urls:
-            port = _free_port()
-            spec["proxy"] = {"port": port, "urls": dict(proxy_urls)}
-            self.proxy_url = f"http://127.0.0.1:{port}"
+            spec["proxy"] = {"urls": dict(proxy_urls)}
         env = dict(os.environ)
         for k, v in LOOPBACK_ENV.items():
             env.setdefault(k, v)
@@ -599,8 +594,9 @@ class DynamoRouterProcess:
         def wait_ready() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
-                if line.strip() == "READY":
-                    ready.append(line)
+                word, _, port = line.strip().partition(" ")
+                if word == "READY":
+                    ready.append(port)
                     return
 
         reader = threading.Thread(target=wait_ready, daemon=True)
@@ -613,6 +609,8 @@ class DynamoRouterProcess:
             self.close()
             raise RuntimeError(f"the Dynamo router process did not start within {timeout:.0f}s "
                                f"(exit {self.proc.returncode}): {log}")
+        if proxy_urls:
+            self.proxy_url = f"http://127.0.0.1:{int(ready[0])}"
 
     def _call(self, method: str, *args: Any) -> Any:
         try:
