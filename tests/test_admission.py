@@ -15,7 +15,14 @@ import time
 from typing import Any, Dict, List
 
 import pytest
-from kvc_router import AdmissionQueueFullError, ConfigError, KVCAwareAdmissionBalancer, KVCAwareBalancer, batching
+from kvc_router import (
+    AdmissionQueueFullError,
+    ConfigError,
+    KVCAwareAdmissionBalancer,
+    KVCAwareBalancer,
+    RouterConfig,
+    batching,
+)
 from kvc_router.admission import Held
 from kvc_router.verl import actor as verl_actor
 
@@ -116,6 +123,24 @@ def test_the_verl_integration_tells_the_router_the_rollouts_turns():
 
     assert turns(block, Rollout())["config"]["turns"] == "multi"
     assert turns(block, Rollout(MultiTurn(False)))["config"]["turns"] == "single"
+
+
+def test_the_verl_integration_tells_the_router_the_response_length():
+    """response_tokens (group_spread's gate) from rollout.response_length; a
+    value the user set, a missing or nonsensical length: left alone."""
+    told = verl_actor.session_turns
+    block = {"type": "kvc_aware", "config": {}}
+    assert told(block, {"response_length": 8192})["config"] == {"turns": "single", "response_tokens": 8192}
+    for bad in (None, 0, -1, True, "8192", 1 << 25):
+        assert "response_tokens" not in told(block, {"response_length": bad})["config"], bad
+    mine = {"type": "kvc_aware", "config": {"turns": "single", "response_tokens": 512}}
+    assert told(mine, {"response_length": 8192}) is mine
+    # The library takes what the hook sets (and the gate's key).
+    cfg = RouterConfig(type="kvc_aware", **told(block, {"response_length": 8192})["config"])
+    assert cfg.effective["router"]["response_tokens"] == 8192
+    assert cfg.strategies[0]["params"]["group_spread_min_ratio"] == 4.0
+    with pytest.raises(ConfigError, match="response_tokens"):
+        RouterConfig(type="kvc_aware", response_tokens=-3)
 
 
 def test_the_verl_integration_caps_admission_at_the_rollout_slots():

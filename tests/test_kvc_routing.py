@@ -65,13 +65,14 @@ def test_prompt_goes_to_prefix_holder(ray_cluster, kvc_lb_together):
 
 
 def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
-    """With group_spread (opt-in), after one-request sessions, a GRPO group's
-    samples (one prompt, new request ids) spread evenly over the servers:
-    their lengths are correlated, so a group kept whole on one server would
-    make it the step's straggler when the group is long."""
+    """At the defaults (group_spread 0.1), told responses may reach 8,192
+    tokens (response_tokens, as verl's hook sets it: over 4x this prompt),
+    after one-request sessions, a GRPO group's samples (one prompt, new
+    request ids) spread evenly over the servers: their lengths are
+    correlated, so a group kept whole on one server would make it the
+    step's straggler when the group is long."""
     ray = ray_cluster
-    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "group_spread": 0.1}
-    cfg = {"type": "kvc_aware", "config": {"strategies": [strategy]}}
+    cfg = {"type": "kvc_aware", "config": {"response_tokens": 8192}}
     lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
     push_idle_metrics(ray, lb, SERVERS)
     # A history of one-request sessions (a GRPO step so far): the spread is

@@ -296,6 +296,28 @@ func resolveTrace(p string) (string, error) {
 	return p, nil
 }
 
+// responseTokensFor is what verl's hook tells kvc_aware as response_tokens
+// (rollout.response_length) for a workload: its longest response (no flag
+// changes a workload's maximum); 0 for a chat trace, which is no verl
+// rollout.
+func responseTokensFor(workload string) int {
+	switch workload {
+	case "grpo":
+		return bench.DefaultGRPO().Response.Max
+	case "grpo_sat":
+		return bench.DefaultGRPOSat().Response.Max
+	case "agent":
+		return bench.DefaultAgent().Response.Max
+	case "agent_long":
+		return bench.DefaultAgentLong().Response.Max
+	case "agent_scale":
+		return bench.DefaultAgentScale().Response.Max
+	case "agent_long_few":
+		return bench.DefaultAgentLongFew().Response.Max
+	}
+	return 0
+}
+
 // workloadFactory returns a constructor of fresh workload instances and
 // the expected number of requests (for the progress bar; 0 = unknown).
 func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error) {
@@ -453,7 +475,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: responseTokensFor(c.workload)}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)
@@ -467,7 +489,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
 		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
-		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns,
+		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns, "kvc_response_tokens": responseTokensFor(c.workload),
 	}
 	if c.arrivals == "verl" {
 		rep.Config["client_rate"], rep.Config["client_workers"] = c.clientRate, c.clientWorkers

@@ -23,6 +23,8 @@ func TestParseErrors(t *testing.T) {
 		{`{"push": {"max_metrics_bytes": -1}}`, "push.max_metrics_bytes", "must not be negative"},
 		{`{"router": {"mode": "fast"}}`, "router.mode", "allowed: default, kvc_aware"},
 		{`{"router": {"turns": "many"}}`, "router.turns", `"many" (allowed: auto, single, multi)`},
+		{`{"router": {"response_tokens": -1}}`, "router.response_tokens", "must be in [0, 16777216]"},
+		{`{"router": {"response_tokens": 16777217}}`, "router.response_tokens", "must be in [0, 16777216]"},
 		{`{"router": {"index": {"max_entries": -1}}}`, "router.index.max_entries", "must not be negative"},
 		{`{"router": {"load": {"unhealthy_after": -2}}}`, "router.load.unhealthy_after", "must not be negative"},
 		{`{"router": {"mode": "kvc_aware", "strategies": [{"name": "kvc_aware", "weight": 1, "params": {"alpha": 2}}]}}`,

@@ -217,7 +217,7 @@ func TestBlockKeysCoverTheLibrary(t *testing.T) {
 	own, routerKeys, top, integ := BlockConfigKeys()
 	all := strings.Join(append(append(append(own, routerKeys...), top...), integ...), ",")
 	for _, k := range []string{"strategies", "collector", "sticky_max_size", "block_size", "admission", "session_moves", "turns",
-		"max_procs", "log_level", "push", "kv_events", "metrics"} {
+		"response_tokens", "max_procs", "log_level", "push", "kv_events", "metrics"} {
 		if !strings.Contains(","+all+",", ","+k+",") {
 			t.Errorf("router.config does not take %s (%s)", k, all)
 		}

@@ -71,6 +71,7 @@ class KVCAwareStrategyConfig(StrategyOptions):
     session_weight: Optional[float] = None
     sibling_spread: Optional[bool] = None
     group_spread: Optional[float] = None
+    group_spread_min_ratio: Optional[float] = None
     task_spread: Optional[float] = None
 
     name: ClassVar[str] = "kvc_aware"

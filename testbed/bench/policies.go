@@ -51,6 +51,10 @@ type PolicyOptions struct {
 	// from the rollout config a workload like this one runs under
 	// (TurnsFor); "" = auto.
 	Turns string
+	// ResponseTokens is kvc_aware's router "response_tokens", as verl's
+	// hook sets it from rollout.response_length (the workload's longest
+	// response); 0 = not said.
+	ResponseTokens int
 }
 
 // TurnsFor is what verl's hook tells kvc_aware (router "turns") for a
@@ -331,7 +335,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true,
 			OutputCounts: strings.Contains(name, "+lengths"), TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
-				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns}
+				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
 				c.Admission.Enabled = strings.Contains(name, "+admit")
 				c.Lengths.Enabled = strings.Contains(name, "+lengths") || strings.HasSuffix(name, "+truelen")
 				if events {

@@ -702,13 +702,14 @@ VERL_TURNS = {"agent": "multi", "grpo": "single"}
 
 
 def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str, Any],
-                       turns: Optional[str] = None) -> Dict[str, Any]:
+                       turns: Optional[str] = None, response_tokens: int = 0) -> Dict[str, Any]:
     """What ``router.type: kvc_aware`` gives a verl user, plus only what the
     servers cannot tell it: the KV-event endpoints (vLLM's
     ``--kv-events-config``, which the user sets on the servers too) and
     ``load.max_num_seqs`` (vLLM's ``--max-num-seqs``: /metrics has no
     scheduler config, docs/arena.md "kvc_aware as a user gets it"), and
-    ``turns``, which verl's hook sets from the rollout config. KV capacity
+    ``turns`` and ``response_tokens`` (the longest response), which verl's
+    hook sets from the rollout config. KV capacity
     comes from the servers' ``vllm:cache_config_info``; the poll interval is
     the library's. ``knobs`` is the frozen strategy configuration
     (docs/frozen-kvc-aware.json) plus any --kvc-knob."""
@@ -719,6 +720,8 @@ def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str
     cfg["config"]["strategies"][0].update(knobs)
     if turns:
         cfg["config"]["turns"] = turns
+    if response_tokens > 0:
+        cfg["config"]["response_tokens"] = response_tokens
     return cfg
 
 
@@ -750,12 +753,13 @@ class Balancer(Route):
     """KVCAwareBalancer used in-process: acquire, send, release (verl's order)."""
 
     def __init__(self, servers: List[Server], mode: str, max_num_seqs: int,
-                 knobs: Optional[Dict[str, Any]] = None, turns: Optional[str] = None) -> None:
+                 knobs: Optional[Dict[str, Any]] = None, turns: Optional[str] = None,
+                 response_tokens: int = 0) -> None:
         from kvc_router import KVCAwareBalancer
 
         cfg = None
         if mode == "kvc_aware":
-            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns)
+            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens)
         self.config = cfg
         self.needs_ids = mode == "kvc_aware"
         self.urls = {s.sid: s.url for s in servers}
@@ -1313,7 +1317,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         elif policy == "verl_default":
             route = VerlDefaultRoute(servers, seed)
         elif policy == "kvc_aware":
-            route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind))
+            route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
+                             spec.response_max if spec.kind in VERL_TURNS else 0)
         elif base_policy(policy) in DYNAMO_VARIANTS:
             knobs = {**DYNAMO_VARIANTS[base_policy(policy)], **variant_params(policy, spec.name, cfg)}
             route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,

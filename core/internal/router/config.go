@@ -168,6 +168,14 @@ type Config struct {
 	// When to change: "multi" for agent RL outside verl's hook; "single"
 	// to say sessions never return.
 	Turns string `json:"turns,omitempty"`
+	// ResponseTokens is the longest response the rollout asks for, in
+	// tokens (0 = not said). The verl hook sets it from
+	// actor_rollout_ref.rollout.response_length. The kvc_aware strategy
+	// spreads a single-turn group over servers (group_spread) only when it
+	// is at least group_spread_min_ratio times the prompt: long responses
+	// make a group kept whole its server's straggler.
+	// When to change: set it to the sampling max_tokens outside verl's hook.
+	ResponseTokens int `json:"response_tokens,omitempty"`
 	// Admission holds requests while every server is full (admission.go).
 	// When to change: see its keys.
 	Admission AdmissionSpec `json:"admission"`
@@ -284,6 +292,9 @@ func (c *Config) normalise() error {
 		if s.Capacity < 0 {
 			return configErr(fmt.Sprintf("servers[%q].capacity", name), "must not be negative, got %d", s.Capacity)
 		}
+	}
+	if c.ResponseTokens < 0 || c.ResponseTokens > 1<<24 {
+		return configErr("response_tokens", "must be in [0, 16777216] (0 = not said), got %d", c.ResponseTokens)
 	}
 	switch c.Turns {
 	case "":

@@ -27,19 +27,28 @@ func TestGroupSpread(t *testing.T) {
 		params string
 		warm   int
 		want   map[string]int
+		resp   int // Config.ResponseTokens
 	}{
-		{"group_spread 0.1: 16 samples over 4 servers", `{"group_spread":0.1}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}},
-		{"task_spread 0: the group stays whole", `{"task_spread":0}`, 400, map[string]int{"s0": 16}},
-		{"default: the group stays whole", `{}`, 400, map[string]int{"s0": 16}},
+		{"group_spread 0.1: 16 samples over 4 servers", `{"group_spread":0.1,"group_spread_min_ratio":0}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 0},
+		{"task_spread 0: the group stays whole", `{"task_spread":0}`, 400, map[string]int{"s0": 16}, 0},
+		{"default, response length not said: the group stays whole", `{}`, 400, map[string]int{"s0": 16}, 0},
 		// task_spread's multi-turn prior fades as one-request sessions
 		// accumulate: after a GRPO step's worth of them it no longer splits
 		// a group.
-		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}},
-		{"default on a fresh router: the group stays whole", `{}`, 0, map[string]int{"s0": 16}},
+		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}, 0},
+		{"default on a fresh router: the group stays whole", `{}`, 0, map[string]int{"s0": 16}, 0},
+		// group_spread's gate (default 0.1, min ratio 4): the prompt is
+		// 1,024 tokens, so responses of up to 4,096 tokens or more spread
+		// the group, shorter ones (or an unsaid length) keep it whole.
+		{"default, response_tokens 8192: the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 8192},
+		{"default, response_tokens 4096 (ratio 4): the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 4096},
+		{"default, response_tokens 4095: the group stays whole", `{}`, 400, map[string]int{"s0": 16}, 4095},
+		{"min ratio 16, response_tokens 8192: the group stays whole", `{"group_spread_min_ratio":16}`, 400, map[string]int{"s0": 16}, 8192},
+		{"group_spread 0, response_tokens 8192: the group stays whole", `{"group_spread":0}`, 400, map[string]int{"s0": 16}, 8192},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}}
+			cfg := Config{Mode: ModeKVCAware, ResponseTokens: tc.resp, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}}
 			r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
 			warmGRPO(t, r, tc.warm)
 			p := prompt(1024, 7)
@@ -55,7 +64,7 @@ func TestGroupSpread(t *testing.T) {
 	t.Run("a weight sync forgets the counts", func(t *testing.T) {
 		for _, reset := range []bool{false, true} {
 			// session_weight 0: the five sticky bindings must not decide.
-			cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"session_weight":0,"group_spread":0.1}`)}}}
+			cfg := Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"session_weight":0,"group_spread":0.1,"group_spread_min_ratio":0}`)}}}
 			r := mustNew(t, cfg, "s0", "s1", "s2", "s3")
 			warmGRPO(t, r, 400)
 			p := prompt(1024, 7)
@@ -79,7 +88,7 @@ func TestGroupSpread(t *testing.T) {
 	})
 	t.Run("admitted requests count too", func(t *testing.T) {
 		cfg := Config{Mode: ModeKVCAware, Admission: AdmissionSpec{Enabled: true, MaxInflight: 1},
-			Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}}}
+			Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1,"group_spread_min_ratio":0}`)}}}
 		r := mustNew(t, cfg, "s0", "s1")
 		p := prompt(1024, 7)
 		acq(t, r, "a0", p...) // s0
@@ -103,7 +112,7 @@ func TestGroupSpread(t *testing.T) {
 
 // TestGroupsBounded: the prompts remembered are bounded.
 func TestGroupsBounded(t *testing.T) {
-	r := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}}}, "s0")
+	r := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1,"group_spread_min_ratio":0}`)}}}, "s0")
 	s := r.byID["s0"]
 	for k := uint64(1); k <= maxPromptGroups+10; k++ {
 		r.placed(k, s)
@@ -119,8 +128,8 @@ func TestGroupsBounded(t *testing.T) {
 // TestGroupsKeptOnlyWhenRead: the placement counts (a lookup and an update
 // on every decision) exist only when a strategy part reads siblings.
 func TestGroupsKeptOnlyWhenRead(t *testing.T) {
-	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1}`)}
-	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"task_spread":0}`)}
+	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1,"group_spread_min_ratio":0}`)}
+	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0,"task_spread":0}`)}
 	defaults := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
 	task := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"task_spread":0.1}`)}
 	least := StrategySpec{Name: "least_inflight", Weight: 1}

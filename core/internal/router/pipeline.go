@@ -133,7 +133,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	// r.sreq, not a local: a pointer passed to an interface method
 	// escapes, and the decision path allocates nothing.
 	r.sreq = strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
-		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns}
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
 	r.strat.Score(&r.sreq, r.cands[:n], r.scores[:n])
 	r.sreq.Tokens = nil // the caller's buffer, borrowed for this call only
 	tr.scoredWith(&r.sreq, len(req.Tokens))

@@ -112,6 +112,7 @@ type Router struct {
 	sessions map[string]*int
 	bound    uint64 // new bindings made (sessions started)
 	turns    strategy.Turns
+	respToks int
 	pool     []*server
 	byID     map[string]*server
 	seq      int
@@ -206,6 +207,7 @@ func New(cfg Config) (*Router, error) {
 		admit:        kvc && cfg.Admission.Enabled,
 		moveSessions: kvc && boolOr(cfg.SessionMoves, true),
 		turns:        turnsOf(cfg.Turns),
+		respToks:     cfg.ResponseTokens,
 		aq:           newAdmissionState(),
 		lens:         newLenState(cfg.Lengths),
 	}

@@ -209,7 +209,7 @@ func TestFirstTurnsSpreadAcrossServers(t *testing.T) {
 	// With group_spread, after a history of one-request sessions (GRPO) a
 	// group splits.
 	t.Run("group_spread 0.1: single-turn history splits a group", func(t *testing.T) {
-		_, of := run(t, `{"group_spread":0.1}`, 8, 8, 400)
+		_, of := run(t, `{"group_spread":0.1,"group_spread_min_ratio":0}`, 8, 8, 400)
 		for task, on := range of {
 			if len(on) < 2 {
 				t.Fatalf("task %d's siblings on %v: want more than one server", task, on)

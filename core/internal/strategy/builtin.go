@@ -171,6 +171,20 @@ type KVCAware struct {
 	// holds many prompts; leave 0 when responses are short or the KV cache
 	// small (prefill and cache hits then matter more than balance).
 	GroupSpread float64 `json:"group_spread"`
+	// GroupSpreadMinRatio gates group_spread: it applies only when the
+	// rollout's longest response (the router's response_tokens, which the
+	// verl hook sets from rollout.response_length) is at least this many
+	// times the request's prompt; 0 applies it whatever the lengths, and
+	// an unknown response length (response_tokens 0) closes the gate.
+	// Spreading a group over E servers re-pays E-1 prefills of its prompt
+	// to balance decode work that only long responses make large: on
+	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
+	// ratio ~12) spreading shortened the step, on the demo's shape (prompts
+	// ~1.3k, responses up to 2k, ratio ~1.6) keeping groups whole did
+	// (docs/rl-workloads.md).
+	// When to change: lower it when prefill is cheap next to decode (small
+	// models, fast GPUs); 0 to spread whatever the lengths.
+	GroupSpreadMinRatio float64 `json:"group_spread_min_ratio"`
 	// TaskSpread in [0, 10] is the load each multi-turn sibling (an agent
 	// task's trajectory) already placed on a server (beyond the fewest on
 	// any candidate) adds there when another is placed, scaled by the
@@ -192,7 +206,8 @@ func DefaultKVCAware() KVCAware {
 	return KVCAware{
 		Alpha: 0.3, LoadThreshold: 0.9, LayerWeights: map[string]float64{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
-		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread, TaskSpread: DefaultTaskSpread,
+		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
+		GroupSpreadMinRatio: DefaultGroupSpreadMinRatio, TaskSpread: DefaultTaskSpread,
 	}
 }
 
@@ -217,6 +232,9 @@ func (k *KVCAware) Validate() error {
 	if !(k.GroupSpread >= 0 && k.GroupSpread <= 10) {
 		return strictjson.Errorf("group_spread", "must be in [0, 10] (0 disables), got %v", k.GroupSpread)
 	}
+	if !(k.GroupSpreadMinRatio >= 0 && k.GroupSpreadMinRatio <= 1000) {
+		return strictjson.Errorf("group_spread_min_ratio", "must be in [0, 1000] (0 = no gate), got %v", k.GroupSpreadMinRatio)
+	}
 	if !(k.TaskSpread >= 0 && k.TaskSpread <= 10) {
 		return strictjson.Errorf("task_spread", "must be in [0, 10] (0 disables), got %v", k.TaskSpread)
 	}
@@ -240,7 +258,7 @@ func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpre
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
-	base, sess := k.prepare(req, c)
+	base, sess := k.prepare(req, len(req.Tokens), c)
 	for i := range c {
 		out[i] = k.score(len(req.Tokens), &c[i], &base, &sess).score
 	}
@@ -248,7 +266,7 @@ func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 
 // prepare computes the per-decision parts of the score: the smallest match
 // per tier (marginal credit's base) and the session term.
-func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]int, sess sessionTerm) {
+func (k *KVCAware) prepare(req *Request, promptTokens int, c []Candidate) (base [index.NumTiers]int, sess sessionTerm) {
 	if k.Marginal && len(c) > 1 {
 		base = c[0].Hit.Tier
 		for i := range c {
@@ -268,7 +286,7 @@ func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]in
 		// group_spread weighs one-request siblings (GRPO samples),
 		// task_spread multi-turn ones (an agent task's trajectories), by
 		// the router's evidence of which the sessions are.
-		sess.group = k.GroupSpread*(1-multiTurn(req)) + k.TaskSpread*taskTurns(req)
+		sess.group = k.groupSpread(req, promptTokens)*(1-multiTurn(req)) + k.TaskSpread*taskTurns(req)
 	}
 	if k.SessionWeight > 0 && len(c) > 1 {
 		total := 0
@@ -296,7 +314,7 @@ func (k *KVCAware) prepare(req *Request, c []Candidate) (base [index.NumTiers]in
 // covered share, load, session load and overload penalty, and the score
 // they sum to (the value Score writes).
 func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Term {
-	base, sess := k.prepare(req, c)
+	base, sess := k.prepare(req, promptTokens, c)
 	out := make([][]Term, len(c))
 	for i := range c {
 		t := k.score(promptTokens, &c[i], &base, &sess)
@@ -311,6 +329,18 @@ func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Te
 		}
 	}
 	return out
+}
+
+// groupSpread is group_spread where its gate (group_spread_min_ratio) is
+// open for this request, else 0.
+func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
+	if k.GroupSpreadMinRatio == 0 {
+		return k.GroupSpread
+	}
+	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) < k.GroupSpreadMinRatio*float64(max(promptTokens, 1)) {
+		return 0
+	}
+	return k.GroupSpread
 }
 
 // sessionPrior is how many sessions' worth of evidence multiTurn assumes
@@ -401,12 +431,20 @@ func (k *KVCAware) score(promptTokens int, c *Candidate, base *[index.NumTiers]i
 // the held-out protocol's tuning seeds (docs/kvbench.md).
 const DefaultSessionWeight = 0.5
 
-// DefaultGroupSpread is group_spread's default: off. 0.1 (tuned on seeds
-// 101-106) shortens RL steps with correlated, long responses but costs
-// steps whose responses are short and whose KV cannot hold every group's
-// prompt on every server (the demo: 3.6% longer, hit rate 73% -> 17%);
-// docs/rl-workloads.md has both.
-const DefaultGroupSpread = 0.0
+// DefaultGroupSpread is group_spread's default (0.1, from seeds 101-106).
+// It spreads a single-turn group only where group_spread_min_ratio's gate
+// is open: steps whose responses can be long next to their prompts, where
+// a long group kept whole makes its server the step's straggler. Ungated
+// it also cost steps whose responses are short and whose KV cannot hold
+// every group's prompt on every server (the demo: 3.6% longer, hit rate
+// 73% -> 17%); docs/rl-workloads.md has both.
+const DefaultGroupSpread = 0.1
+
+// DefaultGroupSpreadMinRatio is group_spread_min_ratio's default: spread a
+// group when its responses may reach 4x its prompt. Between the measured
+// shapes (about 1.6 kept groups whole for a shorter step, about 12 spread
+// them); not tuned finer.
+const DefaultGroupSpreadMinRatio = 4.0
 
 // DefaultTaskSpread is task_spread's default, tuned on kvbench seeds
 // 101-106: agent steps whose tasks differ in difficulty 1.057 -> 0.989 x

@@ -214,16 +214,22 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 		tokens    int
 		want      string
 		groupLoad float64 // a's group_load term
+		resp      int     // Request.ResponseTokens
 	}{
-		{"a holds the prompt, no sibling yet: cache wins", `{"group_spread":0.25}`, 0, 1024, "a", 0},
-		{"a has one more sibling: b", `{"group_spread":0.25}`, 1, 1024, "b", 0.25},
+		{"a holds the prompt, no sibling yet: cache wins", `{"group_spread":0.25,"group_spread_min_ratio":0}`, 0, 1024, "a", 0, 0},
+		{"a has one more sibling: b", `{"group_spread":0.25,"group_spread_min_ratio":0}`, 1, 1024, "b", 0.25, 0},
 		// A 4k-token prompt's credit (0.3 x 0.7 x 0.89) outweighs one
 		// excess sibling (0.7 x 0.25), not two.
-		{"long prompt, one more sibling: a", `{"group_spread":0.25}`, 1, 4096, "a", 0.25},
-		{"long prompt, two more siblings: b", `{"group_spread":0.25}`, 2, 4096, "b", 0.5},
-		{"default (off): a keeps the group", `{}`, 3, 1024, "a", 0},
-		{"group_spread 0: a keeps the group", `{"group_spread":0}`, 3, 1024, "a", 0},
-		{"a small weight loses to the cache credit", `{"group_spread":0.01}`, 1, 1024, "a", 0.01},
+		{"long prompt, one more sibling: a", `{"group_spread":0.25,"group_spread_min_ratio":0}`, 1, 4096, "a", 0.25, 0},
+		{"long prompt, two more siblings: b", `{"group_spread":0.25,"group_spread_min_ratio":0}`, 2, 4096, "b", 0.5, 0},
+		{"default, response length not said (gate closed): a keeps the group", `{}`, 3, 1024, "a", 0, 0},
+		{"group_spread 0: a keeps the group", `{"group_spread":0}`, 3, 1024, "a", 0, 0},
+		{"a small weight loses to the cache credit", `{"group_spread":0.01,"group_spread_min_ratio":0}`, 1, 1024, "a", 0.01, 0},
+		// The gate: default group_spread 0.1 where responses may reach 4x
+		// the prompt.
+		{"default, responses 4x the prompt: b", `{}`, 3, 1024, "b", 0.3, 4096},
+		{"default, responses under 4x the prompt: a keeps the group", `{}`, 3, 1024, "a", 0, 4095},
+		{"min ratio 2, responses 2x the prompt: b", `{"group_spread_min_ratio":2}`, 3, 1024, "b", 0.3, 2048},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,7 +238,7 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 			c[0].Siblings = tc.aSiblings
 			// A history of one-request sessions (GRPO): the term applies
 			// to one-request siblings (x (1 - MultiTurn), ~0.99997 here).
-			req := &Request{Tokens: make([]int32, tc.tokens), SessionsBound: 1 << 20}
+			req := &Request{Tokens: make([]int32, tc.tokens), SessionsBound: 1 << 20, ResponseTokens: tc.resp}
 			out := make([]float64, 2)
 			k.Score(req, c, out)
 			if got := c[Pick(c, out)].ID; got != tc.want {
@@ -339,10 +345,11 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 	if !build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
 		t.Fatal("kvc_aware at its defaults (task_spread 0.1) does not read siblings")
 	}
-	if build(t, "kvc_aware", `{"task_spread":0}`).(SiblingReader).ReadsSiblings() {
+	if build(t, "kvc_aware", `{"group_spread":0,"task_spread":0}`).(SiblingReader).ReadsSiblings() {
 		t.Fatal("group_spread and task_spread 0 read siblings")
 	}
-	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`} {
+	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`,
+		`{"group_spread_min_ratio":-1}`, `{"group_spread_min_ratio":1001}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

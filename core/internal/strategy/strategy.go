@@ -60,6 +60,10 @@ type Request struct {
 	// Turns is what the rollout's sessions are said to be before any
 	// returns (the router's "turns" setting; TurnsAuto: not said).
 	Turns Turns
+	// ResponseTokens is the longest response the rollout asks for (the
+	// router's "response_tokens"; verl's rollout.response_length), 0 when
+	// not said.
+	ResponseTokens int
 }
 
 // Turns is the router's "turns" setting: what the rollout's sessions are

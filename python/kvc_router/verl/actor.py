@@ -86,16 +86,27 @@ def rollout_turns(rollout_config: Any) -> str:
 
 def session_turns(block: Any, rollout_config: Any) -> Any:
     """``block`` with the router's ``turns`` set from the rollout config
-    (:func:`rollout_turns`) in kvc_aware mode, unless the user set it: a
-    fresh router then spreads an agent task's trajectories from the first
-    request (task_spread) and keeps a first GRPO step's groups whole."""
+    (:func:`rollout_turns`) and its ``response_tokens`` from
+    ``rollout.response_length`` in kvc_aware mode, each unless the user set
+    it: a fresh router then spreads an agent task's trajectories from the
+    first request (task_spread), keeps a first GRPO step's groups whole
+    when responses are short next to prompts, and spreads them when
+    responses may be long (group_spread's gate)."""
     if not isinstance(block, Mapping) or block.get("type") != "kvc_aware":
         return block
+    from .detection import get
+
     inner = dict(block.get("config") or {})
-    if inner.get("turns") is not None:
+    told = {}
+    if inner.get("turns") is None:
+        told["turns"] = rollout_turns(rollout_config)
+    length = get(rollout_config, "response_length", None)
+    if inner.get("response_tokens") is None and isinstance(length, int) and not isinstance(length, bool):
+        if 0 < length <= 1 << 24:  # else the library's default (not said)
+            told["response_tokens"] = length
+    if not told:
         return block
-    inner["turns"] = rollout_turns(rollout_config)
-    return {**block, "config": inner}
+    return {**block, "config": {**inner, **told}}
 
 
 def actor_options(block: Any = None) -> Dict[str, Any]:
