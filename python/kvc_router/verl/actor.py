@@ -97,7 +97,7 @@ def session_turns(block: Any, rollout_config: Any) -> Any:
     from .detection import get
 
     inner = dict(block.get("config") or {})
-    told = {}
+    told: Dict[str, Any] = {}
     if inner.get("turns") is None:
         told["turns"] = rollout_turns(rollout_config)
     length = get(rollout_config, "response_length", None)
