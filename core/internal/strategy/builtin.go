@@ -180,8 +180,8 @@ type KVCAware struct {
 	// to balance decode work that only long responses make large: on
 	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
 	// ratio ~12) spreading shortened the step, on the demo's shape (prompts
-	// ~1.3k, responses up to 2k, ratio ~1.6) keeping groups whole did
-	// (docs/rl-workloads.md).
+	// 1.5-2.6k tokens, responses up to 2k, ratio <= 1.4) keeping groups
+	// whole did (docs/rl-workloads.md).
 	// When to change: lower it when prefill is cheap next to decode (small
 	// models, fast GPUs); 0 to spread whatever the lengths.
 	GroupSpreadMinRatio float64 `json:"group_spread_min_ratio"`
@@ -442,8 +442,8 @@ const DefaultGroupSpread = 0.1
 
 // DefaultGroupSpreadMinRatio is group_spread_min_ratio's default: spread a
 // group when its responses may reach 4x its prompt. Between the measured
-// shapes (about 1.6 kept groups whole for a shorter step, about 12 spread
-// them); not tuned finer.
+// shapes (at most 1.4 kept groups whole for a shorter step, about 12
+// spread them); not tuned finer.
 const DefaultGroupSpreadMinRatio = 4.0
 
 // DefaultTaskSpread is task_spread's default, tuned on kvbench seeds
