@@ -414,6 +414,18 @@ def test_hook_tells_the_router_the_rollouts_turns(manager, multi_turn):
     assert got == ("multi" if multi_turn else "single")
 
 
+def test_hook_tells_the_router_the_response_length(manager):
+    """The hook sets the router's response_tokens (group_spread's gate) from
+    verl's own rollout.response_length (data.max_response_length)."""
+    m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
+    want = m.config.actor_rollout_ref.rollout.response_length
+    assert isinstance(want, int) and want > 0
+    got = ray.get(
+        m.global_load_balancer.__ray_call__.remote(lambda self: self._config.effective["router"]["response_tokens"])
+    )
+    assert got == want
+
+
 @pytest.mark.skipif(not verl_at_least(0, 9, 1), reason="router_config_path / get_router_handle arrived in verl 0.9.1")
 def test_router_config_path_with_admission_names_the_admission_class(manager, tmp_path):
     """verl creates the class the YAML names: with admission on it must be
