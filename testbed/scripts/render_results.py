@@ -798,16 +798,19 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# f591d2b freeze), at the earlier defaults (RL_PREV, the 520d43c freeze:
-# task_spread off) and with group_spread 0.1 (the 3965cf8 freeze,
-# docs/results/rl-*.json).
+# 668a343 freeze: group_spread 0.1 behind its response-length gate), without
+# the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
+# task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
+# (the 3965cf8 freeze, docs/results/rl-*.json).
 RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1),
                ("rl-agt", "agent (kvbench `agent`): task difficulty ρ 0.6, tools 1–60 s", None))
 # docs/results/ subdirectories of `make kvbench-rl` runs: the library
-# defaults, the earlier defaults, and task_spread 0.1 presumed multi-turn on
-# every fresh router (the 41412f1 freeze).
-RL_DEFAULTS = "rl-f591d2b"
+# defaults, the defaults without group_spread, the defaults before
+# task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
+# (the 41412f1 freeze).
+RL_DEFAULTS = "rl-668a343"
+RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
 
@@ -816,18 +819,20 @@ def render_rl_block(docs_root: str) -> Optional[str]:
     from render_rl import rows
 
     res = os.path.join(docs_root, "docs", "results")
-    current, prev = os.path.join(res, RL_DEFAULTS), os.path.join(res, RL_PREV)
+    current, off, prev = (os.path.join(res, d) for d in (RL_DEFAULTS, RL_GS_OFF, RL_PREV))
     if not glob.glob(os.path.join(current, "rl-r0-*.json")):
         return None
     out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size "
            "and kvbench's agent workload, "
            "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
-           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_PREV}/` and `docs/results/rl-*.json`):", "",
+           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_GS_OFF}/`, `docs/results/{RL_PREV}/` and "
+           "`docs/results/rl-*.json`):", "",
            f"| setting | seeds | kvc_aware, library defaults ({RL_DEFAULTS[3:]}) | kvc_aware + admission, defaults "
-           f"| kvc_aware, earlier defaults ({RL_PREV[3:]}: task_spread off) | kvc_aware, group_spread 0.1 (3965cf8) |",
-           "|---|---|---|---|---|---|"]
+           f"| kvc_aware, group_spread off ({RL_GS_OFF[3:]}) "
+           f"| kvc_aware, task_spread off ({RL_PREV[3:]}) | kvc_aware, group_spread 0.1 ungated (3965cf8) |",
+           "|---|---|---|---|---|---|---|"]
     for prefix, label, step in RL_SETTINGS:
-        d, o, g = rows(current, prefix, step), rows(prev, prefix, step), rows(res, prefix, step)
+        d, f, o, g = (rows(x, prefix, step) for x in (current, off, prev, res))
         if "kvc_aware" not in d:
             continue
         seeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
@@ -840,7 +845,7 @@ def render_rl_block(docs_root: str) -> Optional[str]:
             return ci.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: ""}[_clear(ci)]
 
         out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | {cell(d, 'kvc_aware')} | {cell(d, 'kvc_aware+admit')} "
-                   f"| {cell(o, 'kvc_aware')} | {cell(g, 'kvc_aware')} |")
+                   f"| {cell(f, 'kvc_aware')} | {cell(o, 'kvc_aware')} | {cell(g, 'kvc_aware')} |")
     return "\n".join(out)
 
 
@@ -899,17 +904,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(readme, encoding="utf-8") as f:
                 if "<!-- BEGIN RENDERED: steptime -->" in f.read():
                     targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
-    # docs/rl-workloads.md's kvbench-rl tables: the group_spread 0.1 freeze
-    # (docs/results/rl-*.json), the library defaults (RL_DEFAULTS), the
-    # earlier defaults (RL_PREV) and the 41412f1 task_spread freeze (RL_TASK).
+    # docs/rl-workloads.md's kvbench-rl tables: the ungated group_spread 0.1
+    # freeze (docs/results/rl-*.json), the library defaults (RL_DEFAULTS), the
+    # defaults without group_spread (RL_GS_OFF), the defaults before
+    # task_spread (RL_PREV) and the 41412f1 task_spread freeze (RL_TASK).
     rl_doc = os.path.join(a.docs, "docs", "rl-workloads.md")
     if os.path.isfile(rl_doc):
         from render_rl import render as render_rl_tables
 
         with open(rl_doc, encoding="utf-8") as f:
             rl_text = f.read()
-        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-prev-defaults", RL_PREV),
-                           ("rl-task-spread", RL_TASK)):
+        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-gs-off", RL_GS_OFF),
+                           ("rl-prev-defaults", RL_PREV), ("rl-task-spread", RL_TASK)):
             d = os.path.join(a.docs, "docs", "results", sub) if sub else os.path.join(a.docs, "docs", "results")
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"
