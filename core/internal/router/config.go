@@ -172,7 +172,7 @@ type Config struct {
 	// tokens (0 = not said). The verl hook sets it from
 	// actor_rollout_ref.rollout.response_length. The kvc_aware strategy
 	// spreads a single-turn group over servers (group_spread) only when it
-	// is at least group_spread_min_ratio times the prompt: long responses
+	// is more than group_spread_min_ratio times the prompt: long responses
 	// make a group kept whole its server's straggler.
 	// When to change: set it to the sampling max_tokens outside verl's hook.
 	ResponseTokens int `json:"response_tokens,omitempty"`

@@ -38,11 +38,11 @@ func TestGroupSpread(t *testing.T) {
 		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}, 0},
 		{"default on a fresh router: the group stays whole", `{}`, 0, map[string]int{"s0": 16}, 0},
 		// group_spread's gate (default 0.1, min ratio 4): the prompt is
-		// 1,024 tokens, so responses of up to 4,096 tokens or more spread
-		// the group, shorter ones (or an unsaid length) keep it whole.
+		// 1,024 tokens, so responses of more than 4,096 tokens spread the
+		// group, others (or an unsaid length) keep it whole.
 		{"default, response_tokens 8192: the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 8192},
-		{"default, response_tokens 4096 (ratio 4): the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 4096},
-		{"default, response_tokens 4095: the group stays whole", `{}`, 400, map[string]int{"s0": 16}, 4095},
+		{"default, response_tokens 4097: the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 4097},
+		{"default, response_tokens 4096 (ratio exactly 4): the group stays whole", `{}`, 400, map[string]int{"s0": 16}, 4096},
 		{"min ratio 16, response_tokens 8192: the group stays whole", `{"group_spread_min_ratio":16}`, 400, map[string]int{"s0": 16}, 8192},
 		{"group_spread 0, response_tokens 8192: the group stays whole", `{"group_spread":0}`, 400, map[string]int{"s0": 16}, 8192},
 	}
@@ -155,6 +155,43 @@ func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 			}
 			if tc.want && r.groups.Len() != 1 {
 				t.Fatalf("%d groups after one placement, want 1", r.groups.Len())
+			}
+		})
+	}
+}
+
+// TestGroupSpreadGateClosedChangesNothing: where group_spread's gate is
+// closed (responses under group_spread_min_ratio x the prompt, or no
+// response length said), the defaults decide exactly as group_spread 0
+// does, request by request, on a GRPO-like stream of groups with releases
+// in between (the arena's and the demo's GRPO steps rely on it).
+func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
+	for _, resp := range []int{0, 2048} {
+		t.Run(fmt.Sprint("response_tokens ", resp), func(t *testing.T) {
+			gated := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: resp}, "s0", "s1", "s2", "s3")
+			off := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: resp,
+				Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0}`)}}},
+				"s0", "s1", "s2", "s3")
+			var held []string
+			for g := 0; g < 60; g++ {
+				// Prompts of 512-2,047 tokens: 2,048-token responses are at
+				// most 4x each (exactly at 512, as on the arena's GRPO
+				// steps), so the gate stays closed.
+				p := prompt(512+(g*97)%1536, int32(1000*g))
+				for i := 0; i < 8; i++ {
+					id := fmt.Sprintf("g%d-%d", g, i)
+					a, b := acq(t, gated, id, p...), acq(t, off, id, p...)
+					if a != b {
+						t.Fatalf("%s: gated defaults chose %s, group_spread 0 chose %s", id, a, b)
+					}
+					held = append(held, a)
+				}
+				// Release a few, oldest first, so loads move.
+				for len(held) > 24 {
+					gated.Release(held[0])
+					off.Release(held[0])
+					held = held[1:]
+				}
 			}
 		})
 	}

@@ -173,14 +173,14 @@ type KVCAware struct {
 	GroupSpread float64 `json:"group_spread"`
 	// GroupSpreadMinRatio gates group_spread: it applies only when the
 	// rollout's longest response (the router's response_tokens, which the
-	// verl hook sets from rollout.response_length) is at least this many
+	// verl hook sets from rollout.response_length) is more than this many
 	// times the request's prompt; 0 applies it whatever the lengths, and
 	// an unknown response length (response_tokens 0) closes the gate.
 	// Spreading a group over E servers re-pays E-1 prefills of its prompt
 	// to balance decode work that only long responses make large: on
 	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
 	// ratio ~12) spreading shortened the step, on the demo's shape (prompts
-	// 1.5-2.6k tokens, responses up to 2k, ratio <= 1.4) keeping groups
+	// of 512-1,536 tokens, responses up to 2k, ratio <= 4) keeping groups
 	// whole did (docs/rl-workloads.md).
 	// When to change: lower it when prefill is cheap next to decode (small
 	// models, fast GPUs); 0 to spread whatever the lengths.
@@ -337,7 +337,9 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 	if k.GroupSpreadMinRatio == 0 {
 		return k.GroupSpread
 	}
-	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) < k.GroupSpreadMinRatio*float64(max(promptTokens, 1)) {
+	// Strictly longer: a prompt exactly at the ratio keeps its group (the
+	// arena's GRPO prompts reach 512 tokens against 2,048-token responses).
+	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) <= k.GroupSpreadMinRatio*float64(max(promptTokens, 1)) {
 		return 0
 	}
 	return k.GroupSpread
@@ -441,9 +443,10 @@ const DefaultSessionWeight = 0.5
 const DefaultGroupSpread = 0.1
 
 // DefaultGroupSpreadMinRatio is group_spread_min_ratio's default: spread a
-// group when its responses may reach 4x its prompt. Between the measured
-// shapes (at most 1.4 kept groups whole for a shorter step, about 12
-// spread them); not tuned finer.
+// group when its responses may be longer than 4x its prompt. The demo's
+// shape (ratio at most 4, about 2 for a typical prompt) ran shorter with
+// groups whole, kvbench's grpo_sat (about 12) with groups spread; not tuned
+// finer.
 const DefaultGroupSpreadMinRatio = 4.0
 
 // DefaultTaskSpread is task_spread's default, tuned on kvbench seeds

@@ -225,11 +225,11 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 		{"default, response length not said (gate closed): a keeps the group", `{}`, 3, 1024, "a", 0, 0},
 		{"group_spread 0: a keeps the group", `{"group_spread":0}`, 3, 1024, "a", 0, 0},
 		{"a small weight loses to the cache credit", `{"group_spread":0.01,"group_spread_min_ratio":0}`, 1, 1024, "a", 0.01, 0},
-		// The gate: default group_spread 0.1 where responses may reach 4x
-		// the prompt.
-		{"default, responses 4x the prompt: b", `{}`, 3, 1024, "b", 0.3, 4096},
-		{"default, responses under 4x the prompt: a keeps the group", `{}`, 3, 1024, "a", 0, 4095},
-		{"min ratio 2, responses 2x the prompt: b", `{"group_spread_min_ratio":2}`, 3, 1024, "b", 0.3, 2048},
+		// The gate: default group_spread 0.1 where responses may be longer
+		// than 4x the prompt.
+		{"default, responses over 4x the prompt: b", `{}`, 3, 1024, "b", 0.3, 4097},
+		{"default, responses exactly 4x the prompt: a keeps the group", `{}`, 3, 1024, "a", 0, 4096},
+		{"min ratio 2, responses over 2x the prompt: b", `{"group_spread_min_ratio":2}`, 3, 1024, "b", 0.3, 2049},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
