@@ -105,7 +105,10 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     (its difficulty), so a GRPO group kept whole on one server makes it
 //     the step's straggler whenever the group is long, while spreading the
 //     group over E servers costs E-1 extra prefills of one prompt
-//     (docs/rl-workloads.md, issue 26). Multi-turn siblings (an agent
+//     (docs/rl-workloads.md, issue 26). It applies only when the rollout's
+//     longest response (response_tokens) is more than
+//     group_spread_min_ratio times the prompt: only long responses make
+//     the balance worth those prefills. Multi-turn siblings (an agent
 //     task's trajectories) are task_spread's.
 //   - Task spread (task_spread, off by default): the same count for
 //     multi-turn siblings, weighed by task_spread * multi_turn. An agent
@@ -166,10 +169,10 @@ type KVCAware struct {
 	// placed on a server (beyond the fewest on any candidate) adds there
 	// when a sibling is placed; 0 keeps a group on the server holding its
 	// prompt.
-	// When to change: 0.1 for RL rollouts whose responses are long and
-	// similar within a prompt's group (reasoning GRPO) on servers whose KV
-	// holds many prompts; leave 0 when responses are short or the KV cache
-	// small (prefill and cache hits then matter more than balance).
+	// It applies only where group_spread_min_ratio's gate is open.
+	// When to change: 0 to keep every group whole (lengths known to be
+	// independent of the prompt, or a KV cache too small to hold a prompt
+	// on every server); higher when long groups still straggle.
 	GroupSpread float64 `json:"group_spread"`
 	// GroupSpreadMinRatio gates group_spread: it applies only when the
 	// rollout's longest response (the router's response_tokens, which the
