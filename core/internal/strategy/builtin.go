@@ -98,10 +98,10 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     together once the history shows one-request sessions. A fresh
 //     router presumes multi-turn sessions, so it also spreads the first
 //     GRPO samples it sees, hence off by default (docs/kvbench.md).
-//   - Group spread (group_spread): each request of the same prompt the
-//     router already placed on a server this step, beyond the fewest
-//     placed on any candidate, adds group_spread * (1 - multi_turn) to
-//     that server's load. A prompt's responses have correlated lengths
+//   - Group spread (group_spread, 0.1 by default): each request of the
+//     same prompt the router already placed on a server this step, beyond
+//     the fewest placed on any candidate, adds group_spread * (1 -
+//     multi_turn) to that server's load. A prompt's responses have correlated lengths
 //     (its difficulty), so a GRPO group kept whole on one server makes it
 //     the step's straggler whenever the group is long, while spreading the
 //     group over E servers costs E-1 extra prefills of one prompt
@@ -110,7 +110,7 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     group_spread_min_ratio times the prompt: only long responses make
 //     the balance worth those prefills. Multi-turn siblings (an agent
 //     task's trajectories) are task_spread's.
-//   - Task spread (task_spread, off by default): the same count for
+//   - Task spread (task_spread, 0.1 by default): the same count for
 //     multi-turn siblings, weighed by task_spread * multi_turn. An agent
 //     task's difficulty sets all its trajectories' turn counts and lengths
 //     (they are long together), so trajectories kept on the server holding
