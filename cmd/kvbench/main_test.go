@@ -340,6 +340,12 @@ func TestTuneGrids(t *testing.T) {
 			t.Errorf("%s: first grid point %s, want its default credit %v", name, gridFor(name)[0], want)
 		}
 	}
+	var q struct {
+		Threshold float64 `json:"router_queue_threshold"`
+	}
+	if err := json.Unmarshal([]byte(gridFor("dynamo_cost+queue")[0]), &q); err != nil || q.Threshold != peers.QueueDynamo().QueueThreshold {
+		t.Errorf("dynamo_cost+queue: first grid point %s, want its default threshold %v", gridFor("dynamo_cost+queue")[0], peers.QueueDynamo().QueueThreshold)
+	}
 }
 
 func TestTuneObjective(t *testing.T) {

@@ -419,3 +419,51 @@ func TestDynamoSeesDeduplicatedActiveBlocks(t *testing.T) {
 		t.Fatal("answered for a request not being routed")
 	}
 }
+
+// TestDynamoRouterQueue: dynamo_cost+queue (router_queue_threshold 1.0, FCFS)
+// holds requests while every engine's tracked prefill tokens exceed the
+// threshold x max_num_batched_tokens, and loses none; a threshold no backlog
+// reaches makes the run exactly plain dynamo_cost's.
+func TestDynamoRouterQueue(t *testing.T) {
+	g := smallGRPO()
+	g.Prompts, g.N, g.Steps = 16, 8, 1
+	opts := smallOpts()
+	opts.Engines.Engines, opts.Engines.MaxBatchedTokens = 2, 512
+	run := func(name, params string) *Result {
+		t.Helper()
+		o := PolicyOptions{Seed: 1}
+		if params != "" {
+			o.Params = map[string]json.RawMessage{"dynamo_cost": json.RawMessage(params)}
+		}
+		p, err := NewPolicy(name, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(NewGRPO(g), p, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requests != g.Prompts*g.N || res.Unfinished != 0 || res.FinalInflight != 0 || res.QueueLeft != 0 {
+			t.Fatalf("%s: %d of %d requests, unfinished %d, in flight %d, still queued %d",
+				name, res.Requests, g.Prompts*g.N, res.Unfinished, res.FinalInflight, res.QueueLeft)
+		}
+		return res
+	}
+	plain, queued := run("dynamo_cost", ""), run("dynamo_cost+queue", "")
+	if plain.Queued != 0 {
+		t.Fatalf("plain dynamo_cost queued %d requests", plain.Queued)
+	}
+	if queued.Queued == 0 {
+		t.Fatal("dynamo_cost+queue never held a request: 128 prompts on two engines of 512 batched tokens must back up")
+	}
+	never := run("dynamo_cost+queue", `{"router_queue_threshold":1000}`)
+	if never.Queued != 0 || never.Makespans[0] != plain.Makespans[0] || never.CachedTokens != plain.CachedTokens {
+		t.Fatalf("threshold 1000: queued %d, makespan %v vs plain %v, cached %d vs %d",
+			never.Queued, never.Makespans[0], plain.Makespans[0], never.CachedTokens, plain.CachedTokens)
+	}
+	for _, bad := range []string{`{"router_queue_threshold":-1}`, `{"router_queue_policy":"wspt"}`, `{"router_queue_policy":"lifo"}`} {
+		if _, err := NewPolicy("dynamo_cost+queue", PolicyOptions{Params: map[string]json.RawMessage{"dynamo_cost": json.RawMessage(bad)}}); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -119,6 +119,15 @@ type Policy struct {
 	// gets no follow-up request), as a client calling vllm-router's
 	// /finish_session does.
 	FinishSessions bool
+	// QueueThreshold > 0 holds an arriving request in the router, first
+	// come first served, while every engine's router-tracked prefill
+	// tokens (placed, first token not yet seen) exceed QueueThreshold x
+	// its max_num_batched_tokens, and routes held requests (scoring them
+	// then) as prefills complete or requests finish: Dynamo's
+	// router_queue_threshold with router_queue_policy "fcfs"
+	// (ai-dynamo/dynamo lib/kv-router/src/queue.rs SchedulerQueue:
+	// all_workers_busy, update; scheduling/policy.rs FcfsPolicy).
+	QueueThreshold float64
 }
 
 // Result is what one policy achieved.
@@ -144,8 +153,11 @@ type Result struct {
 	// FinalInflight is the router's in-flight total after the run and
 	// Unfinished the engine requests never completed (both 0 when sound).
 	FinalInflight, Unfinished int
-	Router                    kvcrouter.RouterCounters
-	IndexStatus               kvcrouter.IndexStatus
+	// Queued counts the requests Policy.QueueThreshold's router queue
+	// held, and QueueLeft those still held after the run (0 when sound).
+	Queued, QueueLeft int
+	Router            kvcrouter.RouterCounters
+	IndexStatus       kvcrouter.IndexStatus
 }
 
 type evKind uint8
@@ -245,7 +257,10 @@ type driver struct {
 
 	// Requests the router's admission holds, by ticket, and the slots
 	// a release gave to held requests.
-	held     map[uint64]*Item
+	held map[uint64]*Item
+	// queue holds requests Policy.QueueThreshold parks, oldest first
+	// (FCFS: arrival order is the key, and arrivals come in time order).
+	queue    []*Item
 	ticket   uint64
 	admitted []kvcrouter.Admitted
 }
@@ -459,6 +474,47 @@ func (d *driver) arrive(it *Item) error {
 	if it.turn == 0 {
 		it.first = d.now
 	}
+	if d.pol.QueueThreshold > 0 && d.allBusy() {
+		d.queue = append(d.queue, it)
+		d.res.Queued++
+		return nil
+	}
+	return d.route(it, prompt)
+}
+
+// allBusy is Dynamo's queue test: every engine's tracked prefill tokens
+// above QueueThreshold x its max_num_batched_tokens.
+func (d *driver) allBusy() bool {
+	for _, e := range d.engines {
+		if e.prefill*float64(d.bs) <= d.pol.QueueThreshold*float64(e.e.Config().MaxNumBatchedTokens) {
+			return false
+		}
+	}
+	return true
+}
+
+// drainQueue routes parked requests while some engine has room (Dynamo
+// calls it on every prefill completion and free; here once per step end,
+// after its first tokens and completions, which share one instant).
+func (d *driver) drainQueue() error {
+	for len(d.queue) > 0 && !d.allBusy() {
+		it := d.queue[0]
+		d.queue[0] = nil
+		d.queue = d.queue[1:]
+		prompt := d.wl.Prompt(it, d.buf)
+		if it.prompt == nil {
+			d.buf = prompt
+		}
+		if err := d.route(it, prompt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// route asks the router for a server and submits the request there (or
+// leaves it with the router's admission).
+func (d *driver) route(it *Item, prompt []int32) error {
 	// Policies without sticky sessions get the per-submission id, unique
 	// within a run, so no binding is ever reused (the router binds every
 	// request id, even an empty one, as verl does).
@@ -634,7 +690,7 @@ func (d *driver) stepEnd(i int) error {
 			d.finisher.FinishSession(f.item.Key)
 		}
 	}
-	return nil
+	return d.drainQueue()
 }
 
 // weightUpdate resets every engine's prefix cache (events published through
@@ -690,4 +746,5 @@ func (d *driver) finish() {
 	r.Router = st.Counters
 	r.IndexStatus = st.Index
 	r.Unfinished = len(d.flights)
+	r.QueueLeft = len(d.queue)
 }

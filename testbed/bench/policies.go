@@ -20,7 +20,7 @@ var PolicyNames = []string{
 	"sglang_cache_aware", "sglang_cache_aware+gateway",
 	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
 	"llmd_precise+nohit", "llmd_precise+active",
-	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic",
+	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic", "dynamo_cost+queue",
 	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
 }
@@ -157,7 +157,11 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     [lib/kv-router/src/scheduling/selector/default.rs]. +ttl: the 5 s
 //     predicted-TTL side index (--router-predicted-ttl-secs 5). +session:
 //     session → worker binding with no load breakout
-//     (--router-session-affinity-ttl-secs).
+//     (--router-session-affinity-ttl-secs). +agentic: the 1.6.1 agentic
+//     preset. +queue: the router queue at --router-queue-threshold 1.0,
+//     first come first served (lib/kv-router/src/queue.rs; the driver
+//     holds requests while every worker's tracked prefill tokens exceed
+//     the threshold x max_num_batched_tokens).
 //   - kvc_aware: ours, KV events, sticky request ids.
 //   - kvc_aware+admit: ours with router-side admission (kvcrouter.AdmissionSpec:
 //     hold requests while every engine runs max_num_seqs, late binding).
@@ -293,10 +297,13 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			return c
 		}
 		return p, nil
-	case "dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic":
+	case "dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic", "dynamo_cost+queue":
 		d := peers.DefaultDynamo()
-		if name == "dynamo_cost+agentic" {
+		switch name {
+		case "dynamo_cost+agentic":
 			d = peers.AgenticDynamo()
+		case "dynamo_cost+queue":
+			d = peers.QueueDynamo()
 		}
 		d.BlockSize = o.BlockSize
 		d.Seed = seed
@@ -308,6 +315,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		}
 		ttl := name == "dynamo_cost+ttl"
 		return Policy{Name: name, Events: true, StickyIDs: name == "dynamo_cost+session", ActiveBlocks: true,
+			QueueThreshold: d.QueueThreshold,
 			Config: func(sig peers.Signals) kvcrouter.RouterConfig {
 				st, _ := peers.NewDynamo(d, sig)
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,

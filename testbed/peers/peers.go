@@ -491,10 +491,21 @@ type Dynamo struct {
 	// variant's predicted blocks (its own routing decisions) live before a KV
 	// event confirms them. Only the +ttl variant reads it.
 	PredictedTTLSecs float64 `json:"router_predicted_ttl_secs"`
-	BlockSize        int     `json:"block_size"`
-	Seed             uint64  `json:"seed"`
-	sig              Signals
-	rng              *rand.Rand
+	// QueueThreshold is router_queue_threshold (0 = no router queue,
+	// Dynamo's default None): requests wait in the router while every
+	// worker's tracked prefill tokens exceed this fraction of its
+	// max_num_batched_tokens. The bench driver runs the queue
+	// (bench.Policy.QueueThreshold).
+	QueueThreshold float64 `json:"router_queue_threshold"`
+	// QueuePolicy is router_queue_policy: only "fcfs" (Dynamo's default) is
+	// modelled; "wspt" orders by the new prefill tokens after the best
+	// overlap on any worker, which kvbench's router does not expose
+	// before a decision.
+	QueuePolicy string `json:"router_queue_policy"`
+	BlockSize   int    `json:"block_size"`
+	Seed        uint64 `json:"seed"`
+	sig         Signals
+	rng         *rand.Rand
 }
 
 // DefaultDynamo returns Dynamo's documented defaults (1.0, 1.0, 0.75, 0.25,
@@ -513,6 +524,15 @@ func AgenticDynamo() Dynamo {
 	return d
 }
 
+// QueueDynamo is DefaultDynamo with the router queue on at threshold 1.0
+// (router_queue_threshold; the arena's dynamo_kv_router+queue value),
+// first come first served.
+func QueueDynamo() Dynamo {
+	d := DefaultDynamo()
+	d.QueueThreshold, d.QueuePolicy = 1, "fcfs"
+	return d
+}
+
 // NewDynamo validates cfg and binds it to sig (may be nil).
 func NewDynamo(cfg Dynamo, sig Signals) (*Dynamo, error) {
 	d := cfg
@@ -524,6 +544,16 @@ func NewDynamo(cfg Dynamo, sig Signals) (*Dynamo, error) {
 	}
 	if !(d.PredictedTTLSecs > 0 && d.PredictedTTLSecs <= 3600) {
 		return nil, errors.New("dynamo_cost: router_predicted_ttl_secs must be in (0, 3600]")
+	}
+	if !(d.QueueThreshold >= 0 && d.QueueThreshold <= 1000) {
+		return nil, errors.New("dynamo_cost: router_queue_threshold must be in [0, 1000] (0 = no queue)")
+	}
+	switch d.QueuePolicy {
+	case "", "fcfs":
+	case "wspt", "lcfs":
+		return nil, fmt.Errorf("dynamo_cost: router_queue_policy %q is not modelled in kvbench (fcfs is)", d.QueuePolicy)
+	default:
+		return nil, fmt.Errorf("dynamo_cost: router_queue_policy %q (allowed: fcfs)", d.QueuePolicy)
 	}
 	d.sig = sig
 	d.rng = rand.New(rand.NewPCG(d.Seed, 0x64796e61))
