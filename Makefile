@@ -289,7 +289,7 @@ kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at 
 # grid on TUNE_SEEDS for step time alone, reported on fresh seeds; kvc_aware
 # frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/.
 RL_TUNED_SEEDS ?= 371,372,373,374,375
-RL_TUNED_POLICIES ?= $(KVBENCH_POLICIES),dynamo_cost+agentic
+RL_TUNED_POLICIES ?= $(KVBENCH_POLICIES),dynamo_cost+agentic,dynamo_cost+queue
 RL_TUNED = --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_SEEDS) --tune-objective step
 kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 101,102), reported on fresh seeds RL_TUNED_SEEDS -> build/rl-tuned/ (~25 min)
 	@mkdir -p build/rl-tuned
