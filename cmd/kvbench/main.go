@@ -296,24 +296,37 @@ func resolveTrace(p string) (string, error) {
 	return p, nil
 }
 
+// grpoDefaults is the GRPO workload's configuration before flags.
+func grpoDefaults(workload string) bench.GRPOConfig {
+	if workload == "grpo_sat" {
+		return bench.DefaultGRPOSat()
+	}
+	return bench.DefaultGRPO()
+}
+
+// agentDefaults is the agent workload's configuration before flags.
+func agentDefaults(workload string) bench.AgentConfig {
+	switch workload {
+	case "agent_long":
+		return bench.DefaultAgentLong()
+	case "agent_scale":
+		return bench.DefaultAgentScale()
+	case "agent_long_few":
+		return bench.DefaultAgentLongFew()
+	}
+	return bench.DefaultAgent()
+}
+
 // responseTokensFor is what verl's hook tells kvc_aware as response_tokens
 // (rollout.response_length) for a workload: its longest response (no flag
 // changes a workload's maximum); 0 for a chat trace, which is no verl
 // rollout.
 func responseTokensFor(workload string) int {
-	switch workload {
-	case "grpo":
-		return bench.DefaultGRPO().Response.Max
-	case "grpo_sat":
-		return bench.DefaultGRPOSat().Response.Max
-	case "agent":
-		return bench.DefaultAgent().Response.Max
-	case "agent_long":
-		return bench.DefaultAgentLong().Response.Max
-	case "agent_scale":
-		return bench.DefaultAgentScale().Response.Max
-	case "agent_long_few":
-		return bench.DefaultAgentLongFew().Response.Max
+	switch {
+	case strings.HasPrefix(workload, "grpo"):
+		return grpoDefaults(workload).Response.Max
+	case strings.HasPrefix(workload, "agent"):
+		return agentDefaults(workload).Response.Max
 	}
 	return 0
 }
@@ -333,10 +346,7 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		}
 		return func() bench.Workload { return m }, len(m.Rows), nil
 	case "grpo", "grpo_sat":
-		g := bench.DefaultGRPO()
-		if c.workload == "grpo_sat" {
-			g = bench.DefaultGRPOSat()
-		}
+		g := grpoDefaults(c.workload)
 		g.Seed = seed
 		if c.steps > 0 {
 			g.Steps = c.steps
@@ -362,15 +372,7 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		}
 		return func() bench.Workload { return bench.NewGRPO(g) }, g.Steps * g.Prompts * g.N, nil
 	default:
-		a := bench.DefaultAgent()
-		switch c.workload {
-		case "agent_long":
-			a = bench.DefaultAgentLong()
-		case "agent_scale":
-			a = bench.DefaultAgentScale()
-		case "agent_long_few":
-			a = bench.DefaultAgentLongFew()
-		}
+		a := agentDefaults(c.workload)
 		a.Seed = seed
 		if c.steps > 0 {
 			a.Steps = c.steps

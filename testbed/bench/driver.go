@@ -457,11 +457,18 @@ func (d *driver) scrape() {
 	}
 }
 
-func (d *driver) arrive(it *Item) error {
+// promptOf synthesises it's prompt, reusing the driver's buffer (router
+// and engine copy what they keep).
+func (d *driver) promptOf(it *Item) []int32 {
 	prompt := d.wl.Prompt(it, d.buf)
 	if it.prompt == nil {
-		d.buf = prompt // reuse the synthesis buffer (router and engine copy what they keep)
+		d.buf = prompt
 	}
+	return prompt
+}
+
+func (d *driver) arrive(it *Item) error {
+	prompt := d.promptOf(it)
 	need := (len(prompt) + it.MaxTokens - 1 + d.bs - 1) / d.bs
 	if need > d.engines[0].e.Config().NumGPUBlocks {
 		d.res.Skipped++
@@ -501,11 +508,7 @@ func (d *driver) drainQueue() error {
 		it := d.queue[0]
 		d.queue[0] = nil
 		d.queue = d.queue[1:]
-		prompt := d.wl.Prompt(it, d.buf)
-		if it.prompt == nil {
-			d.buf = prompt
-		}
-		if err := d.route(it, prompt); err != nil {
+		if err := d.route(it, d.promptOf(it)); err != nil {
 			return err
 		}
 	}
