@@ -1002,6 +1002,10 @@ class ArenaConfig:
     # while routers that record their own decisions keep them, so both
     # arrival models are reported for every router.
     both_holds: bool = False
+    # With both_holds: run only the "+nohold" rows (to add them to a run that
+    # has the held ones; arena_merge takes them because each row names its
+    # hold).
+    nohold_only: bool = False
     # Jobs submitted together reach the routers in the workload's order (Runner.ordered).
     ordered: bool = True
     # The engines are held (clocks frozen, no steps) until a burst of jobs
@@ -1558,13 +1562,14 @@ def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds:
         for seed in seeds:
             for policy in policies:
                 t0 = time.time()
-                res = run_one(spec, policy, seed, cfg, log)
-                r, d = res["row"], res["details"]
-                log(f"  {spec.name:<11} seed {seed} {policy:<26} hit {r['hit_rate']:.3f} "
-                    f"ttft p50 {r['ttft_p50_s']:.3f}s "
-                    f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
-                    f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
-                out.append(res)
+                if not (cfg.nohold_only and cfg.both_holds and cfg.hold):
+                    res = run_one(spec, policy, seed, cfg, log)
+                    r, d = res["row"], res["details"]
+                    log(f"  {spec.name:<11} seed {seed} {policy:<26} hit {r['hit_rate']:.3f} "
+                        f"ttft p50 {r['ttft_p50_s']:.3f}s "
+                        f"p99 {r['ttft_p99_s']:.3f}s makespan {r['makespan_s']:.1f}s imb {r['imbalance']:.2f} "
+                        f"err {r['errors']} overhead {d['router_overhead_ms']:.2f}ms ({time.time() - t0:.1f}s wall)")
+                    out.append(res)
                 if cfg.both_holds and cfg.hold:
                     res = run_one(spec, policy, seed, replace(cfg, hold=False), log)
                     res["row"]["policy"] = policy + NOHOLD_SUFFIX
@@ -1651,6 +1656,8 @@ def portable_config(cfg: ArenaConfig) -> Dict[str, Any]:
     d = asdict(cfg)
     if not d.get("turn_gap_s"):
         d.pop("turn_gap_s", None)  # recorded only when set: published runs' configurations stay comparable
+    if not d.get("nohold_only"):
+        d.pop("nohold_only", None)
     for k in ("out_dir", "kvc_frozen"):
         v = d.get(k)
         if isinstance(v, str) and os.path.isabs(v):

@@ -19,6 +19,7 @@ import os
 from typing import Any, Dict, List, Tuple
 
 from kvc_harness.arena import (
+    NOHOLD_SUFFIX,
     RESULT_KEYS,
     aggregate,
     gain_shares,
@@ -31,6 +32,8 @@ from kvc_harness.arena import (
 # Configuration keys a re-run may change; the kvc_* ones only with kvc_aware replaced.
 FREE_KEYS = {"out_dir", "repeat_policy", "parts"}
 KVC_KEYS = {"kvc_knobs", "kvc_frozen", "kvc_frozen_commit"}
+# Configuration keys of the hold; free when only "+nohold" rows are merged.
+HOLD_KEYS = {"both_holds", "nohold_only"}
 
 
 def key(run: Dict[str, Any]) -> Tuple[str, str, int]:
@@ -39,8 +42,15 @@ def key(run: Dict[str, Any]) -> Tuple[str, str, int]:
 
 
 def merge(base: Dict[str, Any], new: Dict[str, Any], policies: List[str], note: str) -> Dict[str, Any]:
-    free = FREE_KEYS | (KVC_KEYS if "kvc_aware" in policies or "kvc_aware+nohold" in policies else set())
     bc, nc = base["config"], new["config"]
+    if policies and all(p.endswith(NOHOLD_SUFFIX) for p in policies):
+        # Rows without the hold name it, so a run of only those may add them
+        # to a run of the held rows; kvc_aware must be configured as in the
+        # base (its rows pair with the held ones), though the frozen file's
+        # path may differ (a retired freeze lives under docs/results/).
+        free = FREE_KEYS | HOLD_KEYS | {"kvc_frozen"}
+    else:
+        free = FREE_KEYS | (KVC_KEYS if "kvc_aware" in policies or "kvc_aware+nohold" in policies else set())
     differ = sorted(k for k in set(bc) | set(nc) if k not in free and bc.get(k) != nc.get(k))
     if differ:
         raise SystemExit(f"the runs' configurations differ in {differ}: not the same protocol")

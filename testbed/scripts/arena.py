@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="hold the engines (vllm-sim /sim/hold) until a burst submitted at once has arrived")
     ap.add_argument("--both-holds", action="store_true",
                     help="also run every policy without the burst hold on the same seeds (rows POLICY+nohold)")
+    ap.add_argument("--nohold-only", action="store_true",
+                    help="only the POLICY+nohold rows (to add to a run that has the held rows: arena_merge.py)")
     ap.add_argument("--tune-seeds", default="101,102", help="seeds for --tune-peers (never reported)")
     ap.add_argument("--repeat", default="", metavar="POLICY",
                     help="run POLICY a second time on every seed: the noise floor ('' = none)")
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.turn_gap < 0:
         ap.error("--turn-gap must be >= 0")
+    if a.nohold_only and not a.hold:
+        ap.error("--nohold-only with --no-hold: the rows would be held ones' names without a hold to compare")
     specs = workload_specs(short=a.short)
     if a.workloads == "all":
         a.workloads = ",".join(specs)
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ArenaConfig(servers=a.servers, speed=a.speed, kvc_knobs=knobs, kvc_frozen=a.kvc_frozen,
                       kvc_frozen_commit=commit + (" + --kvc-knob " + " ".join(a.kvc_knob) if a.kvc_knob else ""),
                       stream=a.stream, clock=a.clock, repeat_policy=a.repeat,
-                      ordered=a.ordered, hold=a.hold, both_holds=a.both_holds, turn_gap_s=a.turn_gap)
+                      ordered=a.ordered, hold=a.hold, both_holds=a.both_holds or a.nohold_only,
+                      nohold_only=a.nohold_only, turn_gap_s=a.turn_gap)
     if a.out:
         cfg.out_dir = a.out
     t0 = time.time()

@@ -437,6 +437,24 @@ def test_rows_with_and_without_burst_hold(tmp_path):
         assert (len(held) == 0) == p.endswith("+nohold"), (p, held)
 
 
+def test_nohold_only_runs_only_the_rows_without_the_hold(tmp_path):
+    """--nohold-only: the +nohold rows alone (to merge into a run that has
+    the held ones), none holding a burst; the configuration says so."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
+    cmd = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--seeds", "1",
+           "--workloads", "grpo_sat", "--policies", "verl_default,kvc_aware", "--nohold-only", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"arena failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(tmp_path / "arena-details.json", encoding="utf-8") as f:
+        doc = json.load(f)
+    assert sorted(x["row"]["policy"] for x in doc["runs"]) == ["kvc_aware+nohold", "verl_default+nohold"]
+    assert all(not x["details"]["burst_hold_wall_s"] and x["row"]["errors"] == 0 for x in doc["runs"])
+    assert doc["config"]["nohold_only"] and doc["config"]["both_holds"] and doc["config"]["hold"]
+    bad = subprocess.run(cmd[:-2] + ["--no-hold", "--out", str(tmp_path / "x")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--nohold-only with --no-hold" in bad.stderr, bad.stderr[-500:]
+
+
 def _grpo_step(out, hogs: int = 0) -> dict:
     """One full-size grpo_sat step (1,024 sequences, seed 1) for verl_default
     and kvc_aware, with ``hogs`` busy-loop processes holding CPUs meanwhile."""
