@@ -193,6 +193,8 @@ def test_length_learning_is_exported_only_when_on():
     got = _by_key(km.samples(st, lambda s: s))
     assert got[("lengths_observed_tokens_total", ())] == 1 and got[("bad_output_tokens_total", ())] == 1
     assert got[("lengths_unmatched_releases_total", ())] == 1 and got[("lengths_prompts", ())] == 1
+    # No KV events here: nothing is read off them.
+    assert got[("lengths_observed_from_events_total", ())] == 0
     # "b" (a bad count) taught its acquire-to-release time, or nothing at 0 ms.
     assert got[("lengths_observed_durations_total", ())] == st["router"]["lengths"]["observed_durations"] <= 1
     with KVCAwareBalancer({"s0": None}, router_config=_cfg()) as lb:

@@ -165,6 +165,7 @@ type (
 	RouterConfig   = router.Config
 	RouterStatus   = router.Status
 	RouterCounters = router.Counters
+	LengthCounters = router.LengthCounters
 	Request        = router.Request
 	Decision       = router.Decision
 	Admitted       = router.Admitted

@@ -151,6 +151,7 @@ SPECS: Dict[str, Spec] = {
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
     # response-length learning (router.lengths; only when it is on)
     "lengths_observed_tokens_total": Spec("counter", "releases that taught a response length (output tokens)"),
+    "lengths_observed_from_events_total": Spec("counter", "releases without a count that read it off KV events"),
     "lengths_observed_durations_total": Spec("counter", "releases that taught an acquire-to-release time"),
     "lengths_unmatched_releases_total": Spec("counter", "releases naming a request the router did not route"),
     "lengths_prompts": Spec("gauge", "prompts with a learnt response length"),
@@ -260,6 +261,7 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
     lens = r.get("lengths")
     if isinstance(lens, Mapping):
         add("lengths_observed_tokens_total", lens.get("observed_tokens", 0))
+        add("lengths_observed_from_events_total", lens.get("observed_from_events", 0))
         add("lengths_observed_durations_total", lens.get("observed_durations", 0))
         add("lengths_unmatched_releases_total", lens.get("unmatched_releases", 0))
         add("lengths_prompts", lens.get("prompts", 0))

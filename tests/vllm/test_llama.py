@@ -8,7 +8,7 @@ import concurrent.futures as cf
 from typing import Any, Dict, List
 
 import pytest
-from vllm_lib import balancer, index_blocks, prompt, served, wait_until
+from vllm_lib import balancer, index_blocks, prompt, served, settle, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,36 @@ def test_reset_clears_with_the_next_step(engines: List[Any]) -> None:
         d = lb.acquire_server_detail("after-reset", p + [7])
         lb.release_server(d["server"])
         assert sum(d["hit_blocks"]) == 0, d
+    finally:
+        lb.close()
+
+
+def test_lengths_from_kv_events(engines: List[Any]) -> None:
+    """verl without the hook releases with the request id and no count:
+    the router reads each output's length off the engine's KV events (every
+    block decode fills is a BlockStored chained to the one before, the first
+    to the prompt's last full block), for two samples of one prompt decoding
+    together, instead of learning the acquire-to-release time."""
+    by_sid = {e.sid: e for e in engines}
+    lb = balancer(engines, collectors=("vllm_zmq",), lengths={"enabled": True})
+    try:
+        # Until a server's first event the router keys prompts at its own
+        # block size (16); the engines' is 32.
+        for e in engines:
+            e.complete(prompt(20 + len(e.sid), 64), max_tokens=2)
+            wait_until(lambda e=e: index_blocks(lb, e.sid) >= 2, 60, f"{e.sid}'s first blocks in the index")
+        p = prompt(21, 100)  # 3 full blocks of 32, 4 tokens into the fourth
+        rids = ["len-a", "len-b"]
+        sids = [lb.acquire_server(rid, p)[0] for rid in rids]
+        with cf.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda sid: by_sid[sid].complete(p, max_tokens=96), sids))
+        for sid in set(sids):
+            settle(lb, sid)
+        for rid, sid in zip(rids, sids):
+            lb.release_server(sid, request_id=rid)
+        lens = lb.get_status()["router"]["lengths"]
+        assert lens["observed_from_events"] == 2, lens
+        assert lens["observed_tokens"] == lens["observed_durations"] == lens["unmatched_releases"] == 0, lens
     finally:
         lb.close()
 

@@ -106,6 +106,14 @@ func chainKeys(dst []uint64, key uint64, tokens []int32, bs, n int) []uint64 {
 	return dst[:len(dst)+n]
 }
 
+// KeyOf is the key of the record engine hash e names on server id (false
+// when it names none).
+func (ix *Index) KeyOf(id ServerID, e uint64) (uint64, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.parentKey(id, e)
+}
+
 // parentKey reads the key an engine hash bridges to, without repairing
 // stale bridges (the caller holds only the read lock).
 func (ix *Index) parentKey(id ServerID, e uint64) (uint64, bool) {

@@ -122,3 +122,50 @@ func BenchmarkAcquire8kKVCCold(b *testing.B) {
 	}
 	loopAcquire(b, r, func(i int) []int32 { return ps[i%n] }, true)
 }
+
+// Decode blocks as vLLM publishes them (one BlockStored per filled block,
+// parented on the block before) for 256 in-flight requests: the event path's
+// cost with length learning off, and on (each block extends a followed
+// request's chain, progress.go).
+func BenchmarkDecodeEventsLengthsOff(b *testing.B) { benchDecodeEvents(b, false) }
+func BenchmarkDecodeEventsLengthsOn(b *testing.B)  { benchDecodeEvents(b, true) }
+
+func benchDecodeEvents(b *testing.B, lengths bool) {
+	const bs, reqs = 16, 256
+	r, err := New(Config{Mode: ModeKVCAware, Model: "m", BlockSize: bs, Lengths: LengthsSpec{Enabled: lengths},
+		Servers: map[string]ServerSpec{"ev": {Capacity: 1 << 22}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.AddServers([]string{"ev"}); err != nil {
+		b.Fatal(err)
+	}
+	r.SetEventFeed("ev", true)
+	wr, _ := r.EventWriter("ev")
+	tips := make([]uint64, reqs) // each request's last published engine hash
+	next := uint64(1 << 40)
+	for i := range tips {
+		p := prompt(64, int32(i*1000))
+		hs := []uint64{next, next + 1, next + 2, next + 3}
+		next += 4
+		if err := wr.Stored(0, false, 0, hs, p, bs, ""); err != nil {
+			b.Fatal(err)
+		}
+		tips[i] = hs[3]
+		if _, err := r.Acquire(Request{ID: fmt.Sprint("q", i), Tokens: p, Pin: 0}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	blk := prompt(bs, 7)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		j := i % reqs
+		blk[0] = int32(i)
+		if err := wr.Stored(0, true, tips[j], []uint64{next}, blk, bs, ""); err != nil {
+			b.Fatal(err)
+		}
+		tips[j] = next
+		next++
+	}
+}

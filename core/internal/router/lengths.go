@@ -3,6 +3,7 @@ package router
 import (
 	"time"
 
+	"github.com/kvc-router/kvc-router/core/internal/blockhash"
 	"github.com/kvc-router/kvc-router/core/internal/lengths"
 )
 
@@ -25,7 +26,8 @@ import (
 type LengthsSpec struct {
 	// Enabled turns length learning on (kvc_aware mode). It learns from
 	// releases that name their request (release_server with request_id,
-	// and output_tokens where known: the verl hook sends both). When to
+	// and output_tokens where known: the verl hook sends both); without a
+	// count, from the output blocks a KV-event-fed server published. When to
 	// change: on when prompts recur across steps (a dataset iterated in
 	// epochs) or a group's samples finish at different times.
 	Enabled bool `json:"enabled"`
@@ -42,6 +44,11 @@ type LengthsSpec struct {
 	// 4096). When to change: lower when short requests must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
 }
+
+// A server fed by KV events also shows each in-flight request's output as
+// its blocks fill (progress.go): a release without a count then teaches
+// the output tokens those events showed, and the time only when they
+// showed none.
 
 // Defaults of LengthsSpec.
 const (
@@ -75,6 +82,7 @@ type lenState struct {
 	maxSkips int
 	flights  map[string]lenFlight
 	held     map[uint64]*heldLen // by admission ticket
+	prog     *progress           // output blocks followed through KV events
 	counts   LengthCounters
 	// memo holds one pick's predictions by prompt (siblings share one).
 	memo map[lengths.Key]predMemo
@@ -98,12 +106,15 @@ type heldLen struct {
 
 // LengthCounters are the length learner's statistics.
 type LengthCounters struct {
-	Observed      uint64 `json:"observed_tokens"`
-	ObservedTimed uint64 `json:"observed_durations"`
-	Unmatched     uint64 `json:"unmatched_releases"`
-	LongestPicks  uint64 `json:"longest_first_picks"`
-	StarvedPicks  uint64 `json:"starved_picks"`
-	Prompts       int    `json:"prompts"`
+	Observed uint64 `json:"observed_tokens"`
+	// ObservedEvents counts releases without a count that taught the
+	// output tokens KV events showed (included in neither figure around it).
+	ObservedEvents uint64 `json:"observed_from_events"`
+	ObservedTimed  uint64 `json:"observed_durations"`
+	Unmatched      uint64 `json:"unmatched_releases"`
+	LongestPicks   uint64 `json:"longest_first_picks"`
+	StarvedPicks   uint64 `json:"starved_picks"`
+	Prompts        int    `json:"prompts"`
 }
 
 func newLenState(spec LengthsSpec) *lenState {
@@ -113,11 +124,12 @@ func newLenState(spec LengthsSpec) *lenState {
 	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
 	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
 		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
-		memo: map[lengths.Key]predMemo{}}
+		memo: map[lengths.Key]predMemo{}, prog: newProgress()}
 }
 
-// lenTrack remembers a decided request's prompt; r.mu held.
-func (r *Router) lenTrack(req *Request) {
+// lenTrack remembers a decided request's prompt, and on a server fed by
+// KV events the tip its output will hang off; r.mu held.
+func (r *Router) lenTrack(req *Request, server string) {
 	l := r.lens
 	if l == nil || req.ID == "" {
 		return // no id: no release could name it
@@ -126,6 +138,22 @@ func (r *Router) lenTrack(req *Request) {
 		clear(l.flights)
 	}
 	l.flights[req.ID] = lenFlight{key: lengths.KeyOf(req.Tokens), at: r.now()}
+	s := r.byID[server]
+	if s == nil || !s.events {
+		l.prog.done(req.ID) // a session's earlier turn elsewhere
+		return
+	}
+	bs := r.blockSize(s)
+	keys, ok := r.keys[bs]
+	if !ok || len(keys) != blockhash.FullBlocks(len(req.Tokens), bs) {
+		keys = r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, blockhash.Namespace(r.cfg.Model, req.Lora))
+		r.keys[bs] = keys
+	}
+	if len(keys) == 0 {
+		l.prog.done(req.ID) // under a block: its first output block has no parent to follow
+		return
+	}
+	l.prog.track(req.ID, s.ix, keys[len(keys)-1], bs, len(req.Tokens)-len(keys)*bs)
 }
 
 // ReleaseDone is ReleaseAdmit for a caller that knows which request
@@ -135,11 +163,15 @@ func (r *Router) lenTrack(req *Request) {
 func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []Admitted) ([]Admitted, bool) {
 	r.mu.Lock()
 	if l := r.lens; l != nil && requestID != "" {
+		seen := l.prog.done(requestID)
 		if f, ok := l.flights[requestID]; ok {
 			delete(l.flights, requestID)
 			if outputTokens > 0 {
 				l.tok.Observe(f.key, outputTokens)
 				l.counts.Observed++
+			} else if seen > 0 {
+				l.tok.Observe(f.key, seen)
+				l.counts.ObservedEvents++
 			} else if ms := int(r.now().Sub(f.at) / time.Millisecond); ms > 0 {
 				l.dur.Observe(f.key, ms)
 				l.counts.ObservedTimed++

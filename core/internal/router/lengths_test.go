@@ -170,3 +170,111 @@ func TestLengthsNamelessAndStatus(t *testing.T) {
 		t.Fatal("lengths status present with lengths off")
 	}
 }
+
+// Without output counts, a server fed by KV events shows each request's
+// output as its blocks fill: the release teaches those tokens, siblings
+// sharing a prompt each get their own chain, blocks that do not extend a
+// followed tip count for nobody, and a server without events falls back
+// to the time.
+func TestLengthsFromKVEvents(t *testing.T) {
+	const bs = 16
+	cfg := Config{Mode: ModeKVCAware, Model: "m", BlockSize: bs, Lengths: LengthsSpec{Enabled: true}}
+	r := mustNew(t, cfg, "ev", "plain")
+	if !r.SetEventFeed("ev", true) {
+		t.Fatal("no event feed for ev")
+	}
+	w := writerOf(t, r, "ev")
+	p := prompt(40, 7) // 2 full blocks, 8 prompt tokens in the first output block
+	ph := []uint64{101, 102}
+	if err := w.Stored(0, false, 0, ph, p[:32], bs, ""); err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(id, server string) {
+		t.Helper()
+		pin := map[string]int{"ev": 0, "plain": 1}[server] // pool order
+		if d, err := r.Acquire(Request{ID: id, Tokens: p, Pin: pin}); err != nil || d.Server != server {
+			t.Fatalf("%s went to %q (%v), want %s", id, d.Server, err, server)
+		}
+	}
+	out := func(seed int32, n int) []int32 { return prompt(n, seed) }
+	acquire("a", "ev")
+	acquire("b", "ev")
+	// a: its first output block (8 prompt + 8 output tokens), then two more.
+	first := append(append([]int32{}, p[32:]...), out(5000, 8)...)
+	for _, ev := range []struct {
+		parent uint64
+		hash   uint64
+		tokens []int32
+	}{
+		{102, 201, first},
+		{201, 202, out(5100, 16)},
+		{202, 203, out(5200, 16)},
+		// b: its own first block, a different chain.
+		{102, 301, append(append([]int32{}, p[32:]...), out(6000, 8)...)},
+		// Extends a block nobody follows: counts for nobody.
+		{999, 401, out(7000, 16)},
+	} {
+		if err := w.Stored(0, true, ev.parent, []uint64{ev.hash}, ev.tokens, bs, ""); err != nil && ev.parent != 999 {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := r.ReleaseDone("ev", "a", 0, nil); !ok {
+		t.Fatal("release of a failed")
+	}
+	if e := r.PredictTokens(p); e.Tokens != 3*bs-8 || e.Siblings != 1 {
+		t.Fatalf("after a: predicts %+v, want 40 tokens from 1 sibling", e)
+	}
+	if _, ok := r.ReleaseDone("ev", "b", 0, nil); !ok {
+		t.Fatal("release of b failed")
+	}
+	if e := r.PredictTokens(p); e.Tokens != (40+8)/2.0 || e.Siblings != 2 {
+		t.Fatalf("after b: predicts %+v, want the mean of 40 and 8", e)
+	}
+	// A count, when sent, wins over the events; on a server without
+	// events the time is learnt.
+	acquire("c", "ev")
+	if err := w.Stored(0, true, 102, []uint64{501}, append(append([]int32{}, p[32:]...), out(8000, 8)...), bs, ""); err != nil {
+		t.Fatal(err)
+	}
+	r.ReleaseDone("ev", "c", 100, nil)
+	acquire("d", "plain")
+	r.ReleaseDone("plain", "d", 0, nil)
+	if c := r.LengthCounters(); c.ObservedEvents != 2 || c.Observed != 1 || c.ObservedTimed > 1 {
+		t.Fatalf("counters %+v: want 2 from events, 1 count, at most 1 time", c)
+	}
+}
+
+// Collectors write events without the router's lock while callers acquire
+// and release: following output chains must stay race-free (go test -race)
+// and lose no release.
+func TestLengthsFromKVEventsConcurrent(t *testing.T) {
+	const bs, n = 16, 200
+	r := mustNew(t, Config{Mode: ModeKVCAware, Model: "m", BlockSize: bs, Lengths: LengthsSpec{Enabled: true}}, "ev")
+	r.SetEventFeed("ev", true)
+	w := writerOf(t, r, "ev")
+	p := prompt(32, 3)
+	if err := w.Stored(0, false, 0, []uint64{1, 2}, p, bs, ""); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < n; i++ {
+			_ = w.Stored(0, true, 2, []uint64{uint64(1000 + i)}, prompt(bs, int32(100*i)), bs, "")
+		}
+	}()
+	for i := 0; i < n; i++ {
+		id := fmt.Sprint("r", i)
+		if _, err := r.Acquire(Request{ID: id, Tokens: p, Pin: -1}); err != nil {
+			t.Fatal(err)
+		}
+		r.ReleaseDone("ev", id, 0, nil)
+	}
+	<-done
+	if c := r.LengthCounters(); c.ObservedEvents+c.ObservedTimed > n || c.Unmatched != 0 {
+		t.Fatalf("counters %+v after %d releases", c, n)
+	}
+	if r.lens.prog.n.Load() != 0 {
+		t.Fatalf("%d requests still followed after every release", r.lens.prog.n.Load())
+	}
+}

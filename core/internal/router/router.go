@@ -490,7 +490,7 @@ func (r *Router) acquireLocked(req *Request) (Decision, error) {
 // prompt and predicted-hit counters; r.mu held.
 func (r *Router) charge(req *Request, d *Decision) {
 	r.ld.Acquire(d.Server, len(req.Tokens))
-	r.lenTrack(req)
+	r.lenTrack(req, d.Server)
 	c := &r.counters
 	c.PromptTokens += uint64(len(req.Tokens))
 	gpu, cpu, ssd := uint64(d.HitBlocks[index.GPU]*d.BlockSize), uint64(d.HitBlocks[index.CPU]*d.BlockSize),

@@ -26,6 +26,7 @@ type eventWriter struct {
 	model string
 	ns    uint64        // namespace of the model without a lora
 	bs    *atomic.Int32 // the server's evBlock
+	prog  *progress     // in-flight requests' output (nil: lengths off)
 
 	mu     sync.Mutex
 	groups map[int]string // KV-cache group index -> kind (hybrid models)
@@ -44,7 +45,11 @@ func (w *eventWriter) Stored(tier index.Tier, hasParent bool, parent uint64, eng
 	if lora != "" {
 		ns = blockhash.Namespace(w.model, lora)
 	}
-	return w.ix.Stored(w.id, tier, hasParent, parent, engineHashes, tokens, blockSize, ns)
+	err := w.ix.Stored(w.id, tier, hasParent, parent, engineHashes, tokens, blockSize, ns)
+	if err == nil && w.prog != nil && hasParent && tier == index.GPU {
+		w.prog.stored(w.ix, w.id, parent, tokens, blockSize)
+	}
+	return err
 }
 
 func (w *eventWriter) Removed(tier index.Tier, engineHashes []uint64) error {
@@ -92,6 +97,9 @@ func (r *Router) EventWriter(id string) (sink.EventWriter, bool) {
 	}
 	if s.writer == nil {
 		s.writer = &eventWriter{ix: r.ix, id: s.ix, model: r.cfg.Model, ns: blockhash.Namespace(r.cfg.Model, ""), bs: &s.evBlock}
+		if r.lens != nil {
+			s.writer.prog = r.lens.prog
+		}
 	}
 	return s.writer, true
 }
