@@ -294,7 +294,7 @@ RL_TUNED = --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_SEEDS) --tun
 kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 101,102), reported on fresh seeds RL_TUNED_SEEDS -> build/rl-tuned/ (~25 min)
 	@mkdir -p build/rl-tuned
 	@for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 1 --length-corr $$r --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-r$$t.json || exit 1; done
-	$(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --report-from-step 1 --policies $(RL_TUNED_POLICIES),kvc_aware+admit+lengths --json build/rl-tuned/heldout-rl-rec.json
+	$(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --report-from-step 1 --policies $(RL_TUNED_POLICIES),kvc_aware+admit+lengths,kvc_aware+admit+evlengths --json build/rl-tuned/heldout-rl-rec.json
 	$(GO) run ./cmd/kvbench $(RL_AGENT) --parallel 2 $(RL_TUNED) --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-agt.json
 
 render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it

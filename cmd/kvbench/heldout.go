@@ -31,9 +31,10 @@ var tuneGrid = map[string][]string{
 	// The agentic preset's points keep its per-request decode charge and
 	// move the two weights it sets (the first point is the preset).
 	"dynamo_cost+agentic": {`{"overlap_score_credit":2}`, `{"overlap_score_credit":4}`, `{"overlap_score_credit":1}`, `{"overlap_score_credit":2,"prefill_load_scale":1}`},
-	// The router queue's threshold (the first point is the variant's 1.0;
-	// the arena's grid: 0.5, 2).
-	"dynamo_cost+queue": {`{"router_queue_threshold":1}`, `{"router_queue_threshold":0.5}`, `{"router_queue_threshold":2}`, `{"router_queue_threshold":4}`},
+	// The router queue's threshold and order (the first point is the
+	// variant's: 1.0, fcfs; the arena's grid has the same points around
+	// its wspt row).
+	"dynamo_cost+queue": {`{"router_queue_threshold":1}`, `{"router_queue_threshold":0.5}`, `{"router_queue_threshold":2}`, `{"router_queue_policy":"wspt"}`},
 	"smg_cache_aware":   {`{"balance_abs_threshold":64,"balance_rel_threshold":1.5}`, `{"balance_abs_threshold":32,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":8,"balance_rel_threshold":1.1}`, `{"balance_abs_threshold":2,"balance_rel_threshold":1.05}`},
 }
 

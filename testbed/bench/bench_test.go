@@ -461,7 +461,7 @@ func TestDynamoRouterQueue(t *testing.T) {
 		t.Fatalf("threshold 1000: queued %d, makespan %v vs plain %v, cached %d vs %d",
 			never.Queued, never.Makespans[0], plain.Makespans[0], never.CachedTokens, plain.CachedTokens)
 	}
-	for _, bad := range []string{`{"router_queue_threshold":-1}`, `{"router_queue_policy":"wspt"}`, `{"router_queue_policy":"lifo"}`} {
+	for _, bad := range []string{`{"router_queue_threshold":-1}`, `{"router_queue_threshold":1001}`, `{"router_queue_policy":"lifo"}`, `{"router_queue_policy":"WSPT"}`} {
 		if _, err := NewPolicy("dynamo_cost+queue", PolicyOptions{Params: map[string]json.RawMessage{"dynamo_cost": json.RawMessage(bad)}}); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

@@ -26,6 +26,9 @@ type Record struct {
 	Chain string
 	Think float64
 	First float64
+	// Routed is when the router placed the request (after At when a
+	// router queue or admission held it).
+	Routed float64
 }
 
 func sortRecords(recs []Record) []Record {

@@ -124,10 +124,15 @@ type Policy struct {
 	// tokens (placed, first token not yet seen) exceed QueueThreshold x
 	// its max_num_batched_tokens, and routes held requests (scoring them
 	// then) as prefills complete or requests finish: Dynamo's
-	// router_queue_threshold with router_queue_policy "fcfs"
-	// (ai-dynamo/dynamo lib/kv-router/src/queue.rs SchedulerQueue:
-	// all_workers_busy, update; scheduling/policy.rs FcfsPolicy).
+	// router_queue_threshold (ai-dynamo/dynamo lib/kv-router/src/queue.rs
+	// SchedulerQueue: all_workers_busy, update), in QueuePolicy's order.
 	QueueThreshold float64
+	// QueuePolicy orders the queue: QueueFCFS (Dynamo's default, also
+	// ""), QueueLCFS or QueueWSPT (scheduling/policy.rs). WSPT's overlap
+	// comes from the KV events the router has been delivered, each tier
+	// weighted by QueueTierWeights (host, disk).
+	QueuePolicy      string
+	QueueTierWeights [2]float64
 }
 
 // Result is what one policy achieved.
@@ -156,8 +161,13 @@ type Result struct {
 	// Queued counts the requests Policy.QueueThreshold's router queue
 	// held, and QueueLeft those still held after the run (0 when sound).
 	Queued, QueueLeft int
-	Router            kvcrouter.RouterCounters
-	IndexStatus       kvcrouter.IndexStatus
+	// QueuedCachedTokens sums, over the requests a wspt queue held, the
+	// best overlap (tokens, tier-weighted) its key was computed from.
+	QueuedCachedTokens float64
+	Router             kvcrouter.RouterCounters
+	IndexStatus        kvcrouter.IndexStatus
+	// Lengths is the router's length learner (nil when off).
+	Lengths *kvcrouter.LengthCounters
 }
 
 type evKind uint8
@@ -216,6 +226,7 @@ type flight struct {
 	at      float64
 	prefill float64
 	first   bool
+	routed  float64
 	keys    []uint64
 	tail    []int32
 	// akeys are the prompt's full-block keys held in engine.blocks.
@@ -258,9 +269,12 @@ type driver struct {
 	// Requests the router's admission holds, by ticket, and the slots
 	// a release gave to held requests.
 	held map[uint64]*Item
-	// queue holds requests Policy.QueueThreshold parks, oldest first
-	// (FCFS: arrival order is the key, and arrivals come in time order).
-	queue    []*Item
+	// queue holds requests Policy.QueueThreshold parks, in
+	// Policy.QueuePolicy's order; queued numbers them.
+	queue  routerQueue
+	queued uint64
+	// resid mirrors each engine's delivered KV events (wspt's overlap).
+	resid    []residency
 	ticket   uint64
 	admitted []kvcrouter.Admitted
 }
@@ -347,6 +361,18 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 		d.byName[names[i]] = i
 	}
 	d.bs = d.engines[0].e.Config().BlockSize
+	switch pol.QueuePolicy {
+	case "", QueueFCFS, QueueLCFS:
+	case QueueWSPT:
+		if !pol.Events {
+			return nil, fmt.Errorf("policy %s: the wspt queue reads KV events, and the policy takes none", pol.Name)
+		}
+		for range d.engines {
+			d.resid = append(d.resid, residency{})
+		}
+	default:
+		return nil, fmt.Errorf("policy %s: unknown queue policy %q (fcfs, lcfs, wspt)", pol.Name, pol.QueuePolicy)
+	}
 	if err := r.AddServers(names); err != nil {
 		return nil, err
 	}
@@ -432,9 +458,32 @@ func (d *driver) handle(ev *event) error {
 	case evStepEnd:
 		return d.stepEnd(ev.eng)
 	case evDeliver:
-		_ = kvcrouter.ApplyEventPayload(d.r, d.engines[ev.eng].id, ev.payload, &d.stats)
+		_ = d.deliver(ev.eng, ev.payload)
 	}
 	return nil
+}
+
+// deliver applies one engine's event payload to the router (and to the
+// residency mirror wspt reads).
+func (d *driver) deliver(i int, payload []byte) error {
+	err := kvcrouter.ApplyEventPayload(d.r, d.engines[i].id, payload, &d.stats)
+	if d.resid != nil {
+		if b, derr := kvcrouter.DecodeEvents(payload); derr == nil {
+			d.resid[i].apply(b.Events)
+		}
+	}
+	return err
+}
+
+// bestCached is the most prompt tokens any engine holds, by the events
+// delivered so far (Dynamo's best_effective_prefill_tokens, as overlap).
+func (d *driver) bestCached(prompt []int32) float64 {
+	best := 0.0
+	for i, e := range d.engines {
+		n := d.resid[i].effective(e.e.EngineHashes(prompt), d.pol.QueueTierWeights[0], d.pol.QueueTierWeights[1])
+		best = max(best, n*float64(d.bs))
+	}
+	return best
 }
 
 func (d *driver) scrape() {
@@ -482,7 +531,13 @@ func (d *driver) arrive(it *Item) error {
 		it.first = d.now
 	}
 	if d.pol.QueueThreshold > 0 && d.allBusy() {
-		d.queue = append(d.queue, it)
+		d.queued++
+		best := 0.0
+		if d.pol.QueuePolicy == QueueWSPT {
+			best = d.bestCached(prompt)
+			d.res.QueuedCachedTokens += best
+		}
+		d.queue.push(it, queueKey(d.pol.QueuePolicy, d.queued, len(prompt), best), d.queued)
 		d.res.Queued++
 		return nil
 	}
@@ -504,10 +559,8 @@ func (d *driver) allBusy() bool {
 // calls it on every prefill completion and free; here once per step end,
 // after its first tokens and completions, which share one instant).
 func (d *driver) drainQueue() error {
-	for len(d.queue) > 0 && !d.allBusy() {
-		it := d.queue[0]
-		d.queue[0] = nil
-		d.queue = d.queue[1:]
+	for d.queue.Len() > 0 && !d.allBusy() {
+		it := d.queue.pop()
 		if err := d.route(it, d.promptOf(it)); err != nil {
 			return err
 		}
@@ -564,7 +617,7 @@ func (d *driver) place(it *Item, prompt []int32, dec kvcrouter.Decision) error {
 	if d.pol.StickyIDs {
 		rid = it.Key
 	}
-	f := &flight{item: it, rid: rid, eng: i, at: it.At, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
+	f := &flight{item: it, rid: rid, eng: i, at: it.At, routed: d.now, prefill: math.Max(0, float64(len(prompt)-hit*d.bs)) / float64(d.bs)}
 	e.prefill += f.prefill
 	if d.pol.Sessions {
 		d.sessions[it.Key] = e.id
@@ -609,7 +662,7 @@ func (d *driver) stepEnd(i int) error {
 		}
 		if d.opt.EventDelay > 0 {
 			d.push(&event{t: d.now + d.opt.EventDelay, kind: evDeliver, eng: i, payload: payload})
-		} else if err := kvcrouter.ApplyEventPayload(d.r, e.id, payload, &d.stats); err != nil {
+		} else if err := d.deliver(i, payload); err != nil {
 			return err
 		}
 	}
@@ -673,7 +726,7 @@ func (d *driver) stepEnd(i int) error {
 				}
 			}
 			rec := Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq, PromptLen: c.PromptTokens, PromptBlocks: nb,
-				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first}
+				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first, Routed: f.routed}
 			if f.item.chained {
 				rec.Chain = f.item.Key
 			}
@@ -705,7 +758,7 @@ func (d *driver) weightUpdate() error {
 			return err
 		}
 	}
-	for _, e := range d.engines {
+	for i, e := range d.engines {
 		evs, ok := e.e.ResetPrefixCache(true)
 		if !ok {
 			return fmt.Errorf("engine %s refused the prefix-cache reset", e.id)
@@ -715,7 +768,7 @@ func (d *driver) weightUpdate() error {
 			if err != nil {
 				return err
 			}
-			if err := kvcrouter.ApplyEventPayload(d.r, e.id, payload, &d.stats); err != nil {
+			if err := d.deliver(i, payload); err != nil {
 				return err
 			}
 		}
@@ -748,6 +801,7 @@ func (d *driver) finish() {
 	st := d.r.Status()
 	r.Router = st.Counters
 	r.IndexStatus = st.Index
+	r.Lengths = st.Lengths
 	r.Unfinished = len(d.flights)
-	r.QueueLeft = len(d.queue)
+	r.QueueLeft = d.queue.Len()
 }

@@ -23,6 +23,7 @@ var PolicyNames = []string{
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic", "dynamo_cost+queue",
 	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
+	"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 }
 
 // DefaultPolicies is what kvbench runs when no policy is named: every
@@ -315,7 +316,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		}
 		ttl := name == "dynamo_cost+ttl"
 		return Policy{Name: name, Events: true, StickyIDs: name == "dynamo_cost+session", ActiveBlocks: true,
-			QueueThreshold: d.QueueThreshold,
+			QueueThreshold: d.QueueThreshold, QueuePolicy: d.QueuePolicy, QueueTierWeights: [2]float64{d.HostWeight, d.DiskWeight},
 			Config: func(sig peers.Signals) kvcrouter.RouterConfig {
 				st, _ := peers.NewDynamo(d, sig)
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
@@ -326,6 +327,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				return c
 			}}, nil
 	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
+		"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 		"kvc_aware+admit+truelen":
 		if len(raw) > 0 {
 			// Validate now, so a bad parameter fails before any run.
@@ -345,7 +347,11 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
 				c.Admission.Enabled = strings.Contains(name, "+admit")
-				c.Lengths.Enabled = strings.Contains(name, "+lengths") || strings.HasSuffix(name, "+truelen")
+				// +evlengths: learning on, but the client reports no counts
+				// (verl without the hook): the router reads them off the
+				// KV events, else the times.
+				c.Lengths.Enabled = strings.Contains(name, "+lengths") || strings.HasSuffix(name, "+evlengths") ||
+					strings.HasSuffix(name, "+truelen")
 				if events {
 					c.Servers = uncapped()
 				}

@@ -497,10 +497,10 @@ type Dynamo struct {
 	// max_num_batched_tokens. The bench driver runs the queue
 	// (bench.Policy.QueueThreshold).
 	QueueThreshold float64 `json:"router_queue_threshold"`
-	// QueuePolicy is router_queue_policy: only "fcfs" (Dynamo's default) is
-	// modelled; "wspt" orders by the new prefill tokens after the best
-	// overlap on any worker, which kvbench's router does not expose
-	// before a decision.
+	// QueuePolicy is router_queue_policy: "fcfs" (Dynamo's default),
+	// "lcfs", or "wspt" (1 / the prompt's tokens less the best overlap any
+	// worker holds by the KV events seen, keyed when queued). The bench
+	// driver orders the queue (bench.Policy.QueuePolicy).
 	QueuePolicy string `json:"router_queue_policy"`
 	BlockSize   int    `json:"block_size"`
 	Seed        uint64 `json:"seed"`
@@ -549,11 +549,9 @@ func NewDynamo(cfg Dynamo, sig Signals) (*Dynamo, error) {
 		return nil, errors.New("dynamo_cost: router_queue_threshold must be in [0, 1000] (0 = no queue)")
 	}
 	switch d.QueuePolicy {
-	case "", "fcfs":
-	case "wspt", "lcfs":
-		return nil, fmt.Errorf("dynamo_cost: router_queue_policy %q is not modelled in kvbench (fcfs is)", d.QueuePolicy)
+	case "", "fcfs", "lcfs", "wspt":
 	default:
-		return nil, fmt.Errorf("dynamo_cost: router_queue_policy %q (allowed: fcfs)", d.QueuePolicy)
+		return nil, fmt.Errorf("dynamo_cost: router_queue_policy %q (allowed: fcfs, lcfs, wspt)", d.QueuePolicy)
 	}
 	d.sig = sig
 	d.rng = rand.New(rand.NewPCG(d.Seed, 0x64796e61))
