@@ -1,7 +1,7 @@
 // Package lengths learns response lengths from what a router can see
 // (issue 26): the output token count a finished request reports at
-// release (the verl hook forwards it), else the time from acquire to
-// release as a coarse proxy. Responses to one prompt have similar lengths
+// release (the verl hook forwards it) or that its server's KV events
+// showed, else the time from acquire to release as a coarse proxy. Responses to one prompt have similar lengths
 // (Seer) and a prompt's responses are similar across epochs (RhymeRL), so
 // the estimate is kept per prompt, keyed by a hash of the prompt's
 // tokens:

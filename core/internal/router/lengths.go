@@ -12,9 +12,11 @@ import (
 // release that names the request and reports its output token count
 // (ReleaseDone; kvr_release_done in the C ABI, which the Python balancer
 // calls when release_server gets request_id and output_tokens, as the
-// verl hook sends them) teaches the prompt's length. Without counts
-// the time from acquire to release is learnt instead (a coarse proxy, in
-// milliseconds, used only while no count has arrived). The history is kept
+// verl hook sends them) teaches the prompt's length. Without a count,
+// the output a server's KV events showed as its blocks filled
+// (progress.go) is learnt instead, and without those the time from
+// acquire to release (a coarse proxy, in milliseconds, used only while no
+// count has arrived). The history is kept
 // per prompt hash and survives ResetCache (a weight sync ends a step).
 //
 // With admission on, LongestFirst gives a freed slot to the held request
@@ -44,11 +46,6 @@ type LengthsSpec struct {
 	// 4096). When to change: lower when short requests must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
 }
-
-// A server fed by KV events also shows each in-flight request's output as
-// its blocks fill (progress.go): a release without a count then teaches
-// the output tokens those events showed, and the time only when they
-// showed none.
 
 // Defaults of LengthsSpec.
 const (
@@ -108,7 +105,8 @@ type heldLen struct {
 type LengthCounters struct {
 	Observed uint64 `json:"observed_tokens"`
 	// ObservedEvents counts releases without a count that taught the
-	// output tokens KV events showed (included in neither figure around it).
+	// output tokens KV events showed (counted in neither Observed nor
+	// ObservedTimed).
 	ObservedEvents uint64 `json:"observed_from_events"`
 	ObservedTimed  uint64 `json:"observed_durations"`
 	Unmatched      uint64 `json:"unmatched_releases"`
