@@ -3,7 +3,6 @@ package router
 import (
 	"time"
 
-	"github.com/kvc-router/kvc-router/core/internal/blockhash"
 	"github.com/kvc-router/kvc-router/core/internal/lengths"
 )
 
@@ -141,12 +140,7 @@ func (r *Router) lenTrack(req *Request, server string) {
 		l.prog.done(req.ID) // a session's earlier turn elsewhere
 		return
 	}
-	bs := r.blockSize(s)
-	keys, ok := r.keys[bs]
-	if !ok || len(keys) != blockhash.FullBlocks(len(req.Tokens), bs) {
-		keys = r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, blockhash.Namespace(r.cfg.Model, req.Lora))
-		r.keys[bs] = keys
-	}
+	keys, bs := r.promptKeys(s, req)
 	if len(keys) == 0 {
 		l.prog.done(req.ID) // under a block: its first output block has no parent to follow
 		return

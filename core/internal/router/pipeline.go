@@ -437,13 +437,20 @@ func (r *Router) speculateOn(s *server, req *Request, matched int) {
 	if !r.speculate || s == nil || len(req.Tokens) == 0 {
 		return
 	}
+	if keys, _ := r.promptKeys(s, req); matched < len(keys) {
+		r.ix.Speculate(s.ix, keys[matched:])
+	}
+}
+
+// promptKeys is req's full-block keys at s's block size (the decision's
+// own when the prefix match computed them, else hashed now) and that size;
+// r.mu held.
+func (r *Router) promptKeys(s *server, req *Request) ([]uint64, int) {
 	bs := r.blockSize(s)
 	keys, ok := r.keys[bs]
 	if !ok || len(keys) != blockhash.FullBlocks(len(req.Tokens), bs) {
 		keys = r.memo.AppendKeys(r.keys[bs][:0], req.Tokens, bs, blockhash.Namespace(r.cfg.Model, req.Lora))
 		r.keys[bs] = keys
 	}
-	if matched < len(keys) {
-		r.ix.Speculate(s.ix, keys[matched:])
-	}
+	return keys, bs
 }
