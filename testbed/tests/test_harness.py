@@ -317,21 +317,23 @@ def test_arena_merge_replaces_or_adds_only_the_named_rows():
     # A run of only the rows without the hold (arena.py --nohold-only) adds
     # them: its hold keys and kvc_aware's frozen path may differ, not
     # kvc_aware's configuration, and no held row may come from it.
-    nohold = copy.deepcopy(base)
+    held = copy.deepcopy(base)  # the published file has +nohold rows already
+    held["runs"] = [r for r in held["runs"] if not r["row"]["policy"].endswith("+nohold")]
+    nohold = copy.deepcopy(held)
     nohold["config"].update(both_holds=True, nohold_only=True, kvc_frozen="docs/results/elsewhere.json")
-    nohold["runs"] = [copy.deepcopy(r) for r in base["runs"] if r["row"]["policy"] in ("verl_default", "kvc_aware")]
+    nohold["runs"] = [copy.deepcopy(r) for r in held["runs"] if r["row"]["policy"] in ("verl_default", "kvc_aware")]
     for r in nohold["runs"]:
         r["row"]["policy"] += "+nohold"
-    both = merge(base, nohold, ["verl_default+nohold", "kvc_aware+nohold"], "nohold")
-    assert len(both["runs"]) == len(base["runs"]) + len(nohold["runs"])
+    both = merge(held, nohold, ["verl_default+nohold", "kvc_aware+nohold"], "nohold")
+    assert nohold["runs"] and len(both["runs"]) == len(held["runs"]) + len(nohold["runs"])
     assert both["config"]["kvc_frozen"] == "docs/results/elsewhere.json"
     assert not both["config"]["both_holds"] and "nohold_only" not in both["config"]
     assert {s["policy"] for s in both["summary"]} >= {"verl_default+nohold", "kvc_aware+nohold"}
     with pytest.raises(SystemExit, match="both_holds"):
-        merge(base, nohold, ["verl_default"], "x")
+        merge(held, nohold, ["verl_default"], "x")
     nohold["config"]["kvc_knobs"] = {**nohold["config"]["kvc_knobs"], "alpha": 0.9}
     with pytest.raises(SystemExit, match="kvc_knobs"):
-        merge(base, nohold, ["verl_default+nohold", "kvc_aware+nohold"], "x")
+        merge(held, nohold, ["verl_default+nohold", "kvc_aware+nohold"], "x")
 
 
 def test_demo_step_with_correlated_lengths():
