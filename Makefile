@@ -245,6 +245,16 @@ ARENA_RL_SEEDS ?= 351,352,353,354,355
 arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl's arrival order (length correlation, recurring prompts, agent tasks) x seeds 351-355 (~45 min)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --repeat verl_default --policies $(ARENA_POLICIES) --out build/arena-rl $(ARENA_ARGS)
 
+# `make arena-rl-tuned`: every tunable peer of the arena, Dynamo's agentic
+# preset included, tuned for step time alone (as `make kvbench-rl-tuned`) per
+# RL workload on seeds 101-102, then run on ARENA_RL_SEEDS where the chosen
+# point is not the launcher default -> build/arena-rl-tuned; `make render`
+# merges the rows into the arena-rl tables. Dynamo's +queue row is left out
+# of the default set (130 s a run: ARENA_RL_TUNE_PEERS adds it).
+ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
+arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~75 min)
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers $(ARENA_RL_TUNE_PEERS) --tune-objective step --out build/arena-rl-tuned $(ARENA_ARGS)
+
 # `make arena-tuned`: the tuned peer rows. Tunes the cache_aware balance
 # thresholds of sglang-router, SMG and vllm-router, and Dynamo's own
 # features (overlap credit, approximate mode; +ttl's TTL) per workload on
@@ -303,6 +313,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -f build/arena/arena-details.json ]; then cp build/arena/arena-details.json docs/results/arena-details.json; fi
 	@if [ -f build/arena-tuned/arena-details.json ]; then cp build/arena-tuned/arena-details.json docs/results/arena-tuned-details.json; fi
 	@if [ -f build/arena-rl/arena-details.json ]; then cp build/arena-rl/arena-details.json docs/results/arena-rl-details.json; fi
+	@if [ -f build/arena-rl-tuned/arena-details.json ]; then cp build/arena-rl-tuned/arena-details.json docs/results/arena-rl-tuned-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

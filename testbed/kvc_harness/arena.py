@@ -1590,16 +1590,26 @@ def run_arena(workloads: Sequence[WorkloadSpec], policies: Sequence[str], seeds:
     return out
 
 
+TUNE_OBJECTIVES = {
+    "step+ttft": "mean over tuning seeds of (step time / verl_default + TTFT p99 / verl_default) / 2",
+    "step": "mean over tuning seeds of step time / verl_default",
+}
+
+
 def tune_peers(specs: Sequence[WorkloadSpec], peers: Sequence[str], seeds: Sequence[int], cfg: ArenaConfig,
-               log: Callable[[str], None] = print) -> dict:
+               log: Callable[[str], None] = print, objective: str = "step+ttft") -> dict:
     """Tunes each peer in ``peers`` over its TUNE_GRID on the tuning
-    ``seeds`` (never the reported ones), per workload, with kvbench's
-    objective: the mean over seeds of (step time / verl_default's + TTFT p99 /
-    verl_default's) / 2. Returns every point's objective and the chosen
-    point per peer and workload (the launcher default when it wins)."""
+    ``seeds`` (never the reported ones), per workload, with one of kvbench's
+    objectives (TUNE_OBJECTIVES: "step+ttft", the mean over seeds of (step
+    time / verl_default's + TTFT p99 / verl_default's) / 2, or "step", step
+    time alone, as `make kvbench-rl-tuned` tunes). Returns every point's
+    objective and the chosen point per peer and workload (the launcher
+    default when it wins)."""
     bad = [p for p in peers if p not in TUNE_GRID]
     if bad:
         raise ValueError(f"not tunable: {bad}; tunable peers: {sorted(TUNE_GRID)}")
+    if objective not in TUNE_OBJECTIVES:
+        raise ValueError(f"tuning objective {objective!r}: expected one of {sorted(TUNE_OBJECTIVES)}")
     points: List[dict] = []
     chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
     for spec in specs:
@@ -1615,7 +1625,7 @@ def tune_peers(specs: Sequence[WorkloadSpec], peers: Sequence[str], seeds: Seque
                     b = base[seed]
                     step = r["details"]["engine_makespan_s"] / b["details"]["engine_makespan_s"]
                     p99 = r["row"]["ttft_p99_s"] / b["row"]["ttft_p99_s"]
-                    objs.append((step + p99) / 2)
+                    objs.append(step if objective == "step" else (step + p99) / 2)
                     points.append({"workload": spec.name, "policy": peer, "params": params, "seed": seed,
                                    "step_ratio": step, "ttft_p99_ratio": p99, "errors": r["row"]["errors"],
                                    "router_args": r["details"].get("router_args")})
@@ -1626,8 +1636,7 @@ def tune_peers(specs: Sequence[WorkloadSpec], peers: Sequence[str], seeds: Seque
             assert best is not None
             chosen.setdefault(peer, {})[spec.name] = best[1]
     return {"tune_seeds": list(seeds), "grid": {p: TUNE_GRID[p] for p in peers}, "points": points,
-            "chosen": chosen, "objective": "mean over tuning seeds of (step time / verl_default + "
-                                           "TTFT p99 / verl_default) / 2"}
+            "chosen": chosen, "objective": TUNE_OBJECTIVES[objective]}
 
 
 def gain_shares(results: List[dict]) -> List[dict]:

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nohold-only", action="store_true",
                     help="only the POLICY+nohold rows (to add to a run that has the held rows: arena_merge.py)")
     ap.add_argument("--tune-seeds", default="101,102", help="seeds for --tune-peers (never reported)")
+    ap.add_argument("--tune-objective", choices=("step+ttft", "step"), default="step+ttft",
+                    help="--tune-peers' objective: step time and TTFT p99 over verl_default's, averaged "
+                         "(`make arena-tuned`), or step time alone (`make arena-rl-tuned`)")
     ap.add_argument("--repeat", default="", metavar="POLICY",
                     help="run POLICY a second time on every seed: the noise floor ('' = none)")
     ap.add_argument("--speed", type=float, default=20.0, help="simulated seconds per wall second")
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if set(tune_seeds) & set(seeds):
             ap.error(f"seeds {sorted(set(tune_seeds) & set(seeds))} are both tuning and reported seeds")
         cfg.bound_workloads, cfg.repeat_policy = (), ""
-        tuning = tune_peers([specs[w] for w in names], peers, tune_seeds, cfg)
+        tuning = tune_peers([specs[w] for w in names], peers, tune_seeds, cfg, objective=a.tune_objective)
         results = []
         for w in names:
             variants = []

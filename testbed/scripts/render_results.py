@@ -507,7 +507,8 @@ def tuning_lines(doc: dict, w: str) -> List[str]:
     return out
 
 
-def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_source: str = "") -> str:
+def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_source: str = "",
+                 tuned_target: str = "make arena-tuned") -> str:
     doc = merge_tuned(doc, tuned)
     runs = doc["runs"]
     cfg = doc.get("config") or {}
@@ -518,7 +519,7 @@ def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_sou
            f"{'streamed' if cfg.get('stream', True) else 'non-streamed'} requests; kvc_aware's configuration: "
            f"`{repo_path(cfg['kvc_frozen']) if cfg.get('kvc_frozen') else 'library defaults'}`"
            + (f" at commit `{cfg['kvc_frozen_commit']}`" if cfg.get("kvc_frozen_commit") else "") + "."
-           + (f" Tuned peer rows from `{tuned_source}` (`make arena-tuned`, same seeds)." if tuned else ""),
+           + (f" Tuned peer rows from `{tuned_source}` (`{tuned_target}`, same seeds)." if tuned else ""),
            "", "Every cell is the mean ± the 95% confidence interval of the mean over the seeds (Student's t); "
            "comparisons are paired by seed (ratios to the other policy on the same seed). "
            "Step time is the engine-clock makespan (grpo: last finish − first arrival over the fleet; agents: the "
@@ -888,9 +889,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(rl_arena, encoding="utf-8") as f:
             rl_doc = json.load(f)
         rrel = os.path.relpath(rl_arena, REPO)
-        targets.setdefault(os.path.join(a.docs, "docs", "arena.md"), {})["arena-rl"] = render_arena(rl_doc, rrel)
+        # `make arena-rl-tuned`'s rows: each tunable peer at its best grid
+        # point for step time on these workloads, merged like arena-tuned's.
+        rl_tuned, rl_trel = None, ""
+        rl_tuned_path = os.path.join(os.path.dirname(rl_arena), "arena-rl-tuned-details.json")
+        if os.path.isfile(rl_tuned_path):
+            with open(rl_tuned_path, encoding="utf-8") as f:
+                rl_tuned = json.load(f)
+            rl_trel = os.path.relpath(rl_tuned_path, REPO)
+        targets.setdefault(os.path.join(a.docs, "docs", "arena.md"), {})["arena-rl"] = render_arena(
+            rl_doc, rrel, rl_tuned, rl_trel, tuned_target="make arena-rl-tuned")
         targets.setdefault(os.path.join(a.docs, "README.md"), {})["headline-rl"] = render_headline(
-            rl_doc, rrel, shown=ARENA_RL_WORKLOADS, target="make arena-rl")
+            rl_doc, rrel, rl_tuned, shown=ARENA_RL_WORKLOADS, target="make arena-rl")
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
         step_doc = os.path.join(a.docs, "docs", "step-time.md")

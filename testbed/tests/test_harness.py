@@ -361,3 +361,33 @@ def test_demo_step_with_correlated_lengths():
     # Without length_corr: independent draws, shuffled (the earlier model).
     plain = workloads.grpo_step(workloads.WorkloadSpec(**base), 0)
     assert [r["rid"] for r in plain] != sorted(r["rid"] for r in plain)
+
+
+def test_tune_peers_objectives_pick_by_their_own_rule(monkeypatch):
+    """tune_peers' "step" objective picks the grid point with the shortest
+    step over verl_default's whatever its TTFT; "step+ttft" (make
+    arena-tuned's) weighs both; an unknown objective is refused. The runs
+    are stand-ins: this checks the choice, test_arena the real routers."""
+    from kvc_harness import arena
+
+    # grid point -> (step time, TTFT p99) over verl_default's (1.0, 1.0)
+    effect = {0: (1.00, 1.00), 1: (0.95, 1.30), 2: (0.98, 0.90), 3: (1.02, 0.95)}
+
+    def fake_run(spec, policy, seed, cfg, log=print):
+        step, p99 = (1.0, 1.0) if policy == "verl_default" else effect[int(policy.rpartition("grid")[2])]
+        return {"row": {"ttft_p99_s": p99 * (1 + seed % 2), "errors": 0},
+                "details": {"engine_makespan_s": 100.0 * step * (1 + seed % 2), "router_args": []}}
+
+    monkeypatch.setattr(arena, "run_one", fake_run)
+    spec = arena.WorkloadSpec(name="grpo_rho05", kind="grpo")
+    grid = arena.TUNE_GRID["sglang_router_cache_aware"]
+    cfg = arena.ArenaConfig()
+    step = arena.tune_peers([spec], ["sglang_router_cache_aware"], [101, 102], cfg, log=lambda s: None,
+                            objective="step")
+    assert step["chosen"]["sglang_router_cache_aware"]["grpo_rho05"] == grid[1]
+    assert step["objective"] == arena.TUNE_OBJECTIVES["step"]
+    both = arena.tune_peers([spec], ["sglang_router_cache_aware"], [101, 102], cfg, log=lambda s: None)
+    assert both["chosen"]["sglang_router_cache_aware"]["grpo_rho05"] == grid[2]  # (0.98 + 0.90) / 2 is lowest
+    assert len(step["points"]) == len(both["points"]) == 2 * len(grid)
+    with pytest.raises(ValueError, match="tuning objective 'ttft'"):
+        arena.tune_peers([spec], ["sglang_router_cache_aware"], [101], cfg, objective="ttft")

@@ -375,6 +375,47 @@ def test_arena_rl_renders_from_its_own_file(tmp_path):
     assert "| grpo_rho08 |" not in h.split("<!-- BEGIN RENDERED: headline-rl -->")[0]
 
 
+def test_arena_rl_tuned_rows_merge_into_the_rl_blocks(tmp_path):
+    """`make arena-rl-tuned`'s rows (arena-rl-tuned-details.json beside the
+    arena-rl file) join the arena-rl tables after their launcher-default
+    row, named with the chosen point, and README's headline-rl counts them
+    when it picks the best peer; without the file neither block has them."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp_path / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    rl, tuned = [], []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        rl += [_arena_run("grpo_rho05", p, seed, mk + j, 0.6)
+               for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("smg_cache_aware", 62))]
+        tuned.append(_arena_run("grpo_rho05", "smg_cache_aware@tuned", seed, 55 + j, 0.6))
+    cfg = {"speed": 20, "clock": "paced", "stream": False}
+    (res / "arena-rl-details.json").write_text(json.dumps({"config": cfg, "runs": rl}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "@tuned" not in (tmp_path / "README.md").read_text()
+    assert "smg_cache_aware 62.0" in (tmp_path / "README.md").read_text()
+    grid = [{"balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
+            {"balance_abs_threshold": 2, "balance_rel_threshold": 1.05}]
+    tuning = {"tune_seeds": [101, 102], "objective": "mean over tuning seeds of step time / verl_default",
+              "grid": {"smg_cache_aware": grid}, "chosen": {"smg_cache_aware": {"grpo_rho05": grid[1]}}}
+    (res / "arena-rl-tuned-details.json").write_text(json.dumps({"config": cfg, "runs": tuned, "tuning": tuning}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    block = (tmp_path / "docs" / "arena.md").read_text().split("<!-- BEGIN RENDERED: arena-rl -->")[1]
+    assert "`make arena-rl-tuned`, same seeds" in block and "arena-rl-tuned-details.json" in block
+    rows = [ln.split("|")[1].strip() for ln in block.splitlines() if ln.startswith("| ") and "policy" not in ln]
+    i = rows.index("smg_cache_aware")
+    assert rows[i + 1] == "smg_cache_aware (tuned: balance_abs_threshold 2, balance_rel_threshold 1.05)"
+    assert "(mean over tuning seeds of step time / verl_default): smg_cache_aware" in block
+    head = (tmp_path / "README.md").read_text()
+    assert "smg_cache_aware@tuned 55.0" in head  # the best peer, tuned
+    assert "kvc_aware ÷ the router" in head and "smg_cache_aware@tuned 1.07" in head  # a loss, stated
+
+
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
     committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
