@@ -139,6 +139,42 @@ def _ratio(s: dict, base: dict, key: str) -> str:
     return f" ({s[key] / b:.3f}x)" if b and s is not base else ""
 
 
+def render_seeds(docs: list, source: str) -> str:
+    """The demo's headline step on other seeds (one `make demo` run each,
+    ``DEMO_ARGS=--seed N``): per seed each policy's step time over the first
+    policy's (default) in the same run, then the mean ± 95% CI of those
+    paired ratios; "shorter"/"longer" only where the interval excludes 1."""
+    from kvc_harness.stats import mean_ci
+
+    docs = sorted(docs, key=lambda d: d.get("seed", 0))
+    pols = [s["policy"] for s in docs[0]["sat"]["summaries"]]
+    base = pols[0]
+    out = [f"`make demo` on seeds {', '.join(str(d.get('seed')) for d in docs)} (rendered from `{source}`; commit "
+           f"{', '.join(sorted({d['commit'] for d in docs}))}; each policy's step time, engines' clock, over "
+           f"{base}'s in the same run; hit rates from the servers' metrics):", "",
+           "| seed | " + f"{base} step (sim s) | " + " | ".join(f"{p} ÷ {base}" for p in pols[1:])
+           + " | hit rate " + " / ".join(pols) + " |",
+           "|---|---|" + "---|" * (len(pols) - 1) + "---|"]
+    ratios: dict = {p: [] for p in pols[1:]}
+    for d in docs:
+        by = {s["policy"]: s for s in d["sat"]["summaries"]}
+        b = by[base]["step_time_s"]
+        cells = []
+        for p in pols[1:]:
+            r = by[p]["step_time_s"] / b
+            ratios[p].append(r)
+            cells.append(f"{r:.3f}")
+        hits = " / ".join(f"{by[p]['hit_rate'] * 100:.1f}%" for p in pols)
+        out.append(f"| {d.get('seed')} | {b:.1f} | " + " | ".join(cells) + f" | {hits} |")
+    summary = []
+    for p in pols[1:]:
+        ci = mean_ci(ratios[p])
+        word = "shorter" if ci.hi < 1 else "longer" if ci.lo > 1 else "tie"
+        summary.append(f"{ci.fmt(3)} ({word})")
+    out.append("| mean ± 95% CI | | " + " | ".join(summary) + " | |")
+    return "\n".join(out) + "\n"
+
+
 def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
     """The README's demo block, from :func:`summary_doc`'s document: every
     column says what it is against, losses are stated, nothing is typed."""

@@ -205,15 +205,17 @@ def test_agent_rows_whose_clients_wait_longer_are_not_comparable(tmp_path):
 
 def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     """README's RL block: kvc_aware's step time over verl_default's on the
-    same seed, per setting, at the defaults (docs/results/rl-668a343/),
-    without group_spread (rl-f591d2b/), before task_spread (rl-520d43c/)
-    and with group_spread 0.1 ungated (docs/results/rl-*.json); "(shorter)"
-    only where the interval is below 1; the recurring setting reads step 2."""
+    same seed, per setting, at the defaults (docs/results/rl-abcbba2/), the
+    defaults' own step time over the previous freeze's on the same seed
+    (rl-668a343/, shown too), without group_spread (rl-f591d2b/), before
+    task_spread (rl-520d43c/) and with group_spread 0.1 ungated
+    (docs/results/rl-*.json); "(shorter)" only where the interval is below 1;
+    the recurring setting reads step 2."""
     _docs(tmp_path)
     readme = tmp_path / "README.md"
     readme.write_text(readme.read_text() + "\n<!-- BEGIN RENDERED: rl -->\nold\n<!-- END RENDERED: rl -->\n")
     res = tmp_path / "docs" / "results"
-    for d in ("rl-668a343", "rl-f591d2b", "rl-520d43c"):
+    for d in ("rl-abcbba2", "rl-668a343", "rl-f591d2b", "rl-520d43c"):
         (res / d).mkdir(parents=True)
 
     def rep(verl: float, kvc: float, admit: float) -> dict:
@@ -222,21 +224,24 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
         return {"policies": pol, "makespan_steps_s": {p: [0.0, v["makespan_s"]] for p, v in pol.items()}}
 
     for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
-        (res / "rl-668a343" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
+        (res / "rl-abcbba2" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
+        (res / "rl-668a343" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.95 * w, w)))
         (res / "rl-f591d2b" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.97 * w, w)))
-        (res / "rl-520d43c" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.95 * w, w)))
+        (res / "rl-520d43c" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.96 * w, w)))
         (res / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, w, w)))
-        (res / "rl-668a343" / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
+        (res / "rl-abcbba2" / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     lines = readme.read_text().splitlines()
     r0 = [ln for ln in lines if ln.startswith("| first epoch, ρ 0 |")][0]
     assert r0 == ("| first epoch, ρ 0 | 341–343 | 0.900 ± 0.000 (shorter) | 1.100 ± 0.000 (longer) "
-                  "| 0.970 ± 0.000 (shorter) | 0.950 ± 0.000 (shorter) | 1.000 ± 0.000 |"), r0
+                  "| 0.947 ± 0.000 (shorter) | 0.950 ± 0.000 (shorter) | 0.970 ± 0.000 (shorter) "
+                  "| 0.960 ± 0.000 (shorter) | 1.000 ± 0.000 |"), r0
     rec = [ln for ln in lines if ln.startswith("| recurring prompts")][0]
-    assert "| 1.200 ± 0.000 (longer) | 1.000 ± 0.000 | n/a | n/a | n/a |" in rec
+    assert "| 1.200 ± 0.000 (longer) | 1.000 ± 0.000 | n/a | n/a | n/a | n/a | n/a |" in rec
     assert not any(ln.startswith("| first epoch, ρ 0.5") for ln in lines)
-    assert "group_spread off (f591d2b)" in readme.read_text()
+    text = readme.read_text()
+    assert "group_spread off (f591d2b)" in text and "abcbba2 ÷ 668a343, kvc_aware" in text
 
 
 def test_arena_tuned_rows_merge_after_their_default(tmp_path):
@@ -418,23 +423,26 @@ def test_arena_rl_tuned_rows_merge_into_the_rl_blocks(tmp_path):
 
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
-    committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
-    (the defaults) and rl-f591d2b/ (group_spread off)."""
+    committed JSON: stale blocks are rewritten from docs/results/rl-abcbba2/
+    (the defaults), rl-668a343/ (before the shared-prompt charge) and
+    rl-f591d2b/ (group_spread off)."""
     import shutil
 
-    for d in ("rl-668a343", "rl-f591d2b"):
+    for d in ("rl-abcbba2", "rl-668a343", "rl-f591d2b"):
         (tmp_path / "docs" / "results" / d).mkdir(parents=True)
         shutil.copy(os.path.join(REPO, "docs", "results", d, "rl-agt-341.json"),
                     tmp_path / "docs" / "results" / d / "rl-agt-341.json")
-    src = os.path.join(REPO, "docs", "results", "rl-668a343", "rl-agt-341.json")
+    src = os.path.join(REPO, "docs", "results", "rl-abcbba2", "rl-agt-341.json")
     (tmp_path / "docs" / "rl-workloads.md").write_text(
         "# r\n\n<!-- BEGIN RENDERED: rl-defaults -->\nold\n<!-- END RENDERED: rl-defaults -->\n"
+        "\n<!-- BEGIN RENDERED: rl-charge-prev -->\nold\n<!-- END RENDERED: rl-charge-prev -->\n"
         "\n<!-- BEGIN RENDERED: rl-gs-off -->\nold\n<!-- END RENDERED: rl-gs-off -->\n")
     (tmp_path / "README.md").write_text("# r\n")
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "docs" / "rl-workloads.md").read_text()
-    assert "old" not in text and "`docs/results/rl-668a343/rl-agt-*.json`" in text
+    assert "old" not in text and "`docs/results/rl-abcbba2/rl-agt-*.json`" in text
+    assert "`docs/results/rl-668a343/rl-agt-*.json`" in text
     assert "`docs/results/rl-f591d2b/rl-agt-*.json`" in text
     with open(src, encoding="utf-8") as f:
         rep = json.load(f)
@@ -462,3 +470,29 @@ def test_turn_gap_drop_is_computed_from_the_runs():
     cuts = [1 - v / step[("gap-0", p, s)] for (stem, p, s), v in step.items() if stem != "gap-0"]
     assert len(cuts) == 8
     assert f"was {100 * min(cuts):.0f}–{100 * max(cuts):.0f}% shorter" in text
+
+
+def test_demo_on_other_seeds_renders_paired_ratios(tmp_path):
+    """docs/demo.md's demo-seeds block: one row per seed's `make demo` JSON
+    (each policy's step time over default's in the same run) and the mean ±
+    95% CI of those ratios, "shorter" only where the interval is below 1."""
+    (tmp_path / "docs" / "results" / "demo-seeds").mkdir(parents=True)
+    (tmp_path / "docs" / "demo.md").write_text("# d\n\n<!-- BEGIN RENDERED: demo-seeds -->\nold\n"
+                                               "<!-- END RENDERED: demo-seeds -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+
+    def summary(policy: str, step: float, hit: float) -> dict:
+        return {"policy": policy, "step_time_s": step, "hit_rate": hit}
+
+    for seed, (k, a) in zip((1, 2, 3), ((0.90, 1.02), (0.92, 0.97), (0.91, 1.04))):
+        doc = {"commit": "abc1234", "seed": seed, "sat": {"summaries": [
+            summary("default", 100.0 + seed, 0.74), summary("kvc_aware", k * (100.0 + seed), 0.86),
+            summary("kvc_aware+admit", a * (100.0 + seed), 0.84)]}}
+        (tmp_path / "docs" / "results" / "demo-seeds" / f"demo-seed{seed}.json").write_text(json.dumps(doc))
+    # the README's demo block is rendered only from docs/results/demo.json: none here
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "docs" / "demo.md").read_text()
+    assert "old" not in text and "seeds 1, 2, 3" in text
+    assert "| 2 | 102.0 | 0.920 | 0.970 | 74.0% / 86.0% / 84.0% |" in text
+    assert "| mean ± 95% CI | | 0.910 ± 0.025 (shorter) | 1.010 ± 0.090 (tie) | |" in text
