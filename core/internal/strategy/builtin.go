@@ -257,10 +257,6 @@ func (k *KVCAware) Name() string { return "kvc_aware" }
 // Threshold is the overload bound used for sticky breakout.
 func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
 
-// ReadsSiblings implements SiblingReader: only the group_spread and
-// task_spread terms do.
-func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpread > 0 }
-
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
 	base, sess := k.prepare(req, len(req.Tokens), c)
