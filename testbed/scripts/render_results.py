@@ -799,46 +799,44 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# abcbba2 freeze: token load counts siblings' shared prompt once), at the
-# freeze before that change (RL_CHARGE_PREV, 668a343: group_spread 0.1 behind
-# its response-length gate) with the change's own paired effect, without the
-# group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
+# 668a343 freeze: group_spread 0.1 behind its response-length gate), without
+# the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
 # task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
 # (the 3965cf8 freeze, docs/results/rl-*.json).
 RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                ("rl-r8", "first epoch, ρ 0.8", None), ("rl-rec", "recurring prompts (epoch 2), ρ 0.6", 1),
                ("rl-agt", "agent (kvbench `agent`): task difficulty ρ 0.6, tools 1–60 s", None))
 # docs/results/ subdirectories of `make kvbench-rl` runs: the library
-# defaults, the defaults before the shared-prompt charge, the defaults
-# without group_spread, the defaults before task_spread, and task_spread 0.1
-# presumed multi-turn on every fresh router (the 41412f1 freeze).
-RL_DEFAULTS = "rl-abcbba2"
-RL_CHARGE_PREV = "rl-668a343"
+# defaults, the defaults without group_spread, the defaults before
+# task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
+# (the 41412f1 freeze).
+RL_DEFAULTS = "rl-668a343"
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
+# A candidate not kept: the token load counting a prompt its placed siblings
+# share once (abcbba2; docs/rl-workloads.md says why it was reverted).
+RL_CHARGE = "rl-abcbba2"
 
 
 def render_rl_block(docs_root: str) -> Optional[str]:
     from render_rl import rows
 
     res = os.path.join(docs_root, "docs", "results")
-    current, charge, off, prev = (os.path.join(res, d) for d in (RL_DEFAULTS, RL_CHARGE_PREV, RL_GS_OFF, RL_PREV))
+    current, off, prev = (os.path.join(res, d) for d in (RL_DEFAULTS, RL_GS_OFF, RL_PREV))
     if not glob.glob(os.path.join(current, "rl-r0-*.json")):
         return None
     out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size "
            "and kvbench's agent workload, "
            "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
-           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_CHARGE_PREV}/`, `docs/results/{RL_GS_OFF}/`, "
-           f"`docs/results/{RL_PREV}/` and `docs/results/rl-*.json`; the fourth column is kvc_aware's own step "
-           f"time at {RL_DEFAULTS[3:]} ÷ at {RL_CHARGE_PREV[3:]} on the same seed):", "",
+           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_GS_OFF}/`, `docs/results/{RL_PREV}/` and "
+           "`docs/results/rl-*.json`):", "",
            f"| setting | seeds | kvc_aware, library defaults ({RL_DEFAULTS[3:]}) | kvc_aware + admission, defaults "
-           f"| {RL_DEFAULTS[3:]} ÷ {RL_CHARGE_PREV[3:]}, kvc_aware | kvc_aware, before the shared-prompt charge "
-           f"({RL_CHARGE_PREV[3:]}) | kvc_aware, group_spread off ({RL_GS_OFF[3:]}) "
+           f"| kvc_aware, group_spread off ({RL_GS_OFF[3:]}) "
            f"| kvc_aware, task_spread off ({RL_PREV[3:]}) | kvc_aware, group_spread 0.1 ungated (3965cf8) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|"]
     for prefix, label, step in RL_SETTINGS:
-        d, c, f, o, g = (rows(x, prefix, step) for x in (current, charge, off, prev, res))
+        d, f, o, g = (rows(x, prefix, step) for x in (current, off, prev, res))
         if "kvc_aware" not in d:
             continue
         seeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
@@ -850,15 +848,8 @@ def render_rl_block(docs_root: str) -> Optional[str]:
             ci = mean_ci(data[p]["step"])
             return ci.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: ""}[_clear(ci)]
 
-        change = "n/a"
-        cseeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
-                        for p in glob.glob(os.path.join(charge, f"{prefix}-*.json")))
-        if "kvc_aware" in c and cseeds == seeds:
-            ci = mean_ci([a / b for a, b in zip(d["kvc_aware"]["abs"], c["kvc_aware"]["abs"])])
-            change = ci.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: ""}[_clear(ci)]
         out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | {cell(d, 'kvc_aware')} | {cell(d, 'kvc_aware+admit')} "
-                   f"| {change} | {cell(c, 'kvc_aware')} | {cell(f, 'kvc_aware')} | {cell(o, 'kvc_aware')} "
-                   f"| {cell(g, 'kvc_aware')} |")
+                   f"| {cell(f, 'kvc_aware')} | {cell(o, 'kvc_aware')} | {cell(g, 'kvc_aware')} |")
     return "\n".join(out)
 
 
@@ -928,7 +919,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                     targets.setdefault(readme, {})["steptime"] = targets[step_doc]["steptime"]
     # docs/rl-workloads.md's kvbench-rl tables: the ungated group_spread 0.1
     # freeze (docs/results/rl-*.json), the library defaults (RL_DEFAULTS), the
-    # freeze before the shared-prompt charge (RL_CHARGE_PREV), the
     # defaults without group_spread (RL_GS_OFF), the defaults before
     # task_spread (RL_PREV) and the 41412f1 task_spread freeze (RL_TASK).
     rl_doc = os.path.join(a.docs, "docs", "rl-workloads.md")
@@ -937,8 +927,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         with open(rl_doc, encoding="utf-8") as f:
             rl_text = f.read()
-        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-charge-prev", RL_CHARGE_PREV),
-                           ("rl-gs-off", RL_GS_OFF), ("rl-prev-defaults", RL_PREV), ("rl-task-spread", RL_TASK)):
+        for block, sub in (("rl-spread", ""), ("rl-defaults", RL_DEFAULTS), ("rl-gs-off", RL_GS_OFF),
+                           ("rl-prev-defaults", RL_PREV), ("rl-task-spread", RL_TASK),
+                           ("rl-charge", RL_CHARGE)):
             d = os.path.join(a.docs, "docs", "results", sub) if sub else os.path.join(a.docs, "docs", "results")
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"

@@ -3,10 +3,8 @@ package router
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/kvc-router/kvc-router/core/internal/blockhash"
-	"github.com/kvc-router/kvc-router/core/internal/load"
 )
 
 // warmGRPO gives r a history of n one-request sessions (a GRPO step's
@@ -127,11 +125,9 @@ func TestGroupsBounded(t *testing.T) {
 	}
 }
 
-// TestGroupsKeptInKVCAwareMode: the placement counts (a lookup and an
-// update on every decision) exist in kvc_aware mode, whether or not a
-// strategy part reads siblings (charge reads them: a sibling's shared
-// prompt is not charged twice), and not in default mode.
-func TestGroupsKeptInKVCAwareMode(t *testing.T) {
+// TestGroupsKeptOnlyWhenRead: the placement counts (a lookup and an update
+// on every decision) exist only when a strategy part reads siblings.
+func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 	spread := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0.1,"group_spread_min_ratio":0}`)}
 	off := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0,"task_spread":0}`)}
 	defaults := StrategySpec{Name: "kvc_aware", Weight: 1, Params: []byte(`{}`)}
@@ -145,7 +141,7 @@ func TestGroupsKeptInKVCAwareMode(t *testing.T) {
 		{"kvc_aware at its defaults (task_spread 0.1)", Config{Mode: ModeKVCAware}, true},
 		{"kvc_aware's defaults spelled out", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{defaults}}, true},
 		{"task_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{task}}, true},
-		{"group_spread and task_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, true},
+		{"group_spread and task_spread 0", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{off}}, false},
 		{"group_spread 0.1", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{spread}}, true},
 		{"one of two parts reads them", Config{Mode: ModeKVCAware, Strategies: []StrategySpec{least, spread}}, true},
 		{"default mode", Config{Mode: ModeDefault}, false},
@@ -199,67 +195,4 @@ func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestChargeSharedPromptOnce: a server's in-flight tokens (kvc_aware's token
-// load) count a prompt its placed siblings share once, so a burst of GRPO
-// groups on servers with small KV caches keeps every group whole (charging
-// each sibling its whole prompt split almost every group in two: make
-// demo's step); a cached prefix with no sibling placed (a later turn's own
-// history) is charged in full, since the request holds it while it runs.
-func TestChargeSharedPromptOnce(t *testing.T) {
-	servers := []string{"s0", "s1", "s2", "s3"}
-	for _, blocks := range []int{3072, 30000} {
-		t.Run(fmt.Sprint(blocks, " blocks"), func(t *testing.T) {
-			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle}, servers...)
-			for _, s := range servers {
-				r.UpdateMetrics(s, load.Metrics{BlockSize: 16, NumGPUBlocks: blocks, MaxNumSeqs: 64, At: time.Now()})
-			}
-			want := map[string]int64{}
-			for g := 0; g < 128; g++ {
-				p := prompt(512+(g*397)%1024, int32(10000*g))
-				seen := map[string]int{}
-				for i := 0; i < 8; i++ {
-					seen[acq(t, r, fmt.Sprintf("g%d-%d", g, i), p...)]++
-				}
-				if len(seen) != 1 {
-					t.Fatalf("group %d split over %v", g, seen)
-				}
-				for s := range seen {
-					// the first sample's prompt, then each sibling's
-					// uncached tail (vLLM recomputes the last token's block)
-					full := len(p) / 16 * 16
-					if full == len(p) {
-						full -= 16
-					}
-					want[s] += int64(len(p) + 7*(len(p)-full))
-				}
-			}
-			lo, hi := int64(1<<62), int64(0)
-			for _, s := range servers {
-				sn, _ := r.ld.Get(s)
-				if sn.InflightTokens != want[s] {
-					t.Fatalf("%s: %d tokens in flight, want %d", s, sn.InflightTokens, want[s])
-				}
-				lo, hi = min(lo, sn.InflightTokens), max(hi, sn.InflightTokens)
-			}
-			// whole groups still spread the step: token loads within 10%
-			if float64(hi) > 1.1*float64(lo) {
-				t.Fatalf("in-flight tokens from %d to %d", lo, hi)
-			}
-		})
-	}
-	t.Run("a hit without a sibling is charged in full", func(t *testing.T) {
-		r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsMulti}, "s0")
-		first := prompt(1024, 5)
-		s := acq(t, r, "task-0", first...)
-		r.Release(s)
-		// The next turn: the first turn's prompt plus its answer and a tool
-		// result, the first 1,024 tokens cached on s0, no sibling placed.
-		next := append(append([]int32{}, first...), prompt(512, 90000)...)
-		acq(t, r, "task-0", next...)
-		if sn, _ := r.ld.Get("s0"); sn.InflightTokens != int64(len(next)) {
-			t.Fatalf("%d tokens in flight, want the whole prompt %d", sn.InflightTokens, len(next))
-		}
-	})
 }

@@ -319,7 +319,6 @@ func (r *Router) decision(i int, reason string, n int, scored bool) Decision {
 	d := Decision{
 		Server: c.ID, Reason: reason, Load: c.Load,
 		HitBlocks: c.Hit.Tier, HittableBlocks: c.HittableBlocks, BlockSize: r.bsizes[i], Candidates: n,
-		siblings: c.Siblings,
 	}
 	if scored {
 		d.Score = r.scores[i]

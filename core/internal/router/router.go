@@ -73,10 +73,6 @@ type Decision struct {
 	HittableBlocks int                 `json:"hittable_blocks"`
 	BlockSize      int                 `json:"block_size"`
 	Candidates     int                 `json:"candidates"`
-	// siblings is how many requests of this prompt the router placed on
-	// Server this step (its group; 0 when not counted): charge's evidence
-	// that the cached prefix is one a running sibling holds.
-	siblings int
 }
 
 type server struct {
@@ -155,7 +151,7 @@ type Router struct {
 	lens *lenState // response-length learning (lengths.go); nil when off
 
 	// groups counts each prompt's placements per server this step
-	// (groups.go); nil outside kvc_aware mode.
+	// (groups.go); nil unless the strategy reads them (group_spread > 0).
 	groups *simplelru.LRU[uint64, groupPlaced]
 }
 
@@ -220,8 +216,8 @@ func New(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	r.sticky = sticky
-	if kvc {
-		r.groups = newGroups() // group_spread and task_spread read them, charge too
+	if kvc && strategy.ReadsSiblings(strat) {
+		r.groups = newGroups()
 	}
 	return r, nil
 }
@@ -492,23 +488,8 @@ func (r *Router) acquireLocked(req *Request) (Decision, error) {
 
 // charge counts a decided request in flight on its server and in the
 // prompt and predicted-hit counters; r.mu held.
-//
-// The server's in-flight tokens (kvc_aware's token load) grow by the
-// prompt's tokens, less its predicted GPU hit when a sibling (a request of
-// the same prompt) was placed there this step: the engine shares a prefix
-// among the requests running with it instead of holding it once per
-// request. Charging every sibling its whole prompt made a GRPO group look
-// n prompts heavy on a small KV cache, so a burst split almost every group
-// in two (docs/rl-workloads.md, "Token load counts shared prompts once").
-// A hit without a sibling (a later turn's own history, a prompt from an
-// earlier step) is cache the request will hold while it runs: charged in
-// full.
 func (r *Router) charge(req *Request, d *Decision) {
-	tokens := len(req.Tokens)
-	if d.siblings > 0 {
-		tokens = max(0, tokens-d.HitBlocks[index.GPU]*d.BlockSize)
-	}
-	r.ld.Acquire(d.Server, tokens)
+	r.ld.Acquire(d.Server, len(req.Tokens))
 	r.lenTrack(req, d.Server)
 	c := &r.counters
 	c.PromptTokens += uint64(len(req.Tokens))

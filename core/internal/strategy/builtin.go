@@ -68,9 +68,7 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     in-flight prompt tokens over its KV capacity (from its metrics, else
 //     kv_tokens), not capped at 1, so that long prompts over-committing one
 //     server's cache show as load even while its running count is low, and
-//     servers still rank when all are over-committed. A prompt that
-//     siblings placed on the same server share is counted once (the
-//     router's charge): the engine holds the shared prefix once.
+//     servers still rank when all are over-committed.
 //   - Saved-token scale (saved_scale_tokens): the credit is multiplied by
 //     min(1, saved tokens / saved_scale_tokens); a small hit is worth a few
 //     milliseconds of prefill and must not outweigh load.
@@ -144,7 +142,7 @@ type KVCAware struct {
 	// When to change: false only to compare with plain longest-prefix credit.
 	Marginal bool `json:"marginal"`
 	// TokenLoad makes load at least the in-flight prompt tokens over the
-	// server's KV capacity (a prompt its siblings share there counted once).
+	// server's KV capacity.
 	// When to change: false only when prompts are short and alike.
 	TokenLoad bool `json:"token_load"`
 	// KVTokens is the KV capacity, in tokens, of a server whose metrics
@@ -256,6 +254,10 @@ func (k *KVCAware) Name() string { return "kvc_aware" }
 
 // Threshold is the overload bound used for sticky breakout.
 func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
+
+// ReadsSiblings implements SiblingReader: only the group_spread and
+// task_spread terms do.
+func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpread > 0 }
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {

@@ -339,6 +339,15 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 			}
 		})
 	}
+	if !build(t, "kvc_aware", ts).(SiblingReader).ReadsSiblings() {
+		t.Fatal("task_spread 0.1 does not read siblings: the term would be a no-op")
+	}
+	if !build(t, "kvc_aware", `{}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("kvc_aware at its defaults (task_spread 0.1) does not read siblings")
+	}
+	if build(t, "kvc_aware", `{"group_spread":0,"task_spread":0}`).(SiblingReader).ReadsSiblings() {
+		t.Fatal("group_spread and task_spread 0 read siblings")
+	}
 	for _, bad := range []string{`{"task_spread":-0.1}`, `{"task_spread":10.5}`, `{"task_spread":"x"}`,
 		`{"group_spread_min_ratio":-1}`, `{"group_spread_min_ratio":1001}`} {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {

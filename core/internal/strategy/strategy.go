@@ -99,6 +99,20 @@ func EffectiveLoad(s Strategy, c *Candidate) float64 {
 	return c.Load
 }
 
+// SiblingReader is implemented by strategies that may read
+// Candidate.Siblings. The router keeps per-prompt placement counts (a
+// lookup and an update on every decision) only when its strategy reads
+// them.
+type SiblingReader interface {
+	ReadsSiblings() bool
+}
+
+// ReadsSiblings reports whether s reads Candidate.Siblings.
+func ReadsSiblings(s Strategy) bool {
+	m, ok := s.(SiblingReader)
+	return ok && m.ReadsSiblings()
+}
+
 // Factory builds a strategy from its JSON parameters.
 type Factory func(params json.RawMessage) (Strategy, error)
 
@@ -157,6 +171,16 @@ func (w *Weighted) Name() string {
 		names[i] = fmt.Sprintf("%s*%g", p.Name(), w.Weights[i])
 	}
 	return strings.Join(names, "+")
+}
+
+// ReadsSiblings implements SiblingReader: any part reads them.
+func (w *Weighted) ReadsSiblings() bool {
+	for _, p := range w.Parts {
+		if ReadsSiblings(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // EffectiveLoad implements LoadMeasure: the highest load any part measures
