@@ -238,8 +238,11 @@ arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG,
 # all (verl's client sends ~1k requests/s: a 1,024-sequence step arrives in
 # ~1 s of a ~100 s step); ARENA_ARGS=--both-holds adds every router without
 # the hold (twice the time; the published +nohold rows were run alone with
-# ARENA_ARGS=--nohold-only and merged by testbed/scripts/arena_merge.py);
-# seeds 351-355 (never tuned on, never used before). -> build/arena-rl/
+# ARENA_ARGS=--nohold-only and merged by testbed/scripts/arena_merge.py, as
+# were SMG's other policies, Dynamo's +agentic and its router queue (+queue,
+# ARENA_POLICIES=dynamo_kv_router+queue, ~130 s a run: it holds requests
+# while every engine is busy)); seeds 351-355 (never tuned on, never used
+# before). -> build/arena-rl/
 ARENA_RL_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur,agent_task
 ARENA_RL_SEEDS ?= 351,352,353,354,355
 arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl's arrival order (length correlation, recurring prompts, agent tasks) x seeds 351-355 (~45 min)
