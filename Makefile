@@ -224,7 +224,9 @@ $(VENV_PEERS)/.stamp: testbed/scripts/peers_venv.sh
 # without the burst hold, plus verl_default run twice on every seed (the noise
 # floor). ARENA_POLICIES: one row per router RL teams deploy, at launcher
 # defaults (ARENA_POLICIES=all adds SMG's other policies, vllm-router kv_aware's
-# session variant and Dynamo's +agentic/+queue rows, ~1.7x the time).
+# session variant and Dynamo's +agentic row, ~1.7x the time; Dynamo's router
+# queue, +queue, cannot run under the burst hold and is left out: its rows
+# come from ARENA_ARGS=--nohold-only).
 # Measured here: ~70 min for the default set (2 cores, ~15 s a run).
 # arena-full adds mooncake, grpo, agent, agent_open and round_robin.
 ARENA_POLICIES ?= verl_default,kvc_aware,dynamo_kv_router,dynamo_kv_router+ttl,sglang_router_cache_aware,smg_cache_aware,vllm_router_cache_aware,vllm_router_kv_aware,vllm_router_sticky_least_loaded
@@ -239,10 +241,11 @@ arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG,
 # ~1 s of a ~100 s step); ARENA_ARGS=--both-holds adds every router without
 # the hold (twice the time; the published +nohold rows were run alone with
 # ARENA_ARGS=--nohold-only and merged by testbed/scripts/arena_merge.py, as
-# were SMG's other policies, Dynamo's +agentic and its router queue (+queue,
-# ARENA_POLICIES=dynamo_kv_router+queue, ~130 s a run: it holds requests
-# while every engine is busy)); seeds 351-355 (never tuned on, never used
-# before). -> build/arena-rl/
+# were SMG's other policies, Dynamo's +agentic and, without the hold only,
+# its router queue (ARENA_POLICIES=dynamo_kv_router+queue
+# ARENA_ARGS=--nohold-only: Dynamo's queue waits for engines to report
+# progress, which held engines never do)); seeds 351-355 (never tuned on,
+# never used before). -> build/arena-rl/
 ARENA_RL_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur,agent_task
 ARENA_RL_SEEDS ?= 351,352,353,354,355
 arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl's arrival order (length correlation, recurring prompts, agent tasks) x seeds 351-355 (~45 min)
@@ -265,7 +268,7 @@ arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for st
 # kvbench's grid and objective), then runs each peer whose chosen point is
 # not its default on the reported seeds. `make render` merges the rows into
 # the arena tables. ARENA_TUNE_PEERS: the tunable peers of ARENA_POLICIES
-# (=all adds Dynamo's +agentic and +queue rows).
+# (=all adds Dynamo's +agentic row; its +queue row only without the hold).
 ARENA_TUNE_PEERS ?= sglang_router_cache_aware,smg_cache_aware,vllm_router_cache_aware,dynamo_kv_router,dynamo_kv_router+ttl
 arena-tuned: venv build $(PYLIB) peers-venv ## tuned peer rows for the arena (tuned on seeds 101-102, run on the reported seeds; ~15 min)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --tune-peers $(ARENA_TUNE_PEERS) --out build/arena-tuned $(ARENA_ARGS)

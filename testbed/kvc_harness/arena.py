@@ -105,6 +105,12 @@ DYNAMO_VARIANTS: Dict[str, Dict[str, Any]] = {
 # x-session-id, vllm-router's session key, and x-smg-routing-key,
 # sglang-router's; sglang-router 0.3.2's cache_aware reads neither).
 SESSION_TTL_S = 600
+# Routers that hold requests themselves until the engines report progress
+# (Dynamo's router queue waits for prefills to complete). Held engines report
+# none, so under the burst hold such a router and the hold wait for each
+# other until the hold's deadline (HOLD_TIMEOUT_S): their rows are run
+# without the hold only (arena.py refuses otherwise).
+ROUTER_QUEUES = ("dynamo_kv_router+queue",)
 # Tuned peer rows (`make arena-tuned`): each tunable peer's main knobs, four
 # points, the first its launcher default; the same points kvbench tunes its
 # re-implementations over (cmd/kvbench/heldout.go). A variant "NAME@tuned"
@@ -1067,6 +1073,7 @@ class Runner:
         self.ordered = ordered
         self.hold = hold
         self.holds: List[float] = []  # wall seconds each burst was held
+        self.hold_timeouts = 0  # bursts the engines never held whole (the hold's deadline freed them)
         # Simulated seconds the latest job was submitted after its scheduled
         # arrival (the client's pacing fell behind the workload's schedule).
         self.late_s = 0.0
@@ -1144,6 +1151,7 @@ class Runner:
         meanwhile is a request that failed before reaching an engine: it is
         not waited for."""
         deadline = time.time() + HOLD_TIMEOUT_S - 5.0
+        timed_out = True
         while time.time() < deadline:
             queued = 0
             for s in self.servers:
@@ -1153,8 +1161,13 @@ class Runner:
             with self._lock:
                 failed = len(self.records) - self._records_at_hold
             if queued >= expect - failed:
+                timed_out = False
                 break
             time.sleep(0.02)
+        if timed_out:
+            # The engines never held the whole burst (a router kept some):
+            # the step then starts when the hold's deadline frees them.
+            self.hold_timeouts += 1
         held = 0.0
         for s in self.servers:
             status, body = http_request(s.url + "/sim/release", "POST", timeout=10.0)
@@ -1394,6 +1407,8 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     res["details"]["pacing_fell_behind"] = runner.late_s > PACING_SLACK_S
     res["details"]["step_busy_s"] = busy
     res["details"]["burst_hold_wall_s"] = runner.holds
+    if runner.hold_timeouts:
+        res["details"]["burst_hold_timeouts"] = runner.hold_timeouts
     res["details"]["fleet"] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks}
     if router_config_used is not None:
         res["details"]["router_config"] = router_config_used

@@ -16,6 +16,7 @@ try:
         DEFAULT_WORKLOADS,
         FROZEN_DEFAULT,
         POLICIES,
+        ROUTER_QUEUES,
         TUNE_GRID,
         ArenaConfig,
         format_table,
@@ -86,9 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown workloads {unknown}; known: {sorted(specs)}")
     policies = [p for p in a.policies.split(",") if p]
+    held = a.hold and not a.nohold_only
+    if held and a.policies == ",".join(POLICIES):
+        # "all" under the hold: a router queue's rows cannot be held (ROUTER_QUEUES)
+        policies = [p for p in policies if p not in ROUTER_QUEUES]
+        print(f"arena: {', '.join(ROUTER_QUEUES)} left out of 'all' under the burst hold (run it with "
+              "--nohold-only)", file=sys.stderr)
     bad = [p for p in policies + ([a.repeat] if a.repeat else []) if p not in POLICIES]
     if bad:
         ap.error(f"unknown policies {bad}; known: {list(POLICIES)}")
+    if held and a.tune_peers == "all":
+        a.tune_peers = ",".join(p for p in TUNE_GRID if p not in ROUTER_QUEUES)
+    tuned = [p for p in a.tune_peers.split(",") if p]
+    queued = sorted({p for p in policies + tuned if p.partition("@")[0] in ROUTER_QUEUES})
+    if queued and held:
+        ap.error(f"{', '.join(queued)} hold requests in the router until the engines report progress, which "
+                 "engines under the burst hold never do (the two would wait for each other until the hold's "
+                 "deadline): run these rows with --nohold-only (or --no-hold)")
     why = peers_available()
     if why and any(p.startswith(("sglang", "vllm", "smg", "dynamo")) for p in policies):
         print(f"arena: real peers unavailable: {why}", file=sys.stderr)

@@ -455,6 +455,36 @@ def test_nohold_only_runs_only_the_rows_without_the_hold(tmp_path):
     assert bad.returncode == 2 and "--nohold-only with --no-hold" in bad.stderr, bad.stderr[-500:]
 
 
+def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
+    """Dynamo's router queue waits for engines to report progress, which held
+    engines never do: arena.py refuses its held rows (plain, tuned, --both-holds)
+    before starting anything, and accepts them with --nohold-only."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
+    base = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--seeds", "1",
+            "--workloads", "grpo_sat", "--out", str(tmp_path / "x")]
+    for extra in (["--policies", "verl_default,dynamo_kv_router+queue"],
+                  ["--policies", "dynamo_kv_router+queue", "--both-holds"],
+                  ["--policies", "verl_default", "--tune-peers", "dynamo_kv_router+queue", "--tune-seeds", "2"]):
+        r = subprocess.run(base + extra, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "dynamo_kv_router+queue hold requests in the router" in r.stderr, (
+            extra, r.stderr[-500:])
+        assert "--nohold-only" in r.stderr
+    # "all" under the hold leaves the router queue out (and says so) instead of refusing.
+    missing = str(tmp_path / "no-such-frozen.json")
+    for extra in (["--policies", "all"], ["--policies", "verl_default", "--tune-peers", "all", "--tune-seeds", "2"]):
+        r = subprocess.run(base + extra + ["--kvc-frozen", missing], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert "hold requests in the router" not in r.stderr, (extra, r.stderr[-500:])
+        if extra[1] == "all":
+            assert "dynamo_kv_router+queue left out of 'all' under the burst hold" in r.stderr
+    # Accepted without the hold: it gets past the refusal to what follows it
+    # (the peers' venv, then kvc_aware's frozen file, missing on purpose).
+    ok = subprocess.run(base + ["--policies", "dynamo_kv_router+queue", "--nohold-only", "--kvc-frozen", missing],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode != 0 and "hold requests in the router" not in ok.stderr
+    assert "no-such-frozen.json" in ok.stderr or "real peers unavailable" in ok.stderr, ok.stderr[-500:]
+
+
 def _grpo_step(out, hogs: int = 0) -> dict:
     """One full-size grpo_sat step (1,024 sequences, seed 1) for verl_default
     and kvc_aware, with ``hogs`` busy-loop processes holding CPUs meanwhile."""
