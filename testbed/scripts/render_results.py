@@ -174,6 +174,19 @@ def arena_verdicts(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str],
 # seed; "shorter"/"longer" (or "higher"/"lower") only where the 95% interval
 # of the mean ratio (Student's t) excludes 1, else a tie.
 PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), ("hit", "hit rate", False))
+# Routers that queue requests themselves (kvc_harness.arena.ROUTER_QUEUES):
+# the arena's TTFT starts at an engine's arrival, so their rows' TTFT leaves
+# out the wait in the router's queue, where every other router's requests
+# wait inside the engines. Their TTFT is shown, marked, and never compared.
+ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue",)
+TTFT_NOT_COMPARED = ("† TTFT starts when a request reaches an engine; a router queue's rows (marked †) leave out "
+                     "the wait in that queue, where every other router's requests wait inside the engines, so "
+                     "their TTFT is not compared with any other row")
+
+
+def queues_in_router(p: str) -> bool:
+    base = p.partition("@")[0]
+    return (base[: -len(NOHOLD)] if base.endswith(NOHOLD) else base) in ROUTER_QUEUE_ROWS
 
 
 def paired(per_seed: Dict[Tuple[str, int], Dict[str, float]], a: str, b: str, m: str) -> Optional[MeanCI]:
@@ -203,6 +216,8 @@ def rule_lines(per_seed: Dict[Tuple[str, int], Dict[str, float]], policies: Sequ
             if p == ours:
                 continue
             for m, label, lower in PAIRED_METRICS:
+                if m.startswith("ttft") and queues_in_router(p):
+                    continue
                 ci = paired(per_seed, ours, p, m)
                 if ci is None:
                     continue
@@ -218,7 +233,7 @@ def rule_lines(per_seed: Dict[Tuple[str, int], Dict[str, float]], policies: Sequ
     for m, label, lower in PAIRED_METRICS[1:]:
         better, worse = [], []
         for p in policies:
-            if p in (base, ours):
+            if p in (base, ours) or (m.startswith("ttft") and queues_in_router(p)):
                 continue
             ci = paired(per_seed, p, base, m)
             if ci is None:
@@ -539,9 +554,12 @@ def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_sou
             ratio = ratios[p].fmt(3) if p in ratios and p != "verl_default" else "1"
             if p == "verl_default" + NOHOLD and p in ratios:
                 ratio += " (÷ verl_default: the hold's effect)"
-            name = display_name(p, w, doc)
+            name = display_name(p, w, doc) + (" †" if queues_in_router(p) else "")
             out.append(f"| {name} | {cells[0]} | {ratio} | " + " | ".join(cells[1:]) + f" | {sum(errors[(w, p)])} |")
         out.append("")
+        if any(queues_in_router(p) for p in ps):
+            out.append(TTFT_NOT_COMPARED + ".")
+            out.append("")
         out.append(f"Paired by seed on {w} (ratios' 95% intervals; \"shorter\"/\"longer\", wins and losses only "
                    "where the interval excludes 1):")
         out += paired_lines(w, ratios)
@@ -766,10 +784,11 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
         k, b = stats[(w, ours)], stats[(w, best_peer)]
         ratio = paired_ratios(arena["runs"], w).get(ours)
         label = f"{w} (no burst hold)" if suffix else w
+        dagger = " †" if queues_in_router(best_peer) else ""
         out.append(f"| {label} | {base} | {k[key].fmt(1)} | {ratio.fmt(3) if ratio else 'n/a'} | "
                    f"{best_peer} {b[key].fmt(1)} | "
                    f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
-                   f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)} | "
+                   f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)}{dagger} | "
                    f"{verdict_cell} |")
     losses = []
     for w in workloads:
@@ -792,6 +811,8 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
     notes = [ln.replace("- routing", f"- {w}: routing", 1).replace("- not comparable", f"- {w}: not comparable", 1)
              for w in workloads if w in shown
              for ln in overhead_lines(arena["runs"], w, speed) + slow_client_lines(arena["runs"], w)]
+    if any(queues_in_router(p) for ps in policies.values() for p in ps):
+        notes.append("- " + TTFT_NOT_COMPARED)
     if notes:
         out += ["", "Caveat, from the same JSON:", *notes]
     return "\n".join(out)

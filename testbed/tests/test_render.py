@@ -488,3 +488,22 @@ def test_demo_on_other_seeds_renders_paired_ratios(tmp_path):
     assert "old" not in text and "seeds 1, 2, 3" in text
     assert "| 2 | 102.0 | 0.920 | 0.970 | 74.0% / 86.0% / 84.0% |" in text
     assert "| mean ± 95% CI | | 0.910 ± 0.025 (shorter) | 1.010 ± 0.090 (tie) | |" in text
+
+
+def test_router_queue_rows_ttft_is_marked_and_never_compared(tmp_path):
+    """A router queue's rows (Dynamo's +queue) have a TTFT that leaves out the
+    wait in the router's queue: their row and the headline cell are marked †,
+    the note says why, and no TTFT win or loss is counted against them (their
+    step time still is)."""
+    runs = []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        for p, mk, ttft in (("verl_default", 60, 80.0), ("kvc_aware", 59, 81.0), ("dynamo_kv_router+queue", 70, 5.0)):
+            r = _arena_run("grpo_rho0", p, seed, mk + j, 0.6)
+            r["row"]["ttft_p99_s"] = ttft + j
+            runs.append(r)
+    _docs(tmp_path)
+    text = _render_arena(tmp_path, runs)
+    assert "| dynamo_kv_router+queue † |" in text
+    assert "leave out the wait in that queue" in text
+    assert "TTFT p99 vs dynamo_kv_router+queue" not in text
+    assert "step time vs dynamo_kv_router+queue" in text  # its step time is still compared (kvc_aware wins it)
