@@ -258,7 +258,7 @@ arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl
 # merges the rows into the arena-rl tables. Dynamo's +queue row is left out
 # of the default set (130 s a run: ARENA_RL_TUNE_PEERS adds it).
 ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
-arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~75 min)
+arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~95 min measured on a busy 2-core host)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers $(ARENA_RL_TUNE_PEERS) --tune-objective step --out build/arena-rl-tuned $(ARENA_ARGS)
 
 # `make arena-tuned`: the tuned peer rows. Tunes the cache_aware balance
