@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown workloads {unknown}; known: {sorted(specs)}")
     policies = [p for p in a.policies.split(",") if p]
     held = a.hold and not a.nohold_only
-    if held and a.policies == ",".join(POLICIES):
-        # "all" under the hold: a router queue's rows cannot be held (ROUTER_QUEUES)
+    if held and a.policies in (",".join(POLICIES), ",".join(DEFAULT_POLICIES)):
+        # "all" or the default set under the hold: a router queue's rows cannot be held (ROUTER_QUEUES)
         policies = [p for p in policies if p not in ROUTER_QUEUES]
-        print(f"arena: {', '.join(ROUTER_QUEUES)} left out of 'all' under the burst hold (run it with "
+        print(f"arena: {', '.join(ROUTER_QUEUES)} left out of the policy set under the burst hold (run it with "
               "--nohold-only)", file=sys.stderr)
     bad = [p for p in policies + ([a.repeat] if a.repeat else []) if p not in POLICIES]
     if bad:

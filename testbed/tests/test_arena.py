@@ -469,14 +469,15 @@ def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
         assert r.returncode == 2 and "dynamo_kv_router+queue hold requests in the router" in r.stderr, (
             extra, r.stderr[-500:])
         assert "--nohold-only" in r.stderr
-    # "all" under the hold leaves the router queue out (and says so) instead of refusing.
+    # "all" or the default set under the hold leaves the router queue out (and says so) instead of refusing.
     missing = str(tmp_path / "no-such-frozen.json")
-    for extra in (["--policies", "all"], ["--policies", "verl_default", "--tune-peers", "all", "--tune-seeds", "2"]):
+    for extra in (["--policies", "all"], [], ["--tune-peers", "dynamo_kv_router", "--tune-seeds", "2"],
+                  ["--policies", "verl_default", "--tune-peers", "all", "--tune-seeds", "2"]):
         r = subprocess.run(base + extra + ["--kvc-frozen", missing], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=120)
         assert "hold requests in the router" not in r.stderr, (extra, r.stderr[-500:])
-        if extra[1] == "all":
-            assert "dynamo_kv_router+queue left out of 'all' under the burst hold" in r.stderr
+        if "--policies" not in extra or extra[1] == "all":
+            assert "dynamo_kv_router+queue left out of the policy set under the burst hold" in r.stderr, extra
     # Accepted without the hold: it gets past the refusal to what follows it
     # (the peers' venv, then kvc_aware's frozen file, missing on purpose).
     ok = subprocess.run(base + ["--policies", "dynamo_kv_router+queue", "--nohold-only", "--kvc-frozen", missing],
