@@ -255,8 +255,8 @@ arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl
 # preset included, tuned for step time alone (as `make kvbench-rl-tuned`) per
 # RL workload on seeds 101-102, then run on ARENA_RL_SEEDS where the chosen
 # point is not the launcher default -> build/arena-rl-tuned; `make render`
-# merges the rows into the arena-rl tables. Dynamo's +queue row is left out
-# of the default set (130 s a run: ARENA_RL_TUNE_PEERS adds it).
+# merges the rows into the arena-rl tables. Dynamo's router queue (+queue)
+# is not tuned here: it cannot run under the burst hold (arena.py refuses).
 ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
 arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~95 min measured on a busy 2-core host)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers $(ARENA_RL_TUNE_PEERS) --tune-objective step --out build/arena-rl-tuned $(ARENA_ARGS)

@@ -1151,7 +1151,6 @@ class Runner:
         meanwhile is a request that failed before reaching an engine: it is
         not waited for."""
         deadline = time.time() + HOLD_TIMEOUT_S - 5.0
-        timed_out = True
         while time.time() < deadline:
             queued = 0
             for s in self.servers:
@@ -1161,10 +1160,9 @@ class Runner:
             with self._lock:
                 failed = len(self.records) - self._records_at_hold
             if queued >= expect - failed:
-                timed_out = False
                 break
             time.sleep(0.02)
-        if timed_out:
+        else:
             # The engines never held the whole burst (a router kept some):
             # the step then starts when the hold's deadline frees them.
             self.hold_timeouts += 1

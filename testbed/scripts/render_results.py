@@ -174,7 +174,8 @@ def arena_verdicts(w: str, policies: Sequence[str], stats: Dict[Tuple[str, str],
 # seed; "shorter"/"longer" (or "higher"/"lower") only where the 95% interval
 # of the mean ratio (Student's t) excludes 1, else a tie.
 PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), ("hit", "hit rate", False))
-# Routers that queue requests themselves (kvc_harness.arena.ROUTER_QUEUES):
+# Routers that queue requests themselves: kvc_harness.arena.ROUTER_QUEUES,
+# copied so the renderer needs no harness import (test_harness checks equal):
 # the arena's TTFT starts at an engine's arrival, so their rows' TTFT leaves
 # out the wait in the router's queue, where every other router's requests
 # wait inside the engines. Their TTFT is shown, marked, and never compared.

@@ -391,3 +391,20 @@ def test_tune_peers_objectives_pick_by_their_own_rule(monkeypatch):
     assert len(step["points"]) == len(both["points"]) == 2 * len(grid)
     with pytest.raises(ValueError, match="tuning objective 'ttft'"):
         arena.tune_peers([spec], ["sglang_router_cache_aware"], [101], cfg, objective="ttft")
+
+
+def test_renderer_knows_the_arena_router_queues():
+    """render_results.py keeps its own copy of the arena's router-queue rows
+    (it imports no harness module that needs the library); the two agree."""
+    import importlib.util
+
+    from kvc_harness.arena import ROUTER_QUEUES
+
+    path = os.path.join(REPO, "testbed", "scripts", "render_results.py")
+    spec = importlib.util.spec_from_file_location("render_results_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert tuple(mod.ROUTER_QUEUE_ROWS) == tuple(ROUTER_QUEUES)
+    assert mod.queues_in_router("dynamo_kv_router+queue+nohold")
+    assert mod.queues_in_router("dynamo_kv_router+queue@tuned")
+    assert not mod.queues_in_router("dynamo_kv_router+ttl+nohold")
