@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-rl kvbench-rl-tuned docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl kvbench-rl-tuned docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -256,10 +256,15 @@ arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl
 # RL workload on seeds 101-102, then run on ARENA_RL_SEEDS where the chosen
 # point is not the launcher default -> build/arena-rl-tuned; `make render`
 # merges the rows into the arena-rl tables. Dynamo's router queue (+queue)
-# is not tuned here: it cannot run under the burst hold (arena.py refuses).
+# is not tuned here: it cannot run under the burst hold (arena.py refuses);
+# `make arena-rl-queue-tuned` tunes it without the hold (grid and reported
+# rows both against verl_default+nohold) -> build/arena-rl-queue-tuned.
 ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
 arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~95 min measured on a busy 2-core host)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers $(ARENA_RL_TUNE_PEERS) --tune-objective step --out build/arena-rl-tuned $(ARENA_ARGS)
+
+arena-rl-queue-tuned: venv build $(PYLIB) peers-venv ## Dynamo's router queue tuned for step time without the burst hold on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS
+	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers dynamo_kv_router+queue --tune-objective step --nohold-only --out build/arena-rl-queue-tuned $(ARENA_ARGS)
 
 # `make arena-tuned`: the tuned peer rows. Tunes the cache_aware balance
 # thresholds of sglang-router, SMG and vllm-router, and Dynamo's own
@@ -320,6 +325,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -f build/arena-tuned/arena-details.json ]; then cp build/arena-tuned/arena-details.json docs/results/arena-tuned-details.json; fi
 	@if [ -f build/arena-rl/arena-details.json ]; then cp build/arena-rl/arena-details.json docs/results/arena-rl-details.json; fi
 	@if [ -f build/arena-rl-tuned/arena-details.json ]; then cp build/arena-rl-tuned/arena-details.json docs/results/arena-rl-tuned-details.json; fi
+	@if [ -f build/arena-rl-queue-tuned/arena-details.json ]; then cp build/arena-rl-queue-tuned/arena-details.json docs/results/arena-rl-queue-tuned-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

@@ -1354,6 +1354,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         steps = build_steps(spec, seed)
         reported = {st.name for st in steps[spec.report_from_step:]}
         jobs_run = 0
+        load0 = os.getloadavg()[0]
         for step in steps:
             jobs_run += len(step.jobs)
             b0 = busy_times(servers)
@@ -1363,6 +1364,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
                 reset_prefix_caches(urls)
                 route.reset()
         after = scrape_all(urls)
+        host_load = [load0, os.getloadavg()[0]]
         timings = [t for t in engine_timings(servers) if (t["server"], t["engine"], t["id"]) not in settled]
         if isinstance(route, DynamoRoute):
             route.read_stats()  # before the probes: the run's requests only
@@ -1405,6 +1407,10 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     res["details"]["pacing_fell_behind"] = runner.late_s > PACING_SLACK_S
     res["details"]["step_busy_s"] = busy
     res["details"]["burst_hold_wall_s"] = runner.holds
+    # The host's 1-minute load average before and after the steps: rows
+    # whose router paces the engines from its own process (Dynamo's queue)
+    # leave engines idle, on the engine clock too, when the host is busy.
+    res["details"]["host_load_1m"] = host_load
     if runner.hold_timeouts:
         res["details"]["burst_hold_timeouts"] = runner.hold_timeouts
     res["details"]["fleet"] = {"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks}
@@ -1641,7 +1647,8 @@ def tune_peers(specs: Sequence[WorkloadSpec], peers: Sequence[str], seeds: Seque
                     objs.append(step if objective == "step" else (step + p99) / 2)
                     points.append({"workload": spec.name, "policy": peer, "params": params, "seed": seed,
                                    "step_ratio": step, "ttft_p99_ratio": p99, "errors": r["row"]["errors"],
-                                   "router_args": r["details"].get("router_args")})
+                                   "router_args": r["details"].get("router_args"),
+                                   "burst_holds": len(r["details"].get("burst_hold_wall_s") or [])})
                 obj = sum(objs) / len(objs)
                 log(f"  tune {spec.name:<11} {peer:<26} {params} objective {obj:.3f}")
                 if best is None or obj < best[0]:

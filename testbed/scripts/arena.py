@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 try:
     from kvc_harness.arena import (
@@ -130,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         if set(tune_seeds) & set(seeds):
             ap.error(f"seeds {sorted(set(tune_seeds) & set(seeds))} are both tuning and reported seeds")
         cfg.bound_workloads, cfg.repeat_policy = (), ""
-        tuning = tune_peers([specs[w] for w in names], peers, tune_seeds, cfg, objective=a.tune_objective)
+        # --nohold-only: the grid is tuned without the hold too (against
+        # verl_default without it), as its reported rows are run.
+        tune_cfg = replace(cfg, hold=False, both_holds=False, nohold_only=False) if a.nohold_only else cfg
+        tuning = tune_peers([specs[w] for w in names], peers, tune_seeds, tune_cfg, objective=a.tune_objective)
+        tuning["hold"] = tune_cfg.hold
         results = []
         for w in names:
             variants = []

@@ -35,7 +35,7 @@ import math
 import os
 import re
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 try:
     from kvc_harness.stats import MeanCI, mean_ci, verdict
@@ -414,6 +414,27 @@ def slow_client_lines(runs: List[dict], w: str) -> List[str]:
             "(docs/arena.md, \"Agent steps and slow routers\", measures by how much)"]
 
 
+def queue_steps_not_comparable(runs: List[dict], w: str) -> List[str]:
+    """A router queue's rows on an agent workload (not grpo, whose step is
+    the fleet's span and includes any wait before an engine): the step sums
+    each trajectory's engine latencies, which leave out the turns' wait in
+    the router's queue, so it is not compared on the engine clock."""
+    if w.startswith("grpo"):
+        return []
+    return sorted({r["row"]["policy"] for r in runs if r["row"]["workload"] == w
+                   and is_policy(r["row"]["policy"]) and queues_in_router(r["row"]["policy"])})
+
+
+def queue_step_lines(runs: List[dict], w: str) -> List[str]:
+    rows = queue_steps_not_comparable(runs, w)
+    if not rows:
+        return []
+    return [f"- not comparable on the engine clock: {', '.join(rows)} (†): an agent step sums each trajectory's "
+            "engine latencies, which start when a turn reaches an engine and so leave out the turns' wait in the "
+            "router's queue (every other router's turns wait inside the engines, where it counts); the client "
+            "makespan column includes it"]
+
+
 # docs/results/agent-turn-gap/: the experiment behind SLOW_CLIENT_RATIO, in
 # the order its table lists it (file stem, what ran).
 TURN_GAP_FILES = (("gap-0", "no extra wait"), ("gap-5", "+5 s before every later turn"),
@@ -480,12 +501,52 @@ def merge_tuned(doc: dict, tuned: Optional[dict]) -> dict:
         return doc
     runs = list(doc["runs"])
     for r in tuned["runs"]:
-        base = r["row"]["policy"].partition("@")[0]
+        base = untuned(r["row"]["policy"])
         # After the base policy's first run: tables list policies in the order they first appear.
         at = min((i for i, x in enumerate(runs) if x["row"]["workload"] == r["row"]["workload"]
-                  and x["row"]["policy"].partition("@")[0] == base), default=len(runs) - 1)
+                  and untuned(x["row"]["policy"]) == base), default=len(runs) - 1)
         runs.insert(at + 1, r)
     return dict(doc, runs=runs, tuning=tuned.get("tuning"), tuned_config=tuned.get("config"))
+
+
+def untuned(p: str) -> str:
+    """The row a tuned row belongs beside: "PEER@tuned" -> "PEER",
+    "PEER@tuned+nohold" -> "PEER+nohold"."""
+    name, _, tag = p.partition("@")
+    return name + (NOHOLD if tag.endswith(NOHOLD) else "")
+
+
+def combine_tuned(parts: Sequence[dict]) -> Optional[dict]:
+    """Several tuned runs of one arena file as one (`make arena-rl-tuned`
+    and `make arena-rl-queue-tuned`, whose router queue is tuned without
+    the hold): runs concatenated, tuning records merged. They must share
+    tuning seeds and objective (one rule for every tuned row); a peer tuned
+    without the hold is listed under "nohold_peers"."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0].get("tuning") or {}
+    tuning: Dict[str, Any] = {"tune_seeds": first.get("tune_seeds"), "objective": first.get("objective"),
+                              "grid": {}, "points": [], "chosen": {}, "nohold_peers": []}
+    runs: List[dict] = []
+    for part in parts:
+        t = part.get("tuning") or {}
+        for k in ("tune_seeds", "objective"):
+            if t.get(k) != tuning[k]:
+                raise ValueError(f"tuned runs differ in {k}: {t.get(k)!r} vs {tuning[k]!r}; one rule for every "
+                                 "tuned row")
+        clash = sorted(set(t.get("chosen") or {}) & set(tuning["chosen"]))
+        if clash:
+            raise ValueError(f"peers tuned in two files: {clash}")
+        tuning["grid"].update(t.get("grid") or {})
+        tuning["chosen"].update(t.get("chosen") or {})
+        tuning["points"] += t.get("points") or []
+        if t.get("hold") is False:
+            tuning["nohold_peers"] += sorted(t.get("chosen") or {})
+        runs += part["runs"]
+    return dict(parts[0], runs=runs, tuning=tuning)
 
 
 def display_name(p: str, w: str, doc: dict) -> str:
@@ -494,10 +555,12 @@ def display_name(p: str, w: str, doc: dict) -> str:
     if p.endswith(REPEAT_SUFFIX):
         return f"{p[: -len(REPEAT_SUFFIX)]}, second run (noise floor)"
     base, _, tag = p.partition("@")
-    if tag == "tuned":
+    if tag in ("tuned", "tuned" + NOHOLD):
         params = ((doc.get("tuning") or {}).get("chosen") or {}).get(base, {}).get(w, {})
-        knobs = ", ".join(f"{k} {v}" if isinstance(v, bool) else f"{k} {v:g}" for k, v in sorted(params.items()))
-        return f"{base} (tuned: {knobs})" if knobs else f"{base} (tuned)"
+        knobs = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else f"{k} {v}"
+                          for k, v in sorted(params.items()))
+        hold = ", no burst hold" if tag.endswith(NOHOLD) else ""
+        return f"{base} (tuned: {knobs}{hold})" if knobs else f"{base} (tuned{hold})"
     return p
 
 
@@ -509,10 +572,12 @@ def tuning_lines(doc: dict, w: str) -> List[str]:
     for peer, per_w in sorted(t["chosen"].items()):
         if w not in per_w:
             continue
+        name = peer + (" (tuned without the hold, against verl_default+nohold)"
+                       if peer in (t.get("nohold_peers") or []) else "")
         if per_w[w] == t["grid"][peer][0]:
-            kept.append(peer)
+            kept.append(name)
         else:
-            moved.append(peer)
+            moved.append(name)
     seeds = ", ".join(map(str, t["tune_seeds"]))
     out = []
     if moved:
@@ -575,6 +640,7 @@ def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_sou
         out += pacing_lines(runs, w)
         out += overhead_lines(runs, w, float(cfg.get("speed") or 1.0))
         out += slow_client_lines(runs, w)
+        out += queue_step_lines(runs, w)
         out += precision_line(w, ps, stats)
         out += noise_lines(doc, w)
         out += tuning_lines(doc, w)
@@ -791,27 +857,39 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
                    f"{k['hit_rate'].fmt(3)} / {b['hit_rate'].fmt(3)} | "
                    f"{k['ttft_p99_s'].fmt(3)} / {b['ttft_p99_s'].fmt(3)}{dagger} | "
                    f"{verdict_cell} |")
-    losses = []
-    for w in workloads:
-        if w not in shown or "kvc_aware" not in policies[w]:
-            continue
-        per_seed = arena_per_seed(arena["runs"], w)
-        slow = slow_clients(arena["runs"], w)
-        lost = []
-        for p in policies[w]:
-            if not is_policy(p) or p.endswith(NOHOLD) or p in ("kvc_aware", "round_robin"):
+    for suffix in ("", NOHOLD):
+        losses = []
+        ours = "kvc_aware" + suffix
+        for w in workloads:
+            if w not in shown or ours not in policies[w]:
                 continue
-            vs = paired(per_seed, "kvc_aware", p, "step")
-            if vs is not None and _clear(vs) == 1:
-                lost.append(f"{p} {vs.fmt(3)}" + (f" (not comparable: its clients' time outside the engines "
-                                                  f"{slow[p].fmt(2)} × verl_default's)" if p in slow else ""))
-        losses.append(f"{w}: {', '.join(lost) if lost else 'none'}")
-    out += ["", "kvc_aware's step-time losses (kvc_aware ÷ the router, paired by seed, interval above 1; with the "
-            "hold): " + "; ".join(losses) + "."]
+            per_seed = arena_per_seed(arena["runs"], w)
+            slow = slow_clients(arena["runs"], w)
+            queued = queue_steps_not_comparable(arena["runs"], w)
+            lost = []
+            for p in policies[w]:
+                if not is_policy(p) or p.endswith(NOHOLD) != bool(suffix) or p in (ours, "round_robin" + suffix):
+                    continue
+                vs = paired(per_seed, ours, p, "step")
+                if vs is not None and _clear(vs) == 1:
+                    why = ""
+                    if p in slow:
+                        why = (f" (not comparable: its clients' time outside the engines {slow[p].fmt(2)} × "
+                               "verl_default's)")
+                    elif p in queued:
+                        why = " (not comparable: its step leaves out the wait in the router's queue)"
+                    lost.append(f"{p} {vs.fmt(3)}{why}")
+            losses.append(f"{w}: {', '.join(lost) if lost else 'none'}")
+        if not losses:
+            continue
+        out += ["", "kvc_aware's step-time losses (kvc_aware ÷ the router, paired by seed, interval above 1; "
+                + ("without the hold, kvc_aware+nohold ÷ each +nohold row" if suffix else "with the hold")
+                + "): " + "; ".join(losses) + "."]
     speed = float((arena.get("config") or {}).get("speed") or 1.0)
     notes = [ln.replace("- routing", f"- {w}: routing", 1).replace("- not comparable", f"- {w}: not comparable", 1)
              for w in workloads if w in shown
-             for ln in overhead_lines(arena["runs"], w, speed) + slow_client_lines(arena["runs"], w)]
+             for ln in overhead_lines(arena["runs"], w, speed) + slow_client_lines(arena["runs"], w)
+             + queue_step_lines(arena["runs"], w)]
     if any(queues_in_router(p) for ps in policies.values() for p in ps):
         notes.append("- " + TTFT_NOT_COMPARED)
     if notes:
@@ -916,14 +994,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         rrel = os.path.relpath(rl_arena, REPO)
         # `make arena-rl-tuned`'s rows: each tunable peer at its best grid
         # point for step time on these workloads, merged like arena-tuned's.
-        rl_tuned, rl_trel = None, ""
-        rl_tuned_path = os.path.join(os.path.dirname(rl_arena), "arena-rl-tuned-details.json")
-        if os.path.isfile(rl_tuned_path):
-            with open(rl_tuned_path, encoding="utf-8") as f:
-                rl_tuned = json.load(f)
-            rl_trel = os.path.relpath(rl_tuned_path, REPO)
+        # `make arena-rl-queue-tuned`'s: Dynamo's router queue, tuned without the hold.
+        tuned_parts, trels, ttargets = [], [], []
+        for name, tgt in (("arena-rl-tuned-details.json", "make arena-rl-tuned"),
+                          ("arena-rl-queue-tuned-details.json", "make arena-rl-queue-tuned")):
+            path = os.path.join(os.path.dirname(rl_arena), name)
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    tuned_parts.append(json.load(f))
+                trels.append(os.path.relpath(path, REPO))
+                ttargets.append(tgt)
+        rl_tuned = combine_tuned(tuned_parts)
+        rl_trel = "`, `".join(trels)
         targets.setdefault(os.path.join(a.docs, "docs", "arena.md"), {})["arena-rl"] = render_arena(
-            rl_doc, rrel, rl_tuned, rl_trel, tuned_target="make arena-rl-tuned")
+            rl_doc, rrel, rl_tuned, rl_trel, tuned_target="`, `".join(ttargets) or "make arena-rl-tuned")
         targets.setdefault(os.path.join(a.docs, "README.md"), {})["headline-rl"] = render_headline(
             rl_doc, rrel, rl_tuned, shown=ARENA_RL_WORKLOADS, target="make arena-rl")
     if kv:

@@ -486,6 +486,35 @@ def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
     assert "no-such-frozen.json" in ok.stderr or "real peers unavailable" in ok.stderr, ok.stderr[-500:]
 
 
+def test_router_queue_tunes_without_the_hold(tmp_path):
+    """`make arena-rl-queue-tuned` at a small size: with --nohold-only the
+    router queue's grid runs without the burst hold (no point was held; the
+    held rows would wait out the hold's deadline), every point's knobs reach
+    Dynamo's KvRouterConfig, the record says the tuning was not held, and any
+    reported tuned row is named PEER@tuned+nohold."""
+    why = _peers_ready()
+    if why:
+        pytest.skip(f".venv-peers cannot be built: {why}")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
+    cmd = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--workloads", "grpo_sat",
+           "--seeds", "1", "--tune-seeds", "2", "--tune-peers", "dynamo_kv_router+queue", "--tune-objective", "step",
+           "--nohold-only", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(tmp_path / "arena-details.json", encoding="utf-8") as f:
+        doc = json.load(f)
+    t = doc["tuning"]
+    assert t["hold"] is False and t["tune_seeds"] == [2]
+    assert len(t["grid"]["dynamo_kv_router+queue"]) == 4 and len(t["points"]) == 4  # one tuning seed
+    for p in t["points"]:
+        assert p["errors"] == 0 and p["burst_holds"] == 0, p
+        assert {k: p["router_args"][k] for k in p["params"]} == p["params"]
+    for run in doc["runs"]:
+        assert run["row"]["policy"] == "dynamo_kv_router+queue@tuned+nohold", run["row"]["policy"]
+        assert run["row"]["errors"] == 0 and not run["details"]["burst_hold_wall_s"]
+        assert "burst_hold_timeouts" not in run["details"]
+
+
 def _grpo_step(out, hogs: int = 0) -> dict:
     """One full-size grpo_sat step (1,024 sequences, seed 1) for verl_default
     and kvc_aware, with ``hogs`` busy-loop processes holding CPUs meanwhile."""

@@ -416,6 +416,97 @@ def test_arena_rl_tuned_rows_merge_into_the_rl_blocks(tmp_path):
     assert "kvc_aware ÷ the router" in head and "smg_cache_aware@tuned 1.07" in head  # a loss, stated
 
 
+def test_router_queue_tuned_without_the_hold_joins_its_nohold_row(tmp_path):
+    """`make arena-rl-queue-tuned`'s rows (Dynamo's router queue, tuned and
+    run without the hold) join the arena-rl block beside the queue's
+    +nohold row, compared with verl_default+nohold, and the tuning lines say
+    it was tuned without the hold; a second tuned file with another tuning
+    rule is refused (one rule for every tuned row)."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp_path / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    rl, tuned, qtuned = [], [], []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        rl += [_arena_run("grpo_rho05", p, seed, mk + j, 0.6)
+               for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("smg_cache_aware", 62),
+                             ("verl_default+nohold", 50), ("kvc_aware+nohold", 49),
+                             ("dynamo_kv_router+queue+nohold", 80), ("smg_cache_aware+nohold", 52))]
+        tuned.append(_arena_run("grpo_rho05", "smg_cache_aware@tuned", seed, 55 + j, 0.6))
+        qtuned.append(_arena_run("grpo_rho05", "dynamo_kv_router+queue@tuned+nohold", seed, 40 + 2 * j, 0.7))
+    cfg = {"speed": 20, "clock": "paced", "stream": False}
+    objective = "mean over tuning seeds of step time / verl_default"
+    grid = [{"balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
+            {"balance_abs_threshold": 2, "balance_rel_threshold": 1.05}]
+    qgrid = [{"router_queue_threshold": 1.0}, {"router_queue_threshold": 0.5}]
+    (res / "arena-rl-details.json").write_text(json.dumps({"config": cfg, "runs": rl}))
+    (res / "arena-rl-tuned-details.json").write_text(json.dumps({"config": cfg, "runs": tuned, "tuning": {
+        "tune_seeds": [101, 102], "objective": objective, "grid": {"smg_cache_aware": grid},
+        "chosen": {"smg_cache_aware": {"grpo_rho05": grid[1]}}}}))
+    qtuning = {"tune_seeds": [101, 102], "objective": objective, "hold": False,
+               "grid": {"dynamo_kv_router+queue": qgrid},
+               "chosen": {"dynamo_kv_router+queue": {"grpo_rho05": qgrid[1]}}}
+    (res / "arena-rl-queue-tuned-details.json").write_text(
+        json.dumps({"config": dict(cfg, nohold_only=True), "runs": qtuned, "tuning": qtuning}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    block = (tmp_path / "docs" / "arena.md").read_text().split("<!-- BEGIN RENDERED: arena-rl -->")[1]
+    assert "arena-rl-queue-tuned-details.json" in block and "make arena-rl-queue-tuned" in block
+    rows = [ln.split("|")[1].strip() for ln in block.splitlines() if ln.startswith("| ") and "policy" not in ln]
+    i = rows.index("dynamo_kv_router+queue+nohold †")  # † its TTFT is not compared
+    assert rows[i + 1] == "dynamo_kv_router+queue (tuned: router_queue_threshold 0.5, no burst hold) †"
+    assert rows[rows.index("smg_cache_aware") + 1].startswith("smg_cache_aware (tuned:")
+    assert "dynamo_kv_router+queue (tuned without the hold, against verl_default+nohold)" in block
+    # Paired with verl_default+nohold (50): 40/50 = 0.8, not 40/60.
+    line = next(ln for ln in block.splitlines() if ln.startswith("| dynamo_kv_router+queue (tuned"))
+    assert "0.800" in line, line
+    head = (tmp_path / "README.md").read_text()
+    assert "dynamo_kv_router+queue@tuned+nohold 40.0" in head  # the best peer without the hold
+    qtuning["objective"] = "mean over tuning seeds of (step time / verl_default + TTFT p99 / verl_default) / 2"
+    (res / "arena-rl-queue-tuned-details.json").write_text(
+        json.dumps({"config": cfg, "runs": qtuned, "tuning": qtuning}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode != 0 and "tuned runs differ in objective" in r.stderr
+
+
+def test_router_queue_agent_steps_are_not_compared_and_nohold_losses_are_listed(tmp_path):
+    """An agent step sums engine latencies, which leave out a turn's wait in
+    a router's queue: the router queue's shorter agent step is listed as a
+    loss marked not comparable (arena block caveat and README), while its
+    GRPO loss (the fleet's span, which includes the wait) stands unmarked;
+    README lists the losses without the hold as it lists the held ones."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp_path / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    rl = []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        for w in ("grpo_rho05", "agent_task"):
+            rl += [_arena_run(w, p, seed, mk + j, 0.6)
+                   for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("verl_default+nohold", 50),
+                                 ("kvc_aware+nohold", 49), ("dynamo_kv_router+queue+nohold", 40))]
+    (res / "arena-rl-details.json").write_text(json.dumps({"config": {"speed": 20}, "runs": rl}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    head = (tmp_path / "README.md").read_text()
+    line = next(ln for ln in head.splitlines() if "without the hold, kvc_aware+nohold ÷ each +nohold row" in ln)
+    assert "grpo_rho05: dynamo_kv_router+queue+nohold 1.225" in line  # 49/40, a GRPO loss that counts
+    agent = line.split("agent_task: ")[1]
+    assert agent.startswith("dynamo_kv_router+queue+nohold 1.225") and agent.endswith(
+        "(not comparable: its step leaves out the wait in the router's queue).")
+    assert "with the hold): grpo_rho05: none; agent_task: none." in head
+    block = (tmp_path / "docs" / "arena.md").read_text()
+    grpo = block.split("#### grpo_rho05")[1].split("#### agent_task")[0]
+    assert "not comparable on the engine clock: dynamo_kv_router+queue+nohold (†)" in block.split("#### agent_task")[1]
+    assert "not comparable on the engine clock" not in grpo
+
+
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
     committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
