@@ -32,6 +32,7 @@ is reported in wall milliseconds, since a proxy hop is real time.
 from __future__ import annotations
 
 import abc
+import asyncio
 import itertools
 import json
 import math
@@ -83,6 +84,8 @@ POLICIES = (
     "dynamo_kv_router+ttl",
     "dynamo_kv_router+agentic",
     "dynamo_kv_router+queue",
+    # kvc_aware with its router-side admission (AdmitBalancer).
+    "kvc_aware+admit",
 )
 # Dynamo variants: Dynamo 1.6.1 KvRouterConfig features for bursts and
 # saturation, each its own row (and its own tuning grid below):
@@ -110,7 +113,7 @@ SESSION_TTL_S = 600
 # none, so under the burst hold such a router and the hold wait for each
 # other until the hold's deadline (HOLD_TIMEOUT_S): their rows are run
 # without the hold only (arena.py refuses otherwise).
-ROUTER_QUEUES = ("dynamo_kv_router+queue",)
+ROUTER_QUEUES = ("dynamo_kv_router+queue", "kvc_aware+admit")
 # Tuned peer rows (`make arena-tuned`): each tunable peer's main knobs, four
 # points, the first its launcher default; the same points kvbench tunes its
 # re-implementations over (cmd/kvbench/heldout.go). A variant "NAME@tuned"
@@ -802,6 +805,74 @@ class Balancer(Route):
         self.lb.close()
 
 
+class AdmitBalancer(Balancer):
+    """kvc_aware with its router-side admission on (``admission: {enabled:
+    true}``, the shipped admission defaults: a server's cap is its
+    max_num_seqs), as kvc_router's verl integration runs it: the async
+    KVCAwareAdmissionBalancer, here on an event loop of its own. A request
+    is submitted to the router in the step's order (``route_batch``, which
+    never waits); a held one then waits in the router until a release admits
+    it (``await_admission``), as verl's async client awaits a held acquire.
+    Held requests wait before reaching an engine, so like Dynamo's router
+    queue its rows run without the burst hold only (ROUTER_QUEUES)."""
+
+    holds_in_router = True
+
+    def __init__(self, servers: List[Server], max_num_seqs: int, knobs: Optional[Dict[str, Any]] = None,
+                 turns: Optional[str] = None, response_tokens: int = 0) -> None:
+        from kvc_router import KVCAwareAdmissionBalancer
+
+        cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens)
+        cfg["config"]["admission"] = {"enabled": True}
+        self.config = cfg
+        self.needs_ids = True
+        self.urls = {s.sid: s.url for s in servers}
+        self.acquire_s: List[float] = []  # the submit alone: a held request's wait is admission_wait_s
+        self.admission_wait_s: List[float] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvc-admission-loop", daemon=True)
+        self._thread.start()
+
+        async def make() -> Any:
+            return KVCAwareAdmissionBalancer(servers={s.sid: None for s in servers}, max_cache_size=100000,
+                                             router_config=cfg)
+
+        self.lb = self._call(make())
+        self._wait_collectors()
+
+    def _call(self, coro: Any, timeout: float = 600.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def acquire(self, rid, prompt_ids, on_submitted: Optional[Callable[[], None]] = None):
+        from kvc_router.admission import Held
+
+        t0 = time.perf_counter()
+        res = self._call(self.lb.route_batch([], [(rid, prompt_ids)]))[0]
+        t1 = time.perf_counter()
+        self.acquire_s.append(t1 - t0)
+        if on_submitted is not None:
+            on_submitted()  # the next request of the step may be submitted now
+        while isinstance(res, Held):
+            got = self._call(self.lb.await_admission([res.ticket]))
+            if got:
+                res = got[0][1]
+        if isinstance(res, BaseException):
+            raise res
+        self.admission_wait_s.append(time.perf_counter() - t1)
+        sid, _ = res
+        return self.urls[sid], sid, sid
+
+    def release(self, ticket):
+        self._call(self.lb.release_server(server_id=ticket))
+
+    def close(self) -> None:
+        try:
+            self.lb.close()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
 class DynamoRoute(Route):
     """NVIDIA Dynamo's KvRouter (ai-dynamo-runtime) in the request path, as
     Dynamo's frontend is: a process of its own (testbed/kvc_harness/dynamo_route.py,
@@ -1092,7 +1163,12 @@ class Runner:
             if prev is not None:
                 prev.wait(GATE_WAIT_S)
             t0 = time.perf_counter()
-            url, sid, ticket = self.route.acquire(rid, ids)
+            if getattr(self.route, "holds_in_router", False):
+                # Admission: the next request is submitted once this one is
+                # (held or routed), not once it was sent to an engine.
+                url, sid, ticket = self.route.acquire(rid, ids, on_submitted=mine.set if mine is not None else None)
+            else:
+                url, sid, ticket = self.route.acquire(rid, ids)
             rec["acquire_s"] = time.perf_counter() - t0
             extra = {"prompt_token_ids": ids} if ids is not None and getattr(self.route, "sends_ids", False) else None
             rec["server"] = sid
@@ -1334,6 +1410,9 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         elif policy == "kvc_aware":
             route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
                              spec.response_max if spec.kind in VERL_TURNS else 0)
+        elif policy == "kvc_aware+admit":
+            route = AdmitBalancer(servers, max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
+                                  spec.response_max if spec.kind in VERL_TURNS else 0)
         elif base_policy(policy) in DYNAMO_VARIANTS:
             knobs = {**DYNAMO_VARIANTS[base_policy(policy)], **variant_params(policy, spec.name, cfg)}
             route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,
@@ -1370,6 +1449,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
             route.read_stats()  # before the probes: the run's requests only
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
+        admission_waits = list(route.admission_wait_s) if isinstance(route, AdmitBalancer) else None
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
         dynamo_marks = route.first_token_marks if isinstance(route, DynamoRoute) else None
@@ -1426,6 +1506,14 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         res["details"]["router_decisions"] = peer_decisions
     if router_args is not None:
         res["details"]["router_args"] = router_args
+    if admission_waits is not None:
+        # Wall time x speed: how long requests waited in the router's
+        # admission queue, which the engines' TTFT and an agent step leave out.
+        sim = [w * cfg.speed for w in admission_waits]
+        res["details"]["admission_wait_s"] = {"p50": _pct(sim, 0.5), "p99": _pct(sim, 0.99),
+                                              "mean": sum(sim) / len(sim) if sim else float("nan"),
+                                              "held_share": sum(w > 0.005 for w in admission_waits)
+                                              / max(1, len(admission_waits))}
     return res
 
 

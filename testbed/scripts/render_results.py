@@ -179,7 +179,8 @@ PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), (
 # the arena's TTFT starts at an engine's arrival, so their rows' TTFT leaves
 # out the wait in the router's queue, where every other router's requests
 # wait inside the engines. Their TTFT is shown, marked, and never compared.
-ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue",)
+ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue", "kvc_aware+admit")
+ADMIT = "kvc_aware+admit"  # our router-side admission: a mode of ours, never a peer
 TTFT_NOT_COMPARED = ("† TTFT starts when a request reaches an engine; a router queue's rows (marked †) leave out "
                      "the wait in that queue, where every other router's requests wait inside the engines, so "
                      "their TTFT is not compared with any other row")
@@ -204,20 +205,27 @@ def _clear(ci: MeanCI) -> int:
     return 1 if ci.lo > 1.0 else -1 if ci.hi < 1.0 else 0
 
 
+def is_ours(p: str) -> bool:
+    """kvc_aware and its modes (kvc_aware+admit: router-side admission)."""
+    return p == "kvc_aware" or p.startswith(("kvc_aware+", "kvc_aware@"))
+
+
 def rule_lines(per_seed: Dict[Tuple[str, int], Dict[str, float]], policies: Sequence[str],
-               ours: str = "kvc_aware", base: str = "verl_default") -> List[str]:
+               ours: str = "kvc_aware", base: str = "verl_default", versus_only: bool = False,
+               skip_our_modes: bool = False) -> List[str]:
     """Every policy against verl_default, and ours against every other
-    policy, on each metric, paired by seed; ours' losses first; then the
-    multiplicity note."""
+    policy (not our other modes), on each metric, paired by seed; ours'
+    losses first; then the multiplicity note. ``versus_only``: ours against
+    the others only (a second mode of ours, after the first's lines)."""
     lines: List[str] = []
     n = 0
     losses, wins, ties = [], [], []
     if ours in policies:
         for p in policies:
-            if p == ours:
+            if p == ours or (skip_our_modes and is_ours(p)):
                 continue
             for m, label, lower in PAIRED_METRICS:
-                if m.startswith("ttft") and queues_in_router(p):
+                if m.startswith("ttft") and (queues_in_router(p) or queues_in_router(ours)):
                     continue
                 ci = paired(per_seed, ours, p, m)
                 if ci is None:
@@ -231,7 +239,7 @@ def rule_lines(per_seed: Dict[Tuple[str, int], Dict[str, float]], policies: Sequ
         lines.append(f"- {ours} wins: " + (", ".join(wins) if wins else "none"))
         if ties:
             lines.append(f"- {ours} ties (interval includes 1): " + ", ".join(ties))
-    for m, label, lower in PAIRED_METRICS[1:]:
+    for m, label, lower in PAIRED_METRICS[1:] if not versus_only else ():
         better, worse = [], []
         for p in policies:
             if p in (base, ours) or (m.startswith("ttft") and queues_in_router(p)):
@@ -635,8 +643,12 @@ def render_arena(doc: dict, source: str, tuned: Optional[dict] = None, tuned_sou
             out.append(f"Without the burst hold on {w} (every +nohold row against verl_default+nohold, the same "
                        "rule):")
             out += paired_lines(w, ratios, nohold=True)
-            out += rule_lines(per_seed, [p for p in ps if is_policy(p) and p.endswith(NOHOLD)],
-                              ours="kvc_aware" + NOHOLD, base="verl_default" + NOHOLD)
+            nohold_ps = [p for p in ps if is_policy(p) and p.endswith(NOHOLD)]
+            out += rule_lines(per_seed, nohold_ps, ours="kvc_aware" + NOHOLD, base="verl_default" + NOHOLD,
+                              skip_our_modes=True)
+            if ADMIT + NOHOLD in nohold_ps:
+                out += rule_lines(per_seed, nohold_ps, ours=ADMIT + NOHOLD, base="verl_default" + NOHOLD,
+                                  versus_only=True, skip_our_modes=True)
         out += pacing_lines(runs, w)
         out += overhead_lines(runs, w, float(cfg.get("speed") or 1.0))
         out += slow_client_lines(runs, w)
@@ -838,7 +850,7 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
             continue
         ps = [p for p in policies[w] if is_policy(p) and p.endswith(NOHOLD) == bool(suffix)]
         ours, verl = "kvc_aware" + suffix, "verl_default" + suffix
-        peers = [p for p in ps if p not in (verl, ours, "round_robin" + suffix)]
+        peers = [p for p in ps if p not in (verl, "round_robin" + suffix) and not is_ours(p)]
         if ours not in ps or not peers:
             continue
         key = "engine_makespan_s"
@@ -868,7 +880,7 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
             queued = queue_steps_not_comparable(arena["runs"], w)
             lost = []
             for p in policies[w]:
-                if not is_policy(p) or p.endswith(NOHOLD) != bool(suffix) or p in (ours, "round_robin" + suffix):
+                if not is_policy(p) or p.endswith(NOHOLD) != bool(suffix) or is_ours(p) or p == "round_robin" + suffix:
                     continue
                 vs = paired(per_seed, ours, p, "step")
                 if vs is not None and _clear(vs) == 1:
@@ -885,6 +897,25 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
         out += ["", "kvc_aware's step-time losses (kvc_aware ÷ the router, paired by seed, interval above 1; "
                 + ("without the hold, kvc_aware+nohold ÷ each +nohold row" if suffix else "with the hold")
                 + "): " + "; ".join(losses) + "."]
+    admit = []
+    for w in workloads:
+        ps = [p for p in policies[w] if is_policy(p) and p.endswith(NOHOLD) and not is_ours(p)
+              and p not in ("verl_default" + NOHOLD, "round_robin" + NOHOLD)]
+        if w not in shown or ADMIT + NOHOLD not in policies[w] or not ps:
+            continue
+        per_seed = arena_per_seed(arena["runs"], w)
+        best = min(ps, key=lambda p: stats[(w, p)]["engine_makespan_s"].mean)
+        vs_verl = paired(per_seed, ADMIT + NOHOLD, "verl_default" + NOHOLD, "step")
+        vs_best = paired(per_seed, ADMIT + NOHOLD, best, "step")
+        vs_plain = paired(per_seed, ADMIT + NOHOLD, "kvc_aware" + NOHOLD, "step")
+        cells = [f"÷ verl_default+nohold {vs_verl.fmt(3)}" if vs_verl else "",
+                 f"÷ kvc_aware+nohold {vs_plain.fmt(3)}" if vs_plain else "",
+                 f"÷ the best peer by mean, {best}, {vs_best.fmt(3)}" if vs_best else ""]
+        note = " (not comparable: an agent step leaves out the wait in the router)" if not w.startswith("grpo") else ""
+        admit.append(f"{w}: " + ", ".join(c for c in cells if c) + note)
+    if admit:
+        out += ["", f"{ADMIT} (kvc_aware with its router-side admission, run without the hold only; step time, paired "
+                "by seed): " + "; ".join(admit) + "."]
     speed = float((arena.get("config") or {}).get("speed") or 1.0)
     notes = [ln.replace("- routing", f"- {w}: routing", 1).replace("- not comparable", f"- {w}: not comparable", 1)
              for w in workloads if w in shown

@@ -464,10 +464,11 @@ def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
             "--workloads", "grpo_sat", "--out", str(tmp_path / "x")]
     for extra in (["--policies", "verl_default,dynamo_kv_router+queue"],
                   ["--policies", "dynamo_kv_router+queue", "--both-holds"],
+                  ["--policies", "kvc_aware,kvc_aware+admit,dynamo_kv_router+queue"],
                   ["--policies", "verl_default", "--tune-peers", "dynamo_kv_router+queue", "--tune-seeds", "2"]):
         r = subprocess.run(base + extra, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and "dynamo_kv_router+queue hold requests in the router" in r.stderr, (
-            extra, r.stderr[-500:])
+        queued = "dynamo_kv_router+queue" + (", kvc_aware+admit" if "kvc_aware+admit" in extra[1] else "")
+        assert r.returncode == 2 and f"{queued} hold requests in the router" in r.stderr, (extra, r.stderr[-500:])
         assert "--nohold-only" in r.stderr
     # "all" or the default set under the hold leaves the router queue out (and says so) instead of refusing.
     missing = str(tmp_path / "no-such-frozen.json")
@@ -477,7 +478,8 @@ def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
                            text=True, timeout=120)
         assert "hold requests in the router" not in r.stderr, (extra, r.stderr[-500:])
         if "--policies" not in extra or extra[1] == "all":
-            assert "dynamo_kv_router+queue left out of the policy set under the burst hold" in r.stderr, extra
+            assert "dynamo_kv_router+queue, kvc_aware+admit left out of the policy set under the burst hold" in (
+                r.stderr), extra
     # Accepted without the hold: it gets past the refusal to what follows it
     # (the peers' venv, then kvc_aware's frozen file, missing on purpose).
     ok = subprocess.run(base + ["--policies", "dynamo_kv_router+queue", "--nohold-only", "--kvc-frozen", missing],
@@ -513,6 +515,28 @@ def test_router_queue_tunes_without_the_hold(tmp_path):
         assert run["row"]["policy"] == "dynamo_kv_router+queue@tuned+nohold", run["row"]["policy"]
         assert run["row"]["errors"] == 0 and not run["details"]["burst_hold_wall_s"]
         assert "burst_hold_timeouts" not in run["details"]
+
+
+def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
+    """kvc_aware+admit (router-side admission on, as the verl integration
+    runs it) on an oversubscribed step: requests are held in the router and
+    admitted as others finish, every request completes, and the run records
+    the admission waits; its held rows are refused like a router queue's."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
+    cmd = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--workloads",
+           "grpo_sat", "--seeds", "1", "--policies", "kvc_aware,kvc_aware+admit", "--nohold-only", "--out",
+           str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(tmp_path / "arena-details.json", encoding="utf-8") as f:
+        runs = {x["row"]["policy"]: x for x in json.load(f)["runs"]}
+    admit, plain = runs["kvc_aware+admit+nohold"], runs["kvc_aware+nohold"]
+    assert admit["row"]["errors"] == 0 and admit["details"]["requests"] == plain["details"]["requests"]
+    assert admit["details"]["router_config"]["config"]["admission"] == {"enabled": True}
+    assert "admission" not in plain["details"]["router_config"]["config"]
+    waits = admit["details"]["admission_wait_s"]
+    assert 0 < waits["held_share"] < 1 and waits["p99"] > waits["p50"] >= 0, waits
+    assert "admission_wait_s" not in plain["details"]
 
 
 def _grpo_step(out, hogs: int = 0) -> dict:

@@ -507,6 +507,43 @@ def test_router_queue_agent_steps_are_not_compared_and_nohold_losses_are_listed(
     assert "not comparable on the engine clock" not in grpo
 
 
+def test_admission_rows_are_ours_not_a_peer(tmp_path):
+    """kvc_aware+admit is a mode of ours: README's RL headline never picks it
+    as the best peer nor lists it as a loss; its own line gives its paired
+    step ratios (to verl_default+nohold, kvc_aware+nohold and the best peer),
+    marked not comparable on an agent workload; its TTFT is never compared."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp_path / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp_path / "results"
+    res.mkdir()
+    rl = []
+    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
+        for w in ("grpo_rho05", "agent_task"):
+            rl += [_arena_run(w, p, seed, mk + j, 0.6)
+                   for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("verl_default+nohold", 50),
+                                 ("kvc_aware+nohold", 49), ("smg_cache_aware+nohold", 48),
+                                 ("kvc_aware+admit+nohold", 40))]
+    (res / "arena-rl-details.json").write_text(json.dumps({"config": {"speed": 20}, "runs": rl}))
+    r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    head = (tmp_path / "README.md").read_text()
+    rows = [ln for ln in head.splitlines() if ln.startswith("| grpo_rho05 (no burst hold)")]
+    assert rows and "smg_cache_aware+nohold 48.0" in rows[0]  # the best peer, not our admission mode
+    line = next(ln for ln in head.splitlines() if ln.startswith("kvc_aware+admit (kvc_aware with its"))
+    assert "grpo_rho05: ÷ verl_default+nohold 0.800" in line and "÷ kvc_aware+nohold 0.816" in line
+    assert "÷ the best peer by mean, smg_cache_aware+nohold, 0.833" in line
+    assert line.split("agent_task: ")[1].endswith("(not comparable: an agent step leaves out the wait in the router).")
+    loss = next(ln for ln in head.splitlines() if "without the hold, kvc_aware+nohold ÷ each +nohold row" in ln)
+    assert "admit" not in loss and "smg_cache_aware+nohold 1.02" in loss
+    block = (tmp_path / "docs" / "arena.md").read_text()
+    assert "| kvc_aware+admit+nohold † |" in block
+    assert "- kvc_aware+admit+nohold loses" in block and "TTFT p99 vs" not in block.split(
+        "- kvc_aware+admit+nohold loses")[1].split("\n- multiplicity")[0]
+
+
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
     committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
