@@ -244,7 +244,9 @@ arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG,
 # were SMG's other policies, Dynamo's +agentic and, without the hold only,
 # its router queue (ARENA_POLICIES=dynamo_kv_router+queue
 # ARENA_ARGS=--nohold-only: Dynamo's queue waits for engines to report
-# progress, which held engines never do)); seeds 351-355 (never tuned on,
+# progress, which held engines never do), and kvc_aware with its admission on
+# (ARENA_POLICIES=kvc_aware+admit ARENA_ARGS=--nohold-only, for the same reason));
+# seeds 351-355 (never tuned on,
 # never used before). -> build/arena-rl/
 ARENA_RL_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur,agent_task
 ARENA_RL_SEEDS ?= 351,352,353,354,355
