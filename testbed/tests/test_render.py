@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
+from typing import Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "testbed", "scripts", "render_results.py")
@@ -28,6 +30,27 @@ def _docs(tmp) -> None:
     for name, block in (("docs/arena.md", "arena"), ("README.md", "headline"), ("docs/kvbench.md", "kvbench")):
         (tmp / name).write_text(f"# t\n\nintro\n\n<!-- BEGIN RENDERED: {block} -->\nold text\n"
                                 f"<!-- END RENDERED: {block} -->\n\noutro\n")
+
+
+def _rl_tree(tmp: pathlib.Path) -> pathlib.Path:
+    """docs/arena.md and README.md with only the arena-rl blocks, and an
+    empty results folder (returned) for the arena-rl JSON."""
+    (tmp / "docs").mkdir()
+    (tmp / "docs" / "arena.md").write_text(
+        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
+    (tmp / "README.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
+    res = tmp / "results"
+    res.mkdir()
+    return res
+
+
+def _grpo_and_agent_runs(extra: Sequence[Tuple[str, float]]) -> list:
+    """grpo_rho05 and agent_task on seeds 351-353: verl_default and
+    kvc_aware with and without the hold, plus ``extra`` (policy, step)."""
+    base = (("verl_default", 60), ("kvc_aware", 59), ("verl_default+nohold", 50), ("kvc_aware+nohold", 49))
+    return [_arena_run(w, p, seed, mk + j, 0.6) for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5))
+            for w in ("grpo_rho05", "agent_task") for p, mk in (*base, *extra)]
 
 
 def _render_arena(tmp_path, runs: list) -> str:
@@ -380,13 +403,7 @@ def test_arena_rl_tuned_rows_merge_into_the_rl_blocks(tmp_path):
     arena-rl file) join the arena-rl tables after their launcher-default
     row, named with the chosen point, and README's headline-rl counts them
     when it picks the best peer; without the file neither block has them."""
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "arena.md").write_text(
-        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
-    (tmp_path / "README.md").write_text(
-        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
-    res = tmp_path / "results"
-    res.mkdir()
+    res = _rl_tree(tmp_path)
     rl, tuned = [], []
     for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
         rl += [_arena_run("grpo_rho05", p, seed, mk + j, 0.6)
@@ -422,13 +439,7 @@ def test_router_queue_tuned_without_the_hold_joins_its_nohold_row(tmp_path):
     +nohold row, compared with verl_default+nohold, and the tuning lines say
     it was tuned without the hold; a second tuned file with another tuning
     rule is refused (one rule for every tuned row)."""
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "arena.md").write_text(
-        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
-    (tmp_path / "README.md").write_text(
-        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
-    res = tmp_path / "results"
-    res.mkdir()
+    res = _rl_tree(tmp_path)
     rl, tuned, qtuned = [], [], []
     for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
         rl += [_arena_run("grpo_rho05", p, seed, mk + j, 0.6)
@@ -478,19 +489,8 @@ def test_router_queue_agent_steps_are_not_compared_and_nohold_losses_are_listed(
     loss marked not comparable (arena block caveat and README), while its
     GRPO loss (the fleet's span, which includes the wait) stands unmarked;
     README lists the losses without the hold as it lists the held ones."""
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "arena.md").write_text(
-        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
-    (tmp_path / "README.md").write_text(
-        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
-    res = tmp_path / "results"
-    res.mkdir()
-    rl = []
-    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
-        for w in ("grpo_rho05", "agent_task"):
-            rl += [_arena_run(w, p, seed, mk + j, 0.6)
-                   for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("verl_default+nohold", 50),
-                                 ("kvc_aware+nohold", 49), ("dynamo_kv_router+queue+nohold", 40))]
+    res = _rl_tree(tmp_path)
+    rl = _grpo_and_agent_runs((("dynamo_kv_router+queue+nohold", 40),))
     (res / "arena-rl-details.json").write_text(json.dumps({"config": {"speed": 20}, "runs": rl}))
     r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -512,20 +512,8 @@ def test_admission_rows_are_ours_not_a_peer(tmp_path):
     as the best peer nor lists it as a loss; its own line gives its paired
     step ratios (to verl_default+nohold, kvc_aware+nohold and the best peer),
     marked not comparable on an agent workload; its TTFT is never compared."""
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "arena.md").write_text(
-        "# a\n\n<!-- BEGIN RENDERED: arena-rl -->\n<!-- END RENDERED: arena-rl -->\n")
-    (tmp_path / "README.md").write_text(
-        "# r\n\n<!-- BEGIN RENDERED: headline-rl -->\n<!-- END RENDERED: headline-rl -->\n")
-    res = tmp_path / "results"
-    res.mkdir()
-    rl = []
-    for seed, j in zip((351, 352, 353), (0.0, 0.5, -0.5)):
-        for w in ("grpo_rho05", "agent_task"):
-            rl += [_arena_run(w, p, seed, mk + j, 0.6)
-                   for p, mk in (("verl_default", 60), ("kvc_aware", 59), ("verl_default+nohold", 50),
-                                 ("kvc_aware+nohold", 49), ("smg_cache_aware+nohold", 48),
-                                 ("kvc_aware+admit+nohold", 40))]
+    res = _rl_tree(tmp_path)
+    rl = _grpo_and_agent_runs((("smg_cache_aware+nohold", 48), ("kvc_aware+admit+nohold", 40)))
     (res / "arena-rl-details.json").write_text(json.dumps({"config": {"speed": 20}, "runs": rl}))
     r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
