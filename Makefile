@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-rl kvbench-rl-tuned docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl kvbench-rl-tuned kvbench-arena-shape docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -306,6 +306,19 @@ kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at 
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null && \
 	  $(GO) run ./cmd/kvbench $(RL_AGENT) --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl,dynamo_cost+session,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-agt-$$s.json >/dev/null || exit 1; done
 	$(PYH) testbed/scripts/render_rl.py build
+
+# kvbench on the arena's GRPO shape (arena-rl's grpo_rho*: 128 prompts x 8 on
+# 4 engines x 16 running slots, 3,072 KV blocks, responses of median 192
+# tokens, verl's order): where the arena measured admission's gain, against
+# kvbench-rl's shape (256-slot engines, responses to 16k) where none shows.
+# Fresh seeds 381-385 -> build/kvbench-arena-shape/ (docs/results/kvbench-arena-shape/
+# renders into docs/rl-workloads.md). ~1 min.
+ARENA_SHAPE_SEEDS ?= 381 382 383 384 385
+ARENA_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 16 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --engine-model hbm --steps 1 --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
+kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, fresh seeds ARENA_SHAPE_SEEDS -> build/kvbench-arena-shape/
+	@mkdir -p build/kvbench-arena-shape
+	@for s in $(ARENA_SHAPE_SEEDS); do for r in 0 0.5 0.8; do t=$${r#0.}; \
+	  $(GO) run ./cmd/kvbench $(ARENA_SHAPE) --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,dynamo_cost+queue,vllm_router_sticky_least_loaded,sglang_cache_aware --json build/kvbench-arena-shape/rl-r$$t-$$s.json >/dev/null || exit 1; done; done
 
 # Every peer at its best on the RL settings (issue 27; seeds 361-365 at the
 # f591d2b freeze are kept in docs/results/rl-tuned-f591d2b/): the one peer set of

@@ -948,6 +948,10 @@ RL_TASK = "rl-41412f1"
 # A candidate not kept: the token load counting a prompt its placed siblings
 # share once (abcbba2; docs/rl-workloads.md says why it was reverted).
 RL_CHARGE = "rl-abcbba2"
+# kvbench on the arena's GRPO shape (`make kvbench-arena-shape`).
+RL_ARENA_SHAPE = "kvbench-arena-shape"
+RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 16 slots, 3,072 KV blocks, responses "
+                        "of median 192)")
 
 
 def render_rl_block(docs_root: str) -> Optional[str]:
@@ -1071,6 +1075,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"
                 targets.setdefault(rl_doc, {})[block] = render_rl_tables(d, shown)
+        if "<!-- BEGIN RENDERED: rl-arena-shape -->" in rl_text:
+            targets.setdefault(rl_doc, {})["rl-arena-shape"] = render_rl_tables(
+                os.path.join(a.docs, "docs", "results", RL_ARENA_SHAPE), "docs/results/" + RL_ARENA_SHAPE,
+                shape=RL_ARENA_SHAPE_TITLE)
         # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`).
         tuned_rl = [os.path.join(a.docs, "docs", "results", "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED]
         if "<!-- BEGIN RENDERED: rl-tuned -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):

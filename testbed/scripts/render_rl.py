@@ -50,15 +50,18 @@ def rows(results: str, prefix: str, step) -> Dict[str, Dict[str, List[float]]]:
     return out
 
 
-def render(results: str, shown: str) -> str:
+def render(results: str, shown: str, shape: str = "") -> str:
     """Every setting with files in RESULTS as a table; SHOWN is the
-    directory's name in the titles (repository-relative)."""
+    directory's name in the titles (repository-relative); SHAPE, when the
+    runs are not kvbench-rl's grpo_sat, names theirs in each title."""
     out: List[str] = []
     for prefix, title, step in SETTINGS:
         data = rows(results, prefix, step)
         if not data:
             continue
         n = len(next(iter(data.values()))["step"])
+        if shape:
+            title = title.replace("grpo_sat", shape, 1)
         out += [f"#### {title} ({n} fresh seeds, `{shown.rstrip('/')}/{prefix}-*.json`)", "",
                 "| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |",
                 "|---|---:|---:|---:|"]

@@ -532,6 +532,28 @@ def test_admission_rows_are_ours_not_a_peer(tmp_path):
         "- kvc_aware+admit+nohold loses")[1].split("\n- multiplicity")[0]
 
 
+def test_arena_shape_tables_name_their_shape(tmp_path):
+    """`make kvbench-arena-shape`'s block renders from its own folder and
+    names the arena's shape in every title, never kvbench-rl's grpo_sat."""
+    import shutil
+
+    d = tmp_path / "docs" / "results" / "kvbench-arena-shape"
+    d.mkdir(parents=True)
+    for name in ("rl-r5-381.json", "rl-r5-382.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", "kvbench-arena-shape", name), d / name)
+    (tmp_path / "docs" / "rl-workloads.md").write_text(
+        "# r\n\n<!-- BEGIN RENDERED: rl-arena-shape -->\nold\n<!-- END RENDERED: rl-arena-shape -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "docs" / "rl-workloads.md").read_text()
+    titles = [ln for ln in text.splitlines() if ln.startswith("#### ")]
+    assert len(titles) == 1 and "old" not in text
+    assert titles[0].startswith("#### the arena's GRPO shape (128 prompts × 8") and "grpo_sat" not in titles[0]
+    assert "(2 fresh seeds, `docs/results/kvbench-arena-shape/rl-r5-*.json`)" in titles[0]
+    assert "| kvc_aware+admit |" in text and "| dynamo_cost+queue |" in text
+
+
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
     committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
