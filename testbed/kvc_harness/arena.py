@@ -1632,11 +1632,21 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         "imbalance": max(load) / mean_load if mean_load else float("nan"),
         "errors": len(records) - len(ok),
     }
+    # TTFT with the wait in the client's acquire added (wall x speed): for
+    # kvc_aware+admit that wait is admission's hold, which the engines'
+    # TTFT leaves out; for every other in-process route it is the routing
+    # decision. Routers behind an HTTP hop hold requests inside it, where
+    # the client cannot see the wait, so only in-process routes have it.
+    by_id = {t["id"]: t for t in eng}
+    with_acq = [by_id[r["id"]]["first_token"] - by_id[r["id"]]["arrival"] + r.get("acquire_s", 0.0) * speed
+                for r in ok if r.get("id") in by_id]
     details = {
         "requests": len(records),
         "e2e_p99_s": _pct([t["finish"] - t["arrival"] for t in eng], 0.99),
         "client_ttft_p50_s": _pct(client_ttft, 0.5),
         "client_ttft_p99_s": _pct(client_ttft, 0.99),
+        "ttft_with_acquire_p50_s": _pct(with_acq, 0.5),
+        "ttft_with_acquire_p99_s": _pct(with_acq, 0.99),
         "client_e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
         "step_makespans_s": makespans,
         "server_ttft_mean_s": (sum(v["ttft_sum"] for v in delta.values()) / srv_n) if srv_n else float("nan"),

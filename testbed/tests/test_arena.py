@@ -537,6 +537,9 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     waits = admit["details"]["admission_wait_s"]
     assert 0 < waits["held_share"] < 1 and waits["p99"] > waits["p50"] >= 0, waits
     assert "admission_wait_s" not in plain["details"]
+    # The engines' TTFT leaves the hold out; TTFT with the acquire puts it back.
+    assert admit["details"]["ttft_with_acquire_p99_s"] > admit["row"]["ttft_p99_s"]
+    assert plain["details"]["ttft_with_acquire_p99_s"] >= plain["row"]["ttft_p99_s"]
 
 
 def _grpo_step(out, hogs: int = 0) -> dict:

@@ -514,6 +514,9 @@ def test_admission_rows_are_ours_not_a_peer(tmp_path):
     marked not comparable on an agent workload; its TTFT is never compared."""
     res = _rl_tree(tmp_path)
     rl = _grpo_and_agent_runs((("smg_cache_aware+nohold", 48), ("kvc_aware+admit+nohold", 40)))
+    for run in rl:
+        if run["row"]["policy"] == "kvc_aware+admit+nohold":
+            run["details"]["ttft_with_acquire_p99_s"] = 0.15  # verl_default's TTFT p99 is 0.1
     (res / "arena-rl-details.json").write_text(json.dumps({"config": {"speed": 20}, "runs": rl}))
     r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -523,6 +526,8 @@ def test_admission_rows_are_ours_not_a_peer(tmp_path):
     line = next(ln for ln in head.splitlines() if ln.startswith("kvc_aware+admit (kvc_aware with its"))
     assert "grpo_rho05: ÷ verl_default+nohold 0.800" in line and "÷ kvc_aware+nohold 0.816" in line
     assert "÷ the best peer by mean, smg_cache_aware+nohold, 0.833" in line
+    assert "TTFT p99 with the wait in admission ÷ verl_default+nohold's (its in-process acquire takes " \
+        "microseconds) 1.500" in line
     assert line.split("agent_task: ")[1].endswith("(not comparable: an agent step leaves out the wait in the router).")
     loss = next(ln for ln in head.splitlines() if "without the hold, kvc_aware+nohold ÷ each +nohold row" in ln)
     assert "admit" not in loss and "smg_cache_aware+nohold 1.02" in loss
