@@ -108,8 +108,9 @@ DYNAMO_VARIANTS: Dict[str, Dict[str, Any]] = {
 # x-session-id, vllm-router's session key, and x-smg-routing-key,
 # sglang-router's; sglang-router 0.3.2's cache_aware reads neither).
 SESSION_TTL_S = 600
-# Routers that hold requests themselves until the engines report progress
-# (Dynamo's router queue waits for prefills to complete). Held engines report
+# Routers that hold requests themselves until the engines make progress
+# (Dynamo's router queue waits for prefills to complete; kvc_aware's
+# admission for a request to finish and free a slot). Held engines make
 # none, so under the burst hold such a router and the hold wait for each
 # other until the hold's deadline (HOLD_TIMEOUT_S): their rows are run
 # without the hold only (arena.py refuses otherwise).
@@ -671,6 +672,9 @@ class Route(abc.ABC):
 
     needs_ids = False
     overhead_ms: float = float("nan")
+    # True when acquire() may wait in the router (admission): the step's next
+    # request is then submitted once this one is, not once it was sent.
+    holds_in_router = False
 
     @abc.abstractmethod
     def acquire(self, rid: str, prompt_ids: Optional[List[int]]) -> Tuple[str, str, Any]:
@@ -827,8 +831,8 @@ class AdmitBalancer(Balancer):
         self.config = cfg
         self.needs_ids = True
         self.urls = {s.sid: s.url for s in servers}
-        self.acquire_s: List[float] = []  # the submit alone: a held request's wait is admission_wait_s
-        self.admission_wait_s: List[float] = []
+        self.acquire_s: List[float] = []  # the submit alone (the decision); the hold is in each record's acquire_s
+        self.held = 0  # requests the router held before admitting them
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvc-admission-loop", daemon=True)
         self._thread.start()
@@ -852,13 +856,13 @@ class AdmitBalancer(Balancer):
         self.acquire_s.append(t1 - t0)
         if on_submitted is not None:
             on_submitted()  # the next request of the step may be submitted now
+        self.held += isinstance(res, Held)
         while isinstance(res, Held):
             got = self._call(self.lb.await_admission([res.ticket]))
             if got:
                 res = got[0][1]
         if isinstance(res, BaseException):
             raise res
-        self.admission_wait_s.append(time.perf_counter() - t1)
         sid, _ = res
         return self.urls[sid], sid, sid
 
@@ -1163,7 +1167,7 @@ class Runner:
             if prev is not None:
                 prev.wait(GATE_WAIT_S)
             t0 = time.perf_counter()
-            if getattr(self.route, "holds_in_router", False):
+            if self.route.holds_in_router:
                 # Admission: the next request is submitted once this one is
                 # (held or routed), not once it was sent to an engine.
                 url, sid, ticket = self.route.acquire(rid, ids, on_submitted=mine.set if mine is not None else None)
@@ -1449,7 +1453,7 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
             route.read_stats()  # before the probes: the run's requests only
         overhead_ms = _probe_overhead(route, servers, cfg.overhead_probes)
         router_status = route.status() if isinstance(route, Balancer) else None
-        admission_waits = list(route.admission_wait_s) if isinstance(route, AdmitBalancer) else None
+        admission_held = route.held if isinstance(route, AdmitBalancer) else None
         router_config_used = route.config if isinstance(route, Balancer) else None
         dynamo_overlap = route.overlap_blocks if isinstance(route, DynamoRoute) else None
         dynamo_marks = route.first_token_marks if isinstance(route, DynamoRoute) else None
@@ -1506,14 +1510,13 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         res["details"]["router_decisions"] = peer_decisions
     if router_args is not None:
         res["details"]["router_args"] = router_args
-    if admission_waits is not None:
-        # Wall time x speed: how long requests waited in the router's
-        # admission queue, which the engines' TTFT and an agent step leave out.
-        sim = [w * cfg.speed for w in admission_waits]
+    if admission_held is not None:
+        # Wall time x speed: each request's acquire (the hold in admission
+        # included), which the engines' TTFT and an agent step leave out.
+        sim = [r["acquire_s"] * cfg.speed for r in runner.records if not r["error"]]
         res["details"]["admission_wait_s"] = {"p50": _pct(sim, 0.5), "p99": _pct(sim, 0.99),
                                               "mean": sum(sim) / len(sim) if sim else float("nan"),
-                                              "held_share": sum(w > 0.005 for w in admission_waits)
-                                              / max(1, len(admission_waits))}
+                                              "held_share": admission_held / max(1, len(sim))}
     return res
 
 
