@@ -178,12 +178,15 @@ PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), (
 # copied so the renderer needs no harness import (test_harness checks equal):
 # the arena's TTFT starts at an engine's arrival, so their rows' TTFT leaves
 # out the wait in the router's queue, where every other router's requests
-# wait inside the engines. Their TTFT is shown, marked, and never compared.
+# wait inside the engines. That TTFT is shown, marked, and never compared;
+# kvc_aware+admit's wait is in the client's acquire, so its TTFT with the
+# wait counted (ttft_with_acquire_p99_s) is compared in its own line.
 ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue", "kvc_aware+admit")
 ADMIT = "kvc_aware+admit"  # our router-side admission: a mode of ours, never a peer
 TTFT_NOT_COMPARED = ("† TTFT starts when a request reaches an engine; a router queue's rows (marked †) leave out "
                      "the wait in that queue, where every other router's requests wait inside the engines, so "
-                     "their TTFT is not compared with any other row")
+                     "that TTFT is not compared with any other row (kvc_aware+admit's TTFT with its wait counted "
+                     "is, in README's kvc_aware+admit line)")
 
 
 def queues_in_router(p: str) -> bool:
@@ -964,6 +967,42 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
                         "of median 192)")
 
 
+# The reverted shared-prompt charge on the real demo fleet: (label, seed,
+# the shipped library's demo JSON, the candidate's), under docs/results/.
+CHARGE_DEMO = (
+    ("`make demo` (grpo_rho05)", 0, "demo.json", "charge-candidate-demo/candidate/demo-seed0.json"),
+    *(("`make demo --no-rollout` (grpo_rho05)", s, f"charge-candidate-demo/shipped/demo-seed{s}.json",
+       f"charge-candidate-demo/candidate/demo-seed{s}.json") for s in (1, 2, 3, 4)),
+    ("`make demo DEMO_ARGS=\"--sat-workload grpo_sat\"` (independent lengths)", 0, "demo-grpo_sat.json",
+     "charge-candidate-demo/candidate/demo-grpo_sat-seed0.json"),
+)
+
+
+def render_charge_demo(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's table of the reverted candidate on the demo's
+    oversubscribed step: per seed, kvc_aware's step ÷ default's in the same
+    run (engine clock), hit rate and preemptions, shipped and candidate."""
+    res = os.path.join(docs_root, "docs", "results")
+    out = ["Rendered from the demo JSON under `docs/results/` named in each row (the shipped library's seed 0 is "
+           "the published `demo.json` / `demo-grpo_sat.json`); one run a seed, so no intervals:", "",
+           "| demo step | seed | kvc_aware ÷ default, shipped | kvc_aware ÷ default, candidate | hit rate shipped → "
+           "candidate | preemptions shipped → candidate |", "|---|---|---|---|---|---|"]
+    for label, seed, shipped, cand in CHARGE_DEMO:
+        rows = []
+        for rel in (shipped, cand):
+            path = os.path.join(res, rel)
+            if not os.path.isfile(path):
+                return None
+            with open(path, encoding="utf-8") as f:
+                by = {x["policy"]: x for x in json.load(f)["sat"]["summaries"]}
+            rows.append(by)
+        ratio = [f"{r['kvc_aware']['step_time_s'] / r['default']['step_time_s']:.3f}" for r in rows]
+        hit = " → ".join(f"{100 * r['kvc_aware']['hit_rate']:.1f}%" for r in rows)
+        pre = " → ".join(f"{r['kvc_aware']['preemptions']:.0f}" for r in rows)
+        out.append(f"| {label} | {seed} | {ratio[0]} | {ratio[1]} | {hit} | {pre} |")
+    return "\n".join(out)
+
+
 def render_rl_block(docs_root: str) -> Optional[str]:
     from render_rl import rows
 
@@ -1085,6 +1124,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text:
                 shown = "docs/results/" + sub if sub else "docs/results"
                 targets.setdefault(rl_doc, {})[block] = render_rl_tables(d, shown)
+        charge = render_charge_demo(a.docs)
+        if "<!-- BEGIN RENDERED: charge-demo -->" in rl_text and charge:
+            targets.setdefault(rl_doc, {})["charge-demo"] = charge
         if "<!-- BEGIN RENDERED: rl-arena-shape -->" in rl_text:
             targets.setdefault(rl_doc, {})["rl-arena-shape"] = render_rl_tables(
                 os.path.join(a.docs, "docs", "results", RL_ARENA_SHAPE), "docs/results/" + RL_ARENA_SHAPE,

@@ -559,6 +559,37 @@ def test_arena_shape_tables_name_their_shape(tmp_path):
     assert "| kvc_aware+admit |" in text and "| dynamo_cost+queue |" in text
 
 
+def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
+    """The reverted candidate's demo table is rendered from the committed demo
+    JSON: each row's ratio is kvc_aware's step ÷ default's in that file; a
+    changed file changes the table, and a missing one leaves the block alone."""
+    import shutil
+
+    res = tmp_path / "docs" / "results"
+    shutil.copytree(os.path.join(REPO, "docs", "results", "charge-candidate-demo"), res / "charge-candidate-demo")
+    for name in ("demo.json", "demo-grpo_sat.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
+    doc = tmp_path / "docs" / "rl-workloads.md"
+    doc.write_text("# r\n\n<!-- BEGIN RENDERED: charge-demo -->\nold\n<!-- END RENDERED: charge-demo -->\n")
+    # demo.json present: README's demo block is rendered from it too.
+    (tmp_path / "README.md").write_text("# r\n\n<!-- BEGIN RENDERED: demo -->\n<!-- END RENDERED: demo -->\n")
+    path = res / "charge-candidate-demo" / "shipped" / "demo-seed2.json"
+    d = json.loads(path.read_text())
+    by = {x["policy"]: x for x in d["sat"]["summaries"]}
+    by["kvc_aware"]["step_time_s"] = by["default"]["step_time_s"] * 0.5
+    path.write_text(json.dumps(d))
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in doc.read_text().splitlines() if ln.startswith("| `make demo")]
+    assert len(rows) == 6 and "old" not in doc.read_text()
+    assert rows[2].startswith("| `make demo --no-rollout` (grpo_rho05) | 2 | 0.500 | ")
+    (res / "demo.json").unlink()
+    doc.write_text("# r\n\n<!-- BEGIN RENDERED: charge-demo -->\nold\n<!-- END RENDERED: charge-demo -->\n")
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "old" in doc.read_text()
+
+
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
     committed JSON: stale blocks are rewritten from docs/results/rl-668a343/
