@@ -565,16 +565,23 @@ def test_engine_clock_holds_on_a_loaded_host(tmp_path):
     run while busy processes hold twice this host's CPUs matches a quiet run.
     verl_default's decisions use only its own counts, so its step lands within
     2% (the arena's noise floor for it is under 1%); kvc_aware's also read KV
-    events and metrics, whose timing the host sets, and two quiet runs of this
-    seed already differ by several percent (7% once here), so it is held to 10%. The clients' clock,
-    reported under its own name, is not held to either."""
+    events and metrics, whose timing the host sets, and two runs of this seed
+    differ by several percent for that reason alone (7% between quiet runs,
+    10.7% once quiet against loaded in CI), so its step is held only to 20%
+    (a clock that let host stalls in would stretch it far more). The clock
+    itself is held tightly for both: the step's span over the busiest
+    server's compute (which only step durations make) is the same loaded as
+    quiet, whatever the decisions. The clients' clock, reported under its
+    own name, is not held to either."""
     quiet = _grpo_step(tmp_path / "quiet")
     loaded = _grpo_step(tmp_path / "loaded", hogs=2 * (os.cpu_count() or 2))
-    for p, rel, hit in (("verl_default", 0.02, 0.01), ("kvc_aware", 0.10, 0.05)):
+    for p, rel, hit in (("verl_default", 0.02, 0.01), ("kvc_aware", 0.20, 0.05)):
         q, ld = quiet[p], loaded[p]
         assert q["row"]["errors"] == 0 and ld["row"]["errors"] == 0, (p, q["row"], ld["row"])
         qs, ls = q["details"]["engine_makespan_s"], ld["details"]["engine_makespan_s"]
         assert ls == pytest.approx(qs, rel=rel), (p, qs, ls)
+        qb, lb = q["details"]["busy_makespan_s"], ld["details"]["busy_makespan_s"]
+        assert ls / lb == pytest.approx(qs / qb, rel=0.02), (p, qs, qb, ls, lb)
         assert ld["row"]["makespan_s"] == ls and ld["details"]["client_makespan_s"] > ls
         assert ld["row"]["hit_rate"] == pytest.approx(q["row"]["hit_rate"], abs=hit), (p, q["row"], ld["row"])
 
