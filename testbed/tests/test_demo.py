@@ -207,9 +207,9 @@ def test_reproduction_errors_equal_engines_tolerant_host():
     # Host-timed figures move within their bounds, a held policy's engine figures within its own.
     moved = [dict(ref[0], ttft_p99_s=11.0, acquire_p99_s=12.0), dict(ref[1], step_time_s=10.9, hit_rate=0.515)]
     assert satstep.reproduction_errors(ref, moved) == []
-    bad = satstep.reproduction_errors(ref, [dict(ref[0], preemptions=11.0), dict(ref[1], step_time_s=11.5)])
+    bad = satstep.reproduction_errors(ref, [dict(ref[0], preemptions=11.0), dict(ref[1], step_time_s=13.0)])
     assert [e.split(":")[0] for e in bad] == ["default preemptions", "kvc_aware+admit step_time_s"], bad
-    assert "must be equal" in bad[0] and "within 10%" in bad[1]
+    assert "must be equal" in bad[0] and "within 20%" in bad[1]
     assert satstep.reproduction_errors(ref, [dict(ref[0], ttft_p99_s=13.0), ref[1]]) != []
     assert satstep.reproduction_errors(ref, ref[::-1])[0].startswith("policies")
     # A summary without the label (an older run) counts as host-timed.
