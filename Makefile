@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-rl kvbench-rl-tuned kvbench-arena-shape docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -319,6 +319,19 @@ kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, 
 	@mkdir -p build/kvbench-arena-shape
 	@for s in $(ARENA_SHAPE_SEEDS); do for r in 0 0.5 0.8; do t=$${r#0.}; \
 	  $(GO) run ./cmd/kvbench $(ARENA_SHAPE) --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,dynamo_cost+queue,vllm_router_sticky_least_loaded,sglang_cache_aware --json build/kvbench-arena-shape/rl-r$$t-$$s.json >/dev/null || exit 1; done; done
+
+# Placement by predicted work (kvc_aware's work_weight; issue 26, item 3) and
+# its reference rows with every true length known, on kvbench-rl's setting:
+# first epoch at rho 0.8 (nothing learnt yet) and the recurring step (epoch 2).
+# Fresh seeds 391-395 -> build/kvbench-work/ (docs/results/kvbench-work/ renders
+# into docs/rl-workloads.md). ~5 min.
+WORK_SEEDS ?= 391 392 393 394 395
+WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen
+kvbench-work: ## placement by predicted work and its true-length references, rho 0.8 and recurring prompts, fresh seeds WORK_SEEDS -> build/kvbench-work/
+	@mkdir -p build/kvbench-work
+	@for s in $(WORK_SEEDS); do \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr 0.8 --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r8-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES),kvc_aware+admit+lengths --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # Every peer at its best on the RL settings (issue 27; seeds 361-365 at the
 # f591d2b freeze are kept in docs/results/rl-tuned-f591d2b/): the one peer set of

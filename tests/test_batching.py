@@ -377,3 +377,46 @@ def test_release_server_counts_bad_output_tokens_and_still_releases():
     # The bad ones were learnt as durations (or nothing, at 0 ms): never as counts.
     assert st["lengths"]["observed_tokens"] == 1 and st["lengths"]["unmatched_releases"] == 0
     assert KVCAwareBalancer(dict(SERVERS), router_config=KVC).require_release_fields() == []
+
+
+def test_work_weight_places_by_the_output_releases_taught():
+    """kvc_aware's work_weight (with lengths on) counts the output the router
+    learnt for a server's in-flight requests as load: once one server runs a
+    prompt whose responses were long, new short requests go elsewhere until
+    its release (naming the request, with its count) takes the charge back."""
+    cfg = {
+        "type": "kvc_aware",
+        "config": {
+            "strategies": [
+                {"name": "kvc_aware", "collector_names": [], "work_weight": 1.0, "group_spread": 0.0,
+                 "task_spread": 0.0, "session_weight": 0.0, "kv_tokens": 10000}
+            ],
+            "lengths": {"enabled": True},
+        },
+    }
+    servers = {"10.0.0.1:8000": None, "10.0.0.2:8000": None}
+    first, second = list(servers)
+    with KVCAwareBalancer(dict(servers), router_config=cfg) as lb:
+        # Teach: prompt 0 answers 6,000 tokens, prompts 1-4 answer 10.
+        for i, n in ((0, 6000), (1, 10), (2, 10), (3, 10), (4, 10)):
+            sid, _ = lb.acquire_server(f"t{i}", prompt(i))
+            lb.release_server(sid, request_id=f"t{i}", output_tokens=n)
+        lb.reset_prefix_index()  # a weight sync: a new step, lengths kept
+        long_sid, _ = lb.acquire_server("long", prompt(0))
+        assert long_sid == first
+        shorts = [lb.acquire_server(f"s{i}", prompt(i))[0] for i in (1, 2, 3, 4)]
+        assert shorts == [second] * 4, shorts
+        predicted = lb.get_status()["router"]["lengths"]["predicted_tokens"]
+        assert predicted == {first: 6000.0, second: 40.0}, predicted
+        lb.release_server(long_sid, request_id="long", output_tokens=5900)
+        assert lb.get_status()["router"]["lengths"]["predicted_tokens"][first] == 0.0
+        assert lb.acquire_server("after", prompt(9))[0] == first
+
+
+def test_work_weight_without_lengths_is_refused_by_name():
+    cfg = {
+        "type": "kvc_aware",
+        "config": {"strategies": [{"name": "kvc_aware", "collector_names": [], "work_weight": 1.0}]},
+    }
+    with pytest.raises(ValueError, match=r"work_weight.*lengths\.enabled"):
+        KVCAwareBalancer(dict(SERVERS), router_config=cfg)

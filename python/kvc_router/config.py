@@ -73,6 +73,7 @@ class KVCAwareStrategyConfig(StrategyOptions):
     group_spread: Optional[float] = None
     group_spread_min_ratio: Optional[float] = None
     task_spread: Optional[float] = None
+    work_weight: Optional[float] = None
 
     name: ClassVar[str] = "kvc_aware"
     target: ClassVar[str] = "kvc_router.config.KVCAwareStrategyConfig"

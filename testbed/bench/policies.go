@@ -24,6 +24,7 @@ var PolicyNames = []string{
 	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
 	"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
+	"kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen",
 }
 
 // DefaultPolicies is what kvbench runs when no policy is named: every
@@ -172,6 +173,12 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     the verl hook forwards them); with admission, longest predicted first.
 //   - kvc_aware+admit+truelen: a reference row, not a policy: admission
 //     longest-first with every request's true length as its hint.
+//   - kvc_aware+work+lengths: placement by predicted work (work_weight 1
+//     unless the parameters set it: each server's load counts the learnt
+//     output of its in-flight requests with their prompts), learning from
+//     the client's counts. kvc_aware+work+truelen and
+//     kvc_aware+admit+work+truelen are its reference rows: the same
+//     placement (and admission's order) with every true length known.
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
@@ -328,7 +335,21 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			}}, nil
 	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
 		"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
-		"kvc_aware+admit+truelen":
+		"kvc_aware+admit+truelen", "kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen":
+		if strings.Contains(name, "+work") {
+			k := kvcrouter.DefaultKVCAware()
+			if err := decodeOver(name, raw, &k); err != nil {
+				return Policy{}, err
+			}
+			if k.WorkWeight == 0 {
+				k.WorkWeight = 1
+			}
+			b, err := json.Marshal(k)
+			if err != nil {
+				return Policy{}, err
+			}
+			raw = b
+		}
 		if len(raw) > 0 {
 			// Validate now, so a bad parameter fails before any run.
 			k := kvcrouter.DefaultKVCAware()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/kvc-router/kvc-router/core/kvcrouter"
@@ -201,5 +202,45 @@ func TestEventLengths(t *testing.T) {
 		if tc.fromEvts && (l.Observed != 0 || l.ObservedEvents < n*9/10) {
 			t.Errorf("%s: %+v, want at least 90%% of %d releases learnt from events", tc.policy, *l, n)
 		}
+	}
+}
+
+// The +work rows place by predicted output (work_weight 1 unless the
+// parameters say otherwise) and account for it exactly: once a run has
+// released every request by name, no server keeps a charge.
+func TestWorkPolicies(t *testing.T) {
+	g := smallGRPO()
+	g.Prompts, g.N, g.Steps = 8, 4, 2
+	for _, name := range []string{"kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen"} {
+		p, err := NewPolicy(name, PolicyOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := p.Config(nil)
+		if len(c.Strategies) != 1 || !c.Lengths.Enabled || !strings.Contains(string(c.Strategies[0].Params), `"work_weight":1`) {
+			t.Fatalf("%s: config %+v", name, c)
+		}
+		res, err := Run(NewGRPO(g), p, smallOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Lengths == nil || len(res.Lengths.PredictedTokens) == 0 {
+			t.Fatalf("%s: no predicted work summed (%+v)", name, res.Lengths)
+		}
+		for s, w := range res.Lengths.PredictedTokens {
+			if w > 1e-6 {
+				t.Errorf("%s: %s keeps %v predicted tokens after every request was released", name, s, w)
+			}
+		}
+	}
+	p, err := NewPolicy("kvc_aware+work+lengths", PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": json.RawMessage(`{"work_weight":2}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := p.Config(nil); !strings.Contains(string(c.Strategies[0].Params), `"work_weight":2`) {
+		t.Fatalf("parameters' work_weight not kept: %s", c.Strategies[0].Params)
+	}
+	if _, err := NewPolicy("kvc_aware+work+lengths", PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": json.RawMessage(`{"work_weight":20}`)}}); err == nil {
+		t.Fatal("work_weight 20 accepted")
 	}
 }

@@ -967,6 +967,45 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
                         "of median 192)")
 
 
+# Placement by predicted work and its true-length references (`make kvbench-work`).
+RL_WORK = "kvbench-work"
+# (numerator, denominator) rows compared seed by seed under each table.
+WORK_PAIRS = (("kvc_aware+work+lengths", "kvc_aware+lengths", "the work term, learnt lengths"),
+              ("kvc_aware+work+truelen", "kvc_aware+work+lengths", "true lengths over learnt ones, same placement"),
+              ("kvc_aware+admit+work+truelen", "kvc_aware+work+truelen", "admission's longest-first order on top"))
+
+
+def render_work(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's placement-by-predicted-work block: the tables of
+    `make kvbench-work` (render_rl's), each followed by paired ratios of the
+    rows that isolate the work term, the lengths it is given and the order."""
+    from render_rl import SETTINGS, rows
+    from render_rl import render as render_rl_tables
+
+    d = os.path.join(docs_root, "docs", "results", RL_WORK)
+    if not glob.glob(os.path.join(d, "rl-*.json")):
+        return None
+    out = []
+    for prefix, _, step in SETTINGS:
+        if not glob.glob(os.path.join(d, f"{prefix}-*.json")):
+            continue
+        table = render_rl_tables(d, "docs/results/" + RL_WORK, only=prefix).rstrip("\n")
+        data = rows_paired(d, prefix, step, rows)
+        lines = []
+        for a, b, what in WORK_PAIRS:
+            if a in data and b in data:
+                ci = mean_ci([x / y for x, y in zip(data[a], data[b])])
+                verdict = {1: "longer", -1: "shorter", 0: "a tie"}[_clear(ci)]
+                lines.append(f"- {a} ÷ {b} ({what}): {ci.fmt(3)}, {verdict}")
+        out += [table, "", "Step time paired by seed:", *lines, ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def rows_paired(d: str, prefix: str, step, rows) -> Dict[str, List[float]]:
+    """Each row's per-seed step time (seconds), in the seed order rows reads."""
+    return {p: r["abs"] for p, r in rows(d, prefix, step).items()}
+
+
 # The reverted shared-prompt charge on the real demo fleet: (label, seed,
 # the shipped library's demo JSON, the candidate's), under docs/results/.
 CHARGE_DEMO = (
@@ -1131,6 +1170,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             targets.setdefault(rl_doc, {})["rl-arena-shape"] = render_rl_tables(
                 os.path.join(a.docs, "docs", "results", RL_ARENA_SHAPE), "docs/results/" + RL_ARENA_SHAPE,
                 shape=RL_ARENA_SHAPE_TITLE)
+        work = render_work(a.docs)
+        if "<!-- BEGIN RENDERED: rl-work -->" in rl_text and work:
+            targets.setdefault(rl_doc, {})["rl-work"] = work
         # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`).
         tuned_rl = [os.path.join(a.docs, "docs", "results", "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED]
         if "<!-- BEGIN RENDERED: rl-tuned -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):

@@ -50,12 +50,15 @@ def rows(results: str, prefix: str, step) -> Dict[str, Dict[str, List[float]]]:
     return out
 
 
-def render(results: str, shown: str, shape: str = "") -> str:
-    """Every setting with files in RESULTS as a table; SHOWN is the
-    directory's name in the titles (repository-relative); SHAPE, when the
-    runs are not kvbench-rl's grpo_sat, names theirs in each title."""
+def render(results: str, shown: str, shape: str = "", only: str = "") -> str:
+    """Every setting with files in RESULTS as a table (ONLY: that prefix
+    alone); SHOWN is the directory's name in the titles (repository-relative);
+    SHAPE, when the runs are not kvbench-rl's grpo_sat, names theirs in each
+    title."""
     out: List[str] = []
     for prefix, title, step in SETTINGS:
+        if only and prefix != only:
+            continue
         data = rows(results, prefix, step)
         if not data:
             continue

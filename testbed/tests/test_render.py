@@ -559,6 +559,48 @@ def test_arena_shape_tables_name_their_shape(tmp_path):
     assert "| kvc_aware+admit |" in text and "| dynamo_cost+queue |" in text
 
 
+def test_work_block_pairs_its_rows_seed_by_seed(tmp_path):
+    """`make kvbench-work`'s block: one table per setting from its own folder,
+    then each paired ratio computed seed by seed from the same files (a file
+    edited to make the work term lose shows as "longer")."""
+    import shutil
+
+    d = tmp_path / "docs" / "results" / "kvbench-work"
+    d.mkdir(parents=True)
+    for name in ("rl-rec-391.json", "rl-rec-392.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", "kvbench-work", name), d / name)
+    doc = tmp_path / "docs" / "rl-workloads.md"
+    doc.write_text("# r\n\n<!-- BEGIN RENDERED: rl-work -->\nold\n<!-- END RENDERED: rl-work -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+
+    def render() -> str:
+        r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        return doc.read_text()
+
+    text = render()
+    titles = [ln for ln in text.splitlines() if ln.startswith("#### ")]
+    assert len(titles) == 1 and "recurring prompts" in titles[0] and "old" not in text
+    assert "(2 fresh seeds, `docs/results/kvbench-work/rl-rec-*.json`)" in titles[0]
+    want = []
+    for name in ("rl-rec-391.json", "rl-rec-392.json"):
+        with open(d / name, encoding="utf-8") as f:
+            steps = json.load(f)["makespan_steps_s"]
+        want.append(steps["kvc_aware+work+lengths"][1] / steps["kvc_aware+lengths"][1])
+    line = next(ln for ln in text.splitlines() if ln.startswith("- kvc_aware+work+lengths ÷ kvc_aware+lengths"))
+    assert f"{sum(want) / 2:.3f} ±" in line
+    # Make the work term lose by 30% on both seeds: the verdict follows the files.
+    for name in ("rl-rec-391.json", "rl-rec-392.json"):
+        with open(d / name, encoding="utf-8") as f:
+            doc_json = json.load(f)
+        base = doc_json["makespan_steps_s"]["kvc_aware+lengths"][1]
+        doc_json["makespan_steps_s"]["kvc_aware+work+lengths"][1] = base * (1.3 if name.endswith("391.json") else 1.31)
+        with open(d / name, "w", encoding="utf-8") as f:
+            json.dump(doc_json, f)
+    line = next(ln for ln in render().splitlines() if ln.startswith("- kvc_aware+work+lengths ÷ kvc_aware+lengths"))
+    assert "1.305 ±" in line and line.endswith(", longer")
+
+
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
     """The reverted candidate's demo table is rendered from the committed demo
     JSON: each row's ratio is kvc_aware's step ÷ default's in that file; a

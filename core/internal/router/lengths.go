@@ -82,6 +82,11 @@ type lenState struct {
 	counts   LengthCounters
 	// memo holds one pick's predictions by prompt (siblings share one).
 	memo map[lengths.Key]predMemo
+	// work is each server's predicted output in flight (the strategy's
+	// work_weight reads it as Candidate.PredictedTokens): every tracked
+	// request adds its prediction when placed and takes exactly that back
+	// when a release names it. Nil unless the strategy reads it.
+	work map[string]float64
 }
 
 type predMemo struct {
@@ -92,6 +97,10 @@ type predMemo struct {
 type lenFlight struct {
 	key lengths.Key
 	at  time.Time
+	// server and work: where the request runs and the predicted output
+	// charged there (work map); work 0 charged nothing.
+	server string
+	work   float64
 }
 
 type heldLen struct {
@@ -112,6 +121,9 @@ type LengthCounters struct {
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
 	Prompts        int    `json:"prompts"`
+	// PredictedTokens is each server's predicted output in flight, summed
+	// only when the strategy reads it (kvc_aware's work_weight).
+	PredictedTokens map[string]float64 `json:"predicted_tokens,omitempty"`
 }
 
 func newLenState(spec LengthsSpec) *lenState {
@@ -133,8 +145,26 @@ func (r *Router) lenTrack(req *Request, server string) {
 	}
 	if len(l.flights) >= maxLengthFlights {
 		clear(l.flights)
+		if l.work != nil {
+			clear(l.work) // the charges' flights are gone
+		}
 	}
-	l.flights[req.ID] = lenFlight{key: lengths.KeyOf(req.Tokens), at: r.now()}
+	f := lenFlight{key: lengths.KeyOf(req.Tokens), at: r.now(), server: server}
+	if l.work != nil {
+		// A session's earlier turn still in flight under the same id
+		// loses its charge here: its release can no longer be told apart.
+		if old, ok := l.flights[req.ID]; ok {
+			l.uncharge(old)
+		}
+		f.work = req.Hint
+		if f.work <= 0 {
+			f.work = l.tok.Predict(f.key).Tokens
+		}
+		if f.work > 0 {
+			l.work[server] += f.work
+		}
+	}
+	l.flights[req.ID] = f
 	s := r.byID[server]
 	if s == nil || !s.events {
 		l.prog.done(req.ID) // a session's earlier turn elsewhere
@@ -158,6 +188,7 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 		seen := l.prog.done(requestID)
 		if f, ok := l.flights[requestID]; ok {
 			delete(l.flights, requestID)
+			l.uncharge(f)
 			if outputTokens > 0 {
 				l.tok.Observe(f.key, outputTokens)
 				l.counts.Observed++
@@ -174,6 +205,39 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 	}
 	r.mu.Unlock()
 	return r.ReleaseAdmit(server, out)
+}
+
+// uncharge takes a finished request's predicted output off its server.
+func (l *lenState) uncharge(f lenFlight) {
+	if l.work == nil || f.work <= 0 {
+		return
+	}
+	w, ok := l.work[f.server]
+	if !ok {
+		return // the server left or was re-added since
+	}
+	// Rounding leaves a sub-token residue; a negative sum would
+	// read as spare capacity.
+	l.work[f.server] = max(0, w-f.work)
+}
+
+// workIdle forgets a server's predicted output once nothing is in flight
+// there: releases that named no request (verl without the hook) never
+// took their charges back; r.mu held.
+func (r *Router) workIdle(server string) {
+	if l := r.lens; l != nil && l.work != nil {
+		if _, ok := l.work[server]; ok && r.ld.Inflight(server) == 0 {
+			l.work[server] = 0
+		}
+	}
+}
+
+// workOf is server's predicted output in flight (0 when not summed).
+func (r *Router) workOf(server string) float64 {
+	if l := r.lens; l != nil && l.work != nil {
+		return l.work[server]
+	}
+	return 0
 }
 
 // PredictTokens is the learnt output length of a prompt (0 = unknown).
@@ -200,6 +264,12 @@ func (r *Router) LengthCounters() LengthCounters {
 func (l *lenState) snapshot() LengthCounters {
 	c := l.counts
 	c.Prompts, _ = l.tok.Len()
+	if l.work != nil {
+		c.PredictedTokens = make(map[string]float64, len(l.work))
+		for s, w := range l.work {
+			c.PredictedTokens[s] = w
+		}
+	}
 	return c
 }
 

@@ -355,6 +355,7 @@ func (r *Router) candidates() int {
 			continue
 		}
 		r.cands[n] = candidateOf(s, sn)
+		r.cands[n].PredictedTokens = r.workOf(s.id)
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s
 		n++

@@ -219,6 +219,12 @@ func New(cfg Config) (*Router, error) {
 	if kvc && strategy.ReadsSiblings(strat) {
 		r.groups = newGroups()
 	}
+	if kvc && strategy.ReadsWork(strat) {
+		if r.lens == nil {
+			return nil, configErr("strategies", "kvc_aware's work_weight reads the lengths the router learns: set lengths.enabled true, or work_weight 0")
+		}
+		r.lens.work = map[string]float64{}
+	}
 	return r, nil
 }
 
@@ -255,6 +261,9 @@ func (r *Router) AddServers(ids []string) error {
 	}
 	for _, id := range ids {
 		r.ld.Add(id)
+		if r.lens != nil && r.lens.work != nil {
+			r.lens.work[id] = 0 // in flight restarts at zero
+		}
 		if _, ok := r.byID[id]; ok {
 			continue
 		}
@@ -300,6 +309,9 @@ func (r *Router) RemoveServers(ids []string) {
 			continue
 		}
 		delete(r.byID, id)
+		if r.lens != nil && r.lens.work != nil {
+			delete(r.lens.work, id)
+		}
 		for i, p := range r.pool {
 			if p == s {
 				r.pool = append(r.pool[:i], r.pool[i+1:]...)
@@ -392,6 +404,7 @@ func (r *Router) Release(id string) bool {
 	if ok {
 		r.mu.Lock()
 		r.counters.Releases++
+		r.workIdle(id)
 		r.mu.Unlock()
 	}
 	return ok

@@ -201,6 +201,18 @@ type KVCAware struct {
 	// sharing the task's prompt measured slightly better; higher when hard
 	// tasks' trajectories still pile onto one server.
 	TaskSpread float64 `json:"task_spread"`
+	// WorkWeight in [0, 10] adds the output the router predicts for a
+	// server's in-flight requests (Candidate.PredictedTokens, learnt per
+	// prompt by the router's "lengths") to token_load's numerator, times
+	// this weight: the server's load is then its predicted work (prompt
+	// plus predicted output tokens) over its KV capacity rather than its
+	// prompts alone, so a server given the long groups takes fewer
+	// requests. It needs token_load and the router's lengths.enabled; 0
+	// (the default) reads no prediction.
+	// When to change: try 1 when prompts recur across steps with lengths
+	// close to last time's; on kvbench's RL settings it measured no
+	// shorter step than 0 (docs/rl-workloads.md, "Placing by predicted work").
+	WorkWeight float64 `json:"work_weight"`
 	tier       [index.NumTiers]float64
 }
 
@@ -241,6 +253,12 @@ func (k *KVCAware) Validate() error {
 	if !(k.TaskSpread >= 0 && k.TaskSpread <= 10) {
 		return strictjson.Errorf("task_spread", "must be in [0, 10] (0 disables), got %v", k.TaskSpread)
 	}
+	if !(k.WorkWeight >= 0 && k.WorkWeight <= 10) {
+		return strictjson.Errorf("work_weight", "must be in [0, 10] (0 disables), got %v", k.WorkWeight)
+	}
+	if k.WorkWeight > 0 && !k.TokenLoad {
+		return strictjson.Errorf("work_weight", "adds to token_load's numerator: set token_load true, or work_weight 0")
+	}
 	tw, err := TierWeights("layer_weights", k.LayerWeights)
 	if err != nil {
 		return err
@@ -258,6 +276,9 @@ func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
 // ReadsSiblings implements SiblingReader: only the group_spread and
 // task_spread terms do.
 func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpread > 0 }
+
+// ReadsWork implements WorkReader: only work_weight does.
+func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 && k.TokenLoad }
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
@@ -465,22 +486,22 @@ const DefaultTaskSpread = 0.1
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.
 const DefaultKVTokens = 480_000
 
-func tokenLoad(c *Candidate, fallback int) float64 {
+func tokenLoad(c *Candidate, fallback int, work float64) float64 {
 	capacity := c.KVCapacityTokens
 	if capacity <= 0 {
 		capacity = fallback
 	}
-	return max(c.Load, float64(c.InflightTokens)/float64(capacity))
+	return max(c.Load, (float64(c.InflightTokens)+work*c.PredictedTokens)/float64(capacity))
 }
 
 // EffectiveLoad implements LoadMeasure: the load kvc_aware scores with, so
 // the router's sticky breakout and the overload penalty in Score agree. With
-// token_load it is at least the in-flight prompt tokens over the server's KV
-// capacity (kv_tokens when its metrics report none); without, the load
-// store's figure.
+// token_load it is at least the in-flight prompt tokens (plus work_weight
+// times their predicted output) over the server's KV capacity (kv_tokens
+// when its metrics report none); without, the load store's figure.
 func (k *KVCAware) EffectiveLoad(c *Candidate) float64 {
 	if k.TokenLoad {
-		return tokenLoad(c, k.KVTokens)
+		return tokenLoad(c, k.KVTokens, k.WorkWeight)
 	}
 	return c.Load
 }

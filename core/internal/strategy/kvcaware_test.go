@@ -355,3 +355,42 @@ func TestKVCAwareTaskSpread(t *testing.T) {
 		}
 	}
 }
+
+// TestKVCAwareWorkWeight: work_weight adds the output predicted for a
+// server's in-flight requests to token_load's numerator, so the server
+// given a long request's predicted work ranks as loaded; at 0 the
+// prediction is not read at all.
+func TestKVCAwareWorkWeight(t *testing.T) {
+	c := []Candidate{cand("a", 0, 4, [3]int{}, 8), cand("b", 1, 5, [3]int{}, 8)}
+	// Equal prompt tokens in flight; a runs one request predicted to
+	// answer 96k tokens, b several predicted short.
+	c[0].InflightTokens, c[1].InflightTokens = 48_000, 48_000
+	c[0].PredictedTokens, c[1].PredictedTokens = 96_000, 8_000
+	for _, tc := range []struct {
+		params   string
+		reads    bool
+		wantLoad [2]float64
+		wantPick string
+	}{
+		{`{"work_weight":0}`, false, [2]float64{0.1, 0.1}, "a"}, // a tie: the first added wins
+		{`{"work_weight":1}`, true, [2]float64{0.3, 56.0 / 480}, "b"},
+		{`{"work_weight":0.5}`, true, [2]float64{0.2, 52.0 / 480}, "b"},
+	} {
+		k := build(t, "kvc_aware", tc.params).(*KVCAware)
+		if got := ReadsWork(k); got != tc.reads {
+			t.Fatalf("%s: ReadsWork %v, want %v", tc.params, got, tc.reads)
+		}
+		for i := range c {
+			if got := k.EffectiveLoad(&c[i]); math.Abs(got-tc.wantLoad[i]) > 1e-9 {
+				t.Fatalf("%s: %s's load %v, want %v", tc.params, c[i].ID, got, tc.wantLoad[i])
+			}
+		}
+		if got := peerPick(t, k, c); got != tc.wantPick {
+			t.Fatalf("%s: picked %s, want %s", tc.params, got, tc.wantPick)
+		}
+	}
+	w := &Weighted{Parts: []Strategy{LeastInflight{}, build(t, "kvc_aware", `{"work_weight":1}`)}, Weights: []float64{1, 1}}
+	if !ReadsWork(w) {
+		t.Fatal("a weighted combination with work_weight does not read the prediction")
+	}
+}

@@ -45,6 +45,11 @@ type Candidate struct {
 	// group: GRPO samples, an agent task's first turns) the router placed
 	// on this server since the last weight sync.
 	Siblings int
+	// PredictedTokens is the output the router predicts for the requests
+	// in flight on this server (the sum of each one's learnt response
+	// length, charged when it was placed and taken back exactly when it is
+	// released); 0 when length learning is off or nothing is known yet.
+	PredictedTokens float64
 }
 
 // Request is the request being routed.
@@ -113,6 +118,19 @@ func ReadsSiblings(s Strategy) bool {
 	return ok && m.ReadsSiblings()
 }
 
+// WorkReader is implemented by strategies that may read
+// Candidate.PredictedTokens. The router sums each server's predicted
+// output only when its strategy reads it.
+type WorkReader interface {
+	ReadsWork() bool
+}
+
+// ReadsWork reports whether s reads Candidate.PredictedTokens.
+func ReadsWork(s Strategy) bool {
+	m, ok := s.(WorkReader)
+	return ok && m.ReadsWork()
+}
+
 // Factory builds a strategy from its JSON parameters.
 type Factory func(params json.RawMessage) (Strategy, error)
 
@@ -177,6 +195,16 @@ func (w *Weighted) Name() string {
 func (w *Weighted) ReadsSiblings() bool {
 	for _, p := range w.Parts {
 		if ReadsSiblings(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadsWork implements WorkReader: any part reads it.
+func (w *Weighted) ReadsWork() bool {
+	for _, p := range w.Parts {
+		if ReadsWork(p) {
 			return true
 		}
 	}

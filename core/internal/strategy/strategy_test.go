@@ -123,6 +123,9 @@ func TestBuildErrors(t *testing.T) {
 		{"bad weight", "kvc_aware", `{"layer_weights": {"gpu": -1}}`, "layer_weights.gpu"},
 		{"wrong type", "kvc_aware", `{"alpha": "high"}`, "alpha"},
 		{"least_inflight takes nothing", "least_inflight", `{"x": 1}`, "x"},
+		{"work_weight range", "kvc_aware", `{"work_weight": 11}`, "work_weight"},
+		{"work_weight negative", "kvc_aware", `{"work_weight": -0.5}`, "work_weight"},
+		{"work_weight without token_load", "kvc_aware", `{"work_weight": 1, "token_load": false}`, "token_load"},
 	}
 	for _, c := range cases {
 		_, err := Build(c.strat, json.RawMessage(c.params))

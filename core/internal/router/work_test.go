@@ -1,0 +1,143 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	json "github.com/goccy/go-json"
+)
+
+// workConfig is a two-server kvc_aware router learning lengths, scoring
+// with work_weight w and none of the spread terms (so placement reads load
+// alone).
+func workConfig(w float64) Config {
+	p, _ := json.Marshal(map[string]any{"work_weight": w, "group_spread": 0, "task_spread": 0,
+		"session_weight": 0, "kv_tokens": 10000})
+	return Config{Mode: ModeKVCAware, Model: "m", Lengths: LengthsSpec{Enabled: true},
+		Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: p}}}
+}
+
+// teach runs one request of each prompt to completion with its output
+// count, then starts a new step (a weight sync).
+func teach(t *testing.T, r *Router, outputs map[int32]int) {
+	t.Helper()
+	for seed, n := range outputs {
+		id := fmt.Sprint("teach", seed)
+		s := acq(t, r, id, prompt(64, seed)...)
+		if _, ok := r.ReleaseDone(s, id, n, nil); !ok {
+			t.Fatalf("release of %s failed", id)
+		}
+	}
+	r.ResetCache()
+}
+
+// With work_weight a server's load counts the output predicted for its
+// in-flight requests: once one server runs a prompt known to answer long,
+// short requests go to the other; exactly that charge leaves when the
+// request's release names it. Without work_weight the same requests
+// alternate on prompt tokens.
+func TestWorkWeightPlacesByPredictedOutput(t *testing.T) {
+	for _, c := range []struct {
+		w          float64
+		wantShorts string
+	}{{1, "[s1 s1 s1 s1]"}, {0, "[s1 s0 s1 s0]"}} {
+		t.Run(fmt.Sprint("work_weight=", c.w), func(t *testing.T) {
+			r := mustNew(t, workConfig(c.w), "s0", "s1")
+			teach(t, r, map[int32]int{1: 6000, 1001: 10, 2001: 10, 3001: 10, 4001: 10})
+			if s := acq(t, r, "long", prompt(64, 1)...); s != "s0" {
+				t.Fatalf("long request on %s, want s0 (first added)", s)
+			}
+			var shorts []string
+			for i := int32(1); i <= 4; i++ {
+				shorts = append(shorts, acq(t, r, fmt.Sprint("short", i), prompt(64, 1000*i+1)...))
+			}
+			if fmt.Sprint(shorts) != c.wantShorts {
+				t.Fatalf("short requests on %v, want %s", shorts, c.wantShorts)
+			}
+			if c.w == 0 {
+				if got := r.workOf("s0"); got != 0 {
+					t.Fatalf("work summed (%v) though the strategy reads none", got)
+				}
+				return
+			}
+			if got := r.workOf("s0"); got != 6000 {
+				t.Fatalf("s0 predicted output %v, want 6000", got)
+			}
+			if got := r.workOf("s1"); got != 40 {
+				t.Fatalf("s1 predicted output %v, want 40 (4 x 10)", got)
+			}
+			if got := r.LengthCounters().PredictedTokens; got["s0"] != 6000 || got["s1"] != 40 {
+				t.Fatalf("status shows predicted tokens %v", got)
+			}
+			r.ReleaseDone("s0", "long", 5800, nil)
+			if got := r.workOf("s0"); got != 0 {
+				t.Fatalf("s0 predicted output %v after the long request's release, want 0", got)
+			}
+			if s := acq(t, r, "after", prompt(64, 9001)...); s != "s0" {
+				t.Fatalf("request after the release on %s, want s0 (idle)", s)
+			}
+		})
+	}
+}
+
+// A caller's hint (a reference row's true length) is charged instead of
+// the learnt figure; releases that name no request cannot take a charge
+// back, so a server's sum is forgotten once nothing is in flight there; a
+// re-added server starts from zero and a removed one is forgotten.
+func TestWorkHintPlainReleaseAndPool(t *testing.T) {
+	r := mustNew(t, workConfig(1), "s0", "s1")
+	d, err := r.Acquire(Request{ID: "h", Tokens: prompt(64, 1), Pin: -1, Hint: 700})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.workOf(d.Server); got != 700 {
+		t.Fatalf("hinted request charged %v, want 700", got)
+	}
+	d2, err := r.Acquire(Request{ID: "h2", Tokens: prompt(64, 5001), Pin: -1, Hint: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.Server == d.Server {
+		t.Fatalf("second hinted request joined the first on %s", d.Server)
+	}
+	if !r.Release(d.Server) {
+		t.Fatal("plain release failed")
+	}
+	if got := r.workOf(d.Server); got != 0 {
+		t.Fatalf("idle server keeps %v predicted tokens after a plain release", got)
+	}
+	if err := r.AddServers([]string{d2.Server}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.workOf(d2.Server); got != 0 {
+		t.Fatalf("re-added server keeps %v predicted tokens", got)
+	}
+	r.ReleaseDone(d2.Server, "h2", 300, nil) // its charge was already dropped: no negative sum
+	if got := r.workOf(d2.Server); got != 0 {
+		t.Fatalf("sum %v after releasing a dropped charge", got)
+	}
+	r.RemoveServers([]string{d2.Server})
+	r.mu.Lock()
+	_, kept := r.lens.work[d2.Server]
+	r.mu.Unlock()
+	if kept {
+		t.Fatal("a removed server's predicted output is still kept")
+	}
+}
+
+// work_weight reads what length learning learns: without it the router
+// refuses the configuration, naming both settings.
+func TestWorkWeightNeedsLengths(t *testing.T) {
+	c := workConfig(1)
+	c.Lengths.Enabled = false
+	_, err := New(c)
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("err %v, want ErrConfig", err)
+	}
+	for _, want := range []string{"work_weight", "lengths.enabled"} {
+		if !contains(err.Error(), want) {
+			t.Fatalf("error %q does not name %s", err, want)
+		}
+	}
+}
