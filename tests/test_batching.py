@@ -13,6 +13,7 @@ from typing import Any, List
 
 import pytest
 from kvc_router import KVCAwareBalancer, batching
+from kvc_router import metrics as km
 from kvc_router.errors import NoServerError
 
 KVC = {"type": "kvc_aware", "config": {"strategies": [{"name": "kvc_aware", "collector_names": []}]}}
@@ -406,8 +407,12 @@ def test_work_weight_places_by_the_output_releases_taught():
         assert long_sid == first
         shorts = [lb.acquire_server(f"s{i}", prompt(i))[0] for i in (1, 2, 3, 4)]
         assert shorts == [second] * 4, shorts
-        predicted = lb.get_status()["router"]["lengths"]["predicted_tokens"]
+        st = lb.get_status()
+        predicted = st["router"]["lengths"]["predicted_tokens"]
         assert predicted == {first: 6000.0, second: 40.0}, predicted
+        # The same figures go to Prometheus, one gauge per server.
+        exported = {dict(lab)["server"]: v for name, lab, v in km.samples(st) if name == "lengths_predicted_tokens"}
+        assert exported == predicted, exported
         lb.release_server(long_sid, request_id="long", output_tokens=5900)
         assert lb.get_status()["router"]["lengths"]["predicted_tokens"][first] == 0.0
         assert lb.acquire_server("after", prompt(9))[0] == first
