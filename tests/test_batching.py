@@ -425,3 +425,22 @@ def test_work_weight_without_lengths_is_refused_by_name():
     }
     with pytest.raises(ValueError, match=r"work_weight.*lengths\.enabled"):
         KVCAwareBalancer(dict(SERVERS), router_config=cfg)
+
+
+def test_status_shows_the_measured_length_correlation():
+    """A weight sync ends a step: the router reports how alike a prompt's
+    samples were (the intra-class correlation of their log lengths) in the
+    status and as a gauge; before any step ends there is none."""
+    with KVCAwareBalancer(dict(SERVERS), router_config=KVC_LENGTHS) as lb:
+        assert not lb.get_status()["router"]["lengths"]["length_corr_known"]
+        assert not [n for n, _, _ in km.samples(lb.get_status()) if n == "lengths_corr"]
+        for k in range(10):
+            for j in range(4):
+                rid = f"p{k}-{j}"
+                sid, _ = lb.acquire_server(rid, prompt(k))
+                lb.release_server(sid, request_id=rid, output_tokens=100 * (k + 1) + j)
+        lb.reset_prefix_index()
+        st = lb.get_status()
+        lens = st["router"]["lengths"]
+        assert lens["length_corr_known"] and 0.99 < lens["length_corr"] <= 1.0, lens
+        assert [v for n, _, v in km.samples(st) if n == "lengths_corr"] == [lens["length_corr"]]

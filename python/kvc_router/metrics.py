@@ -155,6 +155,7 @@ SPECS: Dict[str, Spec] = {
     "lengths_observed_durations_total": Spec("counter", "releases that taught an acquire-to-release time"),
     "lengths_unmatched_releases_total": Spec("counter", "releases naming a request the router did not route"),
     "lengths_prompts": Spec("gauge", "prompts with a learnt response length"),
+    "lengths_corr": Spec("gauge", "within-prompt correlation of log response lengths over the last measured step"),
     "lengths_predicted_tokens": Spec(
         "gauge", "output predicted for the requests in flight per server (kvc_aware's work_weight)", ("server",)),
     "bad_output_tokens_total": Spec("counter", "releases whose output_tokens was not a count (released without it)"),
@@ -267,6 +268,8 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
         add("lengths_observed_durations_total", lens.get("observed_durations", 0))
         add("lengths_unmatched_releases_total", lens.get("unmatched_releases", 0))
         add("lengths_prompts", lens.get("prompts", 0))
+        if lens.get("length_corr_known"):
+            add("lengths_corr", lens.get("length_corr", 0.0))
         for sid, v in (lens.get("predicted_tokens") or {}).items():
             add("lengths_predicted_tokens", v, server=server_label(sid))
         add("bad_output_tokens_total", r.get("bad_output_tokens", 0))

@@ -70,8 +70,9 @@ type entry struct {
 	// hist is the history mean over earlier steps (valid when hasHist).
 	hist    float64
 	hasHist bool
-	// This step's finished responses.
+	// This step's finished responses (slog: the sum of their logs).
 	sum  float64
+	slog float64
 	n    int
 	step uint64
 	el   *list.Element
@@ -87,6 +88,63 @@ type Tracker struct {
 	allSum  float64
 	allN    float64
 	dropped uint64
+	// anova accumulates this step's log lengths by prompt for the
+	// within-group correlation (Corr); corr is the last step's estimate.
+	anova     anova
+	corr      float64
+	corrKnown bool
+}
+
+// anova holds the sums a one-way analysis of variance of log lengths by
+// prompt needs, kept as responses arrive (no pass over the prompts).
+type anova struct {
+	n, k   float64 // responses, prompts with one or more
+	t1, t2 float64 // sum of y and of y^2
+	g      float64 // sum over prompts of S_k^2 / n_k
+	n2     float64 // sum over prompts of n_k^2
+}
+
+// add records y = log(length) for a prompt that had n responses summing
+// s before it.
+func (a *anova) add(y, s float64, n int) {
+	a.n++
+	a.t1 += y
+	a.t2 += y * y
+	if n == 0 {
+		a.k++
+	} else {
+		a.g -= s * s / float64(n)
+	}
+	a.g += (s + y) * (s + y) / float64(n+1)
+	a.n2 += float64(2*n + 1)
+}
+
+// Minimum evidence for a correlation estimate: prompts with responses, and
+// responses beyond one per prompt (the within-prompt degrees of freedom).
+const (
+	minCorrPrompts = 8
+	minCorrWithin  = 16
+)
+
+// icc is the intra-class correlation of the recorded logs (the ANOVA
+// estimator, clamped to [0, 1]); ok false without enough evidence.
+func (a *anova) icc() (float64, bool) {
+	if a.k < minCorrPrompts || a.n-a.k < minCorrWithin {
+		return 0, false
+	}
+	if v := a.t2/a.n - (a.t1/a.n)*(a.t1/a.n); v <= 1e-9*(1+a.t2/a.n) {
+		return 0, false // every length equal (up to rounding): no evidence either way
+	}
+	ssw := a.t2 - a.g
+	ssb := a.g - a.t1*a.t1/a.n
+	msw := max(0, ssw) / (a.n - a.k)
+	msb := max(0, ssb) / (a.k - 1)
+	n0 := (a.n - a.n2/a.n) / (a.k - 1)
+	den := msb + (n0-1)*msw
+	if !(den > 0) {
+		return 0, false
+	}
+	return min(1, max(0, (msb-msw)/den)), true
 }
 
 // New builds a Tracker.
@@ -111,7 +169,7 @@ func (t *Tracker) fold(e *entry) {
 	} else {
 		e.hist, e.hasHist = m, true
 	}
-	e.sum, e.n = 0, 0
+	e.sum, e.slog, e.n = 0, 0, 0
 }
 
 func (t *Tracker) get(k Key, create bool) *entry {
@@ -144,7 +202,10 @@ func (t *Tracker) Observe(k Key, n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.get(k, true)
+	y := math.Log(float64(n))
+	t.anova.add(y, e.slog, e.n)
 	e.sum += float64(n)
+	e.slog += y
 	e.n++
 	t.allSum += float64(n)
 	t.allN++
@@ -155,7 +216,24 @@ func (t *Tracker) Observe(k Key, n int) {
 func (t *Tracker) NextStep() {
 	t.mu.Lock()
 	t.step++
+	if c, ok := t.anova.icc(); ok {
+		t.corr, t.corrKnown = c, true
+	}
+	t.anova = anova{}
 	t.mu.Unlock()
+}
+
+// Corr is the within-prompt correlation of log response lengths measured
+// over the last step that gave enough evidence (the intra-class
+// correlation of its finished responses grouped by prompt: 0 when a
+// prompt's responses are no more alike than any two, 1 when they are
+// equal); ok false until a step has. A GRPO step's samples of one prompt
+// show it directly, and it is a property of the task and the policy that
+// changes slowly from step to step.
+func (t *Tracker) Corr() (float64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.corr, t.corrKnown
 }
 
 // Predict returns prompt k's estimate: this step's finished siblings and

@@ -2,6 +2,7 @@ package lengths
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -82,5 +83,64 @@ func TestConcurrent(t *testing.T) {
 	}
 	if n, _ := tr.Len(); n != 17 {
 		t.Fatalf("%d prompts, want 17", n)
+	}
+}
+
+// Corr estimates the within-prompt correlation of log lengths from one
+// step's finished responses: for latents sqrt(rho)*d_k + sqrt(1-rho)*e_kj
+// (kvbench's length model) it lands near rho; a step without enough
+// evidence keeps the last estimate.
+func TestCorr(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for _, rho := range []float64{0, 0.5, 0.8} {
+		tr := New(Config{})
+		if _, ok := tr.Corr(); ok {
+			t.Fatal("a fresh tracker claims a correlation")
+		}
+		for k := 0; k < 128; k++ {
+			d := rng.NormFloat64()
+			for j := 0; j < 16; j++ {
+				z := math.Sqrt(rho)*d + math.Sqrt(1-rho)*rng.NormFloat64()
+				tr.Observe(Key(k), max(1, int(math.Round(math.Exp(6+z)))))
+			}
+		}
+		if _, ok := tr.Corr(); ok {
+			t.Fatal("the correlation is known before the step ends")
+		}
+		tr.NextStep()
+		got, ok := tr.Corr()
+		if !ok || math.Abs(got-rho) > 0.08 {
+			t.Fatalf("rho %v: estimated %v (ok %v)", rho, got, ok)
+		}
+		// Too little evidence (4 prompts): the estimate stands.
+		for k := 0; k < 4; k++ {
+			tr.Observe(Key(1000+k), 10)
+			tr.Observe(Key(1000+k), 5000)
+		}
+		tr.NextStep()
+		if again, ok := tr.Corr(); !ok || again != got {
+			t.Fatalf("rho %v: a thin step moved the estimate to %v (ok %v)", rho, again, ok)
+		}
+	}
+	// Siblings exactly alike, prompts apart: 1. Every length equal: no evidence.
+	tr := New(Config{})
+	for k := 0; k < 10; k++ {
+		for j := 0; j < 4; j++ {
+			tr.Observe(Key(k), 100*(k+1))
+		}
+	}
+	tr.NextStep()
+	if c, ok := tr.Corr(); !ok || c != 1 {
+		t.Fatalf("alike siblings: %v %v", c, ok)
+	}
+	tr = New(Config{})
+	for k := 0; k < 10; k++ {
+		for j := 0; j < 4; j++ {
+			tr.Observe(Key(k), 50)
+		}
+	}
+	tr.NextStep()
+	if _, ok := tr.Corr(); ok {
+		t.Fatal("equal lengths everywhere gave a correlation")
 	}
 }

@@ -121,6 +121,13 @@ type LengthCounters struct {
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
 	Prompts        int    `json:"prompts"`
+	// LengthCorr is the within-prompt correlation of log response
+	// lengths the learner measured over its last step with enough evidence
+	// (LengthCorrKnown false: none yet): how alike a prompt's samples are,
+	// the property that decides whether a group kept whole straggles
+	// (docs/rl-workloads.md).
+	LengthCorr      float64 `json:"length_corr"`
+	LengthCorrKnown bool    `json:"length_corr_known"`
 	// PredictedTokens is each server's predicted output in flight, summed
 	// only when the strategy reads it (kvc_aware's work_weight).
 	PredictedTokens map[string]float64 `json:"predicted_tokens,omitempty"`
@@ -264,6 +271,7 @@ func (r *Router) LengthCounters() LengthCounters {
 func (l *lenState) snapshot() LengthCounters {
 	c := l.counts
 	c.Prompts, _ = l.tok.Len()
+	c.LengthCorr, c.LengthCorrKnown = l.tok.Corr()
 	if l.work != nil {
 		c.PredictedTokens = make(map[string]float64, len(l.work))
 		for s, w := range l.work {

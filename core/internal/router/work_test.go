@@ -141,3 +141,38 @@ func TestWorkWeightNeedsLengths(t *testing.T) {
 		}
 	}
 }
+
+// At each weight sync the learner measures how alike a prompt's responses
+// were in the step that ended, and the status shows it.
+func TestStatusShowsMeasuredCorrelation(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lengths  func(prompt, sample int) int
+		wantCorr float64
+	}{
+		{"siblings alike", func(p, _ int) int { return 100 * (p + 1) }, 1},
+		// Every prompt gets the same four lengths: nothing is the prompt's.
+		{"siblings independent of the prompt", func(_, j int) int { return []int{10, 1000, 100, 5000}[j] }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, Config{Mode: ModeKVCAware, Model: "m", Lengths: LengthsSpec{Enabled: true}}, "s0", "s1")
+			if c := r.LengthCounters(); c.LengthCorrKnown {
+				t.Fatalf("a fresh router knows a correlation: %+v", c)
+			}
+			for k := 0; k < 10; k++ {
+				for j := 0; j < 4; j++ {
+					id := fmt.Sprintf("p%d-%d", k, j)
+					s := acq(t, r, id, prompt(64, int32(1000*(k+1)))...)
+					r.ReleaseDone(s, id, tc.lengths(k, j), nil)
+				}
+			}
+			if c := r.LengthCounters(); c.LengthCorrKnown {
+				t.Fatalf("the correlation is known before the step ends: %+v", c)
+			}
+			r.ResetCache()
+			if c := r.LengthCounters(); !c.LengthCorrKnown || c.LengthCorr != tc.wantCorr {
+				t.Fatalf("measured correlation %v (known %v), want %v", c.LengthCorr, c.LengthCorrKnown, tc.wantCorr)
+			}
+		})
+	}
+}
