@@ -1006,6 +1006,142 @@ def rows_paired(d: str, prefix: str, step, rows) -> Dict[str, List[float]]:
     return {p: r["abs"] for p, r in rows(d, prefix, step).items()}
 
 
+# Issue 26's "Done when" targets, each against the committed runs that measure it.
+TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
+TRUE_LENGTH_REFS = ("kvc_aware+work+truelen", "kvc_aware+admit+truelen", "kvc_aware+admit+work+truelen")
+
+PerSeed = Dict[str, Dict[int, Tuple[float, float]]]  # row -> seed -> (step s, TTFT p99 s)
+
+
+def _kvb_runs(d: str, prefix: str, step: Optional[int]) -> PerSeed:
+    """`make kvbench-rl`-style files D/PREFIX-SEED.json: every row's step time
+    (STEP: that step of a multi-step run) and TTFT p99 by seed."""
+    out: PerSeed = {}
+    for path in sorted(glob.glob(os.path.join(d, f"{prefix}-*.json"))):
+        seed = int(os.path.basename(path)[len(prefix) + 1:-5])
+        with open(path, encoding="utf-8") as f:
+            rep = json.load(f)
+        for p, r in rep["policies"].items():
+            mk = r["makespan_s"] if step is None else rep["makespan_steps_s"][p][step]
+            out.setdefault(p, {})[seed] = (mk, r["ttft_p99_s"])
+    return out
+
+
+def _heldout_runs(path: str) -> PerSeed:
+    """A `kvbench --heldout` file: each row by name (a tuned row as "NAME (tuned)")."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    out: PerSeed = {}
+    for r in doc["rows"]:
+        name = r["policy"] + (" (tuned)" if r.get("tuned") else "")
+        out[name] = {x["seed"]: (x["makespan_s"], x["ttft_p99_s"]) for x in r["per_seed"]}
+    return out
+
+
+def _paired(runs: PerSeed, a: str, b: str, metric: int = 0) -> MeanCI:
+    seeds = sorted(set(runs[a]) & set(runs[b]))
+    return mean_ci([runs[a][s][metric] / runs[b][s][metric] for s in seeds])
+
+
+def _at_best(runs: PerSeed, peer: str) -> Optional[str]:
+    """The peer's row with the shorter mean step time: launcher defaults or tuned."""
+    rows = [r for r in (peer, peer + " (tuned)") if r in runs]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: sum(v[0] for v in runs[r].values()) / len(runs[r]))
+
+
+def _at_most(ci: MeanCI, bound: float) -> str:
+    """Verdict on "ratio <= bound": met with its whole interval, by mean only, or missed by how much."""
+    if ci.hi <= bound:
+        return "**met** (interval below)"
+    if ci.mean <= bound:
+        return "met by mean only"
+    return f"**missed** by {ci.mean - bound:.3f}" + (" (interval above)" if ci.lo > bound else "")
+
+
+def render_targets(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's summary of issue 26's targets: each measured
+    seed by seed in the committed runs that hold it (paired ratios, mean ±
+    95% CI, Student's t), with a verdict."""
+    res = os.path.join(docs_root, "docs", "results")
+    cur, prev, work = (os.path.join(res, x) for x in (RL_DEFAULTS, RL_PREV, RL_WORK))
+    tuned = {k: os.path.join(res, "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED}
+    if not (all(os.path.isfile(p) for p in tuned.values()) and glob.glob(os.path.join(cur, "rl-r5-*.json"))
+            and glob.glob(os.path.join(work, "rl-rec-*.json"))):
+        return None
+    t = {k: _heldout_runs(p) for k, p in tuned.items()}
+
+    def seeds(runs: PerSeed) -> str:
+        s = sorted(runs["verl_default"])
+        return f"{s[0]}–{s[-1]}"
+
+    src_cur = f"`{RL_DEFAULTS}/` (`make kvbench-rl`)"
+    src_t = "`rl-tuned/` (`make kvbench-rl-tuned`)"
+    src_w = f"`{RL_WORK}/` (`make kvbench-work`)"
+    out = ["Rendered from the committed runs named in each row (under `docs/results/`); kvc_aware at the library "
+           f"defaults in every row (frozen at `{RL_DEFAULTS[3:]}`); each cell is kvc_aware's ratio, paired by seed, "
+           "mean ± 95% CI. \"Met by mean only\" means the interval still reaches past the bound.", "",
+           "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
+
+    def row(target: str, setting: str, src: str, runs: PerSeed, ci: MeanCI, verdict: str) -> None:
+        out.append(f"| {target} | {setting} | {src} ({seeds(runs)}) | {ci.fmt(3)} | {verdict} |")
+
+    for rho, key in (("0.5", "r5"), ("0.8", "r8")):
+        setting = f"first epoch, ρ {rho}"
+        runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None)), (src_t, t[key])]
+        if key == "r8":
+            runs.append((src_w, _kvb_runs(work, "rl-r8", None)))
+        for src, r in runs:
+            ci = _paired(r, "kvc_aware", "verl_default")
+            row("≤ 0.98 × verl_default", setting, src, r, ci, _at_most(ci, 0.98))
+        for peer in TARGET_PEERS:
+            best = _at_best(t[key], peer)
+            if best:
+                ci = _paired(t[key], "kvc_aware", best)
+                row(f"≤ {best}", setting, src_t, t[key], ci, _at_most(ci, 1.0))
+    r0, r0_prev = _kvb_runs(cur, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
+    both = {"kvc_aware": r0["kvc_aware"], "before": r0_prev["kvc_aware"], "verl_default": r0["verl_default"]}
+    ci = _paired(both, "kvc_aware", "before")
+    row(f"no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", "first epoch, ρ 0", f"`{RL_PREV}/`, "
+        + src_cur, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
+        ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
+    rec = [(src_cur, _kvb_runs(cur, "rl-rec", 1)), (src_t, t["rec"]), (src_w, _kvb_runs(work, "rl-rec", 1))]
+    for src, r in rec:
+        ci = _paired(r, "kvc_aware", "verl_default")
+        row("≤ 0.90 × verl_default", "recurring prompts, epoch 2", src, r, ci, _at_most(ci, 0.90))
+    for peer in sorted({x.removesuffix(" (tuned)") for x in t["rec"]} - {"verl_default"}):
+        if peer.startswith("kvc_aware"):
+            continue
+        best = _at_best(t["rec"], peer)
+        ci = _paired(t["rec"], "kvc_aware", best)
+        row(f"ahead of {best}", "recurring prompts, epoch 2", src_t, t["rec"], ci, _at_most(ci, 1.0))
+    w = rec[2][1]
+    refs = {x: _paired(w, x, "verl_default") for x in TRUE_LENGTH_REFS if x in w}
+    ref = min(refs, key=lambda x: refs[x].mean)
+    kvc = _paired(w, "kvc_aware", "verl_default")
+    if refs[ref].hi < 1:
+        share = (1 - kvc.mean) / (1 - refs[ref].mean)
+        verdict = ("**met**" if share >= 0.6 else "**missed**") + f": {100 * share:.0f}% of the way"
+    else:
+        verdict = "no gap to close: the best reference is not clearly shorter than verl_default"
+    out.append(f"| ≥ 60% of the way to the true-length reference | recurring prompts, epoch 2 | {src_w} ({seeds(w)}) "
+               f"| {kvc.fmt(3)} × verl_default; best reference {ref} {refs[ref].fmt(3)} | {verdict} |")
+    agt = t["agt"]
+    for peer in sorted({x.removesuffix(" (tuned)") for x in agt} - {"verl_default"}):
+        if peer.startswith("kvc_aware"):
+            continue
+        best = _at_best(agt, peer)
+        ci = _paired(agt, "kvc_aware", best)
+        row(f"≤ {best}", "agent, task difficulty ρ 0.6", src_t, agt, ci, _at_most(ci, 1.0))
+    for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
+                         ("rec", "recurring prompts, epoch 2"), ("agt", "agent")):
+        ci = _paired(t[key], "kvc_aware", "verl_default", metric=1)
+        row("TTFT p99 no worse than verl_default's", setting, src_t, t[key], ci,
+            "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
+    return "\n".join(out)
+
+
 # The reverted shared-prompt charge on the real demo fleet: (label, seed,
 # the shipped library's demo JSON, the candidate's), under docs/results/.
 CHARGE_DEMO = (
@@ -1170,6 +1306,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             targets.setdefault(rl_doc, {})["rl-arena-shape"] = render_rl_tables(
                 os.path.join(a.docs, "docs", "results", RL_ARENA_SHAPE), "docs/results/" + RL_ARENA_SHAPE,
                 shape=RL_ARENA_SHAPE_TITLE)
+        goals = render_targets(a.docs)
+        if "<!-- BEGIN RENDERED: rl-targets -->" in rl_text and goals:
+            targets.setdefault(rl_doc, {})["rl-targets"] = goals
         work = render_work(a.docs)
         if "<!-- BEGIN RENDERED: rl-work -->" in rl_text and work:
             targets.setdefault(rl_doc, {})["rl-work"] = work

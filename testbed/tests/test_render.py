@@ -601,6 +601,41 @@ def test_work_block_pairs_its_rows_seed_by_seed(tmp_path):
     assert "1.305 ±" in line and line.endswith(", longer")
 
 
+def test_targets_block_judges_each_target_from_its_runs(tmp_path):
+    """Issue 26's targets block: each verdict is computed from the committed
+    runs it names. Editing one run so kvc_aware's recurring step is 0.85 x
+    verl_default's on every seed turns that row's verdict to met, and only it."""
+    import shutil
+
+    res = tmp_path / "docs" / "results"
+    for sub in ("rl-tuned", "rl-668a343", "rl-520d43c", "kvbench-work"):
+        shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
+    doc = tmp_path / "docs" / "rl-workloads.md"
+    doc.write_text("# r\n\n<!-- BEGIN RENDERED: rl-targets -->\nold\n<!-- END RENDERED: rl-targets -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+
+    def rows() -> list:
+        r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        return [ln for ln in doc.read_text().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
+
+    before = rows()
+    assert len(before) == 3 and all("**missed**" in ln for ln in before), before
+    path = res / "kvbench-work"
+    for f in sorted(path.glob("rl-rec-*.json")):
+        rep = json.loads(f.read_text())
+        steps = rep["makespan_steps_s"]
+        steps["kvc_aware"][1] = 0.85 * steps["verl_default"][1]
+        f.write_text(json.dumps(rep))
+    after = rows()
+    assert after[:2] == before[:2]
+    assert "`kvbench-work/`" in after[2] and "| 0.850 ± 0.000 |" in after[2]
+    assert after[2].endswith("| **met** (interval below) |")
+    text = doc.read_text()
+    assert "| TTFT p99 no worse than verl_default's | agent |" in text
+    assert "| ≥ 60% of the way to the true-length reference |" in text
+
+
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
     """The reverted candidate's demo table is rendered from the committed demo
     JSON: each row's ratio is kvc_aware's step ÷ default's in that file; a
