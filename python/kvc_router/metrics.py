@@ -157,7 +157,8 @@ SPECS: Dict[str, Spec] = {
     "lengths_prompts": Spec("gauge", "prompts with a learnt response length"),
     "lengths_corr": Spec("gauge", "within-prompt correlation of log response lengths over the last measured step"),
     "lengths_predicted_tokens": Spec(
-        "gauge", "output predicted for the requests in flight per server (kvc_aware's work_weight)", ("server",)),
+        "gauge", "output predicted for the requests in flight per server (kvc_aware's work_weight)", ("server",)
+    ),
     "bad_output_tokens_total": Spec("counter", "releases whose output_tokens was not a count (released without it)"),
     # health of the library
     "panics_total": Spec("counter", "panics recovered at the C boundary"),
