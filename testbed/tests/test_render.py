@@ -559,6 +559,21 @@ def test_arena_shape_tables_name_their_shape(tmp_path):
     assert "| kvc_aware+admit |" in text and "| dynamo_cost+queue |" in text
 
 
+def _rl_block_renderer(tmp_path, block: str):
+    """A docs/rl-workloads.md under TMP_PATH holding only BLOCK's markers, and
+    a function that renders it from TMP_PATH's docs/results and returns the page."""
+    doc = tmp_path / "docs" / "rl-workloads.md"
+    doc.write_text(f"# r\n\n<!-- BEGIN RENDERED: {block} -->\nold\n<!-- END RENDERED: {block} -->\n")
+    (tmp_path / "README.md").write_text("# r\n")
+
+    def render() -> str:
+        r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        return doc.read_text()
+
+    return render
+
+
 def test_work_block_pairs_its_rows_seed_by_seed(tmp_path):
     """`make kvbench-work`'s block: one table per setting from its own folder,
     then each paired ratio computed seed by seed from the same files (a file
@@ -569,15 +584,7 @@ def test_work_block_pairs_its_rows_seed_by_seed(tmp_path):
     d.mkdir(parents=True)
     for name in ("rl-rec-391.json", "rl-rec-392.json"):
         shutil.copy(os.path.join(REPO, "docs", "results", "kvbench-work", name), d / name)
-    doc = tmp_path / "docs" / "rl-workloads.md"
-    doc.write_text("# r\n\n<!-- BEGIN RENDERED: rl-work -->\nold\n<!-- END RENDERED: rl-work -->\n")
-    (tmp_path / "README.md").write_text("# r\n")
-
-    def render() -> str:
-        r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
-        assert r.returncode == 0, r.stderr
-        return doc.read_text()
-
+    render = _rl_block_renderer(tmp_path, "rl-work")
     text = render()
     titles = [ln for ln in text.splitlines() if ln.startswith("#### ")]
     assert len(titles) == 1 and "recurring prompts" in titles[0] and "old" not in text
@@ -610,14 +617,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     res = tmp_path / "docs" / "results"
     for sub in ("rl-tuned", "rl-668a343", "rl-520d43c", "kvbench-work"):
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
-    doc = tmp_path / "docs" / "rl-workloads.md"
-    doc.write_text("# r\n\n<!-- BEGIN RENDERED: rl-targets -->\nold\n<!-- END RENDERED: rl-targets -->\n")
-    (tmp_path / "README.md").write_text("# r\n")
+    render = _rl_block_renderer(tmp_path, "rl-targets")
 
     def rows() -> list:
-        r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
-        assert r.returncode == 0, r.stderr
-        return [ln for ln in doc.read_text().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
+        return [ln for ln in render().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
 
     before = rows()
     assert len(before) == 3 and all("**missed**" in ln for ln in before), before
@@ -631,7 +634,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     assert after[:2] == before[:2]
     assert "`kvbench-work/`" in after[2] and "| 0.850 ± 0.000 |" in after[2]
     assert after[2].endswith("| **met** (interval below) |")
-    text = doc.read_text()
+    text = render()
     assert "| TTFT p99 no worse than verl_default's | agent |" in text
     assert "| ≥ 60% of the way to the true-length reference |" in text
 
