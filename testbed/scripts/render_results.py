@@ -979,7 +979,7 @@ def render_work(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's placement-by-predicted-work block: the tables of
     `make kvbench-work` (render_rl's), each followed by paired ratios of the
     rows that isolate the work term, the lengths it is given and the order."""
-    from render_rl import SETTINGS, rows
+    from render_rl import SETTINGS
     from render_rl import render as render_rl_tables
 
     d = os.path.join(docs_root, "docs", "results", RL_WORK)
@@ -990,27 +990,23 @@ def render_work(docs_root: str) -> Optional[str]:
         if not glob.glob(os.path.join(d, f"{prefix}-*.json")):
             continue
         table = render_rl_tables(d, "docs/results/" + RL_WORK, only=prefix).rstrip("\n")
-        data = rows_paired(d, prefix, step, rows)
+        runs = _kvb_runs(d, prefix, step)
         lines = []
         for a, b, what in WORK_PAIRS:
-            if a in data and b in data:
-                ci = mean_ci([x / y for x, y in zip(data[a], data[b])])
+            ci = paired(runs, a, b, "step")
+            if ci:
                 verdict = {1: "longer", -1: "shorter", 0: "a tie"}[_clear(ci)]
                 lines.append(f"- {a} ÷ {b} ({what}): {ci.fmt(3)}, {verdict}")
         out += [table, "", "Step time paired by seed:", *lines, ""]
     return "\n".join(out).rstrip("\n")
 
 
-def rows_paired(d: str, prefix: str, step, rows) -> Dict[str, List[float]]:
-    """Each row's per-seed step time (seconds), in the seed order rows reads."""
-    return {p: r["abs"] for p, r in rows(d, prefix, step).items()}
-
-
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 TRUE_LENGTH_REFS = ("kvc_aware+work+truelen", "kvc_aware+admit+truelen", "kvc_aware+admit+work+truelen")
 
-PerSeed = Dict[str, Dict[int, Tuple[float, float]]]  # row -> seed -> (step s, TTFT p99 s)
+# (row, seed) -> {"step": s, "ttft_p99": s}: arena_per_seed's shape, so paired() compares them.
+PerSeed = Dict[Tuple[str, int], Dict[str, float]]
 
 
 def _kvb_runs(d: str, prefix: str, step: Optional[int]) -> PerSeed:
@@ -1023,7 +1019,7 @@ def _kvb_runs(d: str, prefix: str, step: Optional[int]) -> PerSeed:
             rep = json.load(f)
         for p, r in rep["policies"].items():
             mk = r["makespan_s"] if step is None else rep["makespan_steps_s"][p][step]
-            out.setdefault(p, {})[seed] = (mk, r["ttft_p99_s"])
+            out[(p, seed)] = {"step": mk, "ttft_p99": r["ttft_p99_s"]}
     return out
 
 
@@ -1034,21 +1030,23 @@ def _heldout_runs(path: str) -> PerSeed:
     out: PerSeed = {}
     for r in doc["rows"]:
         name = r["policy"] + (" (tuned)" if r.get("tuned") else "")
-        out[name] = {x["seed"]: (x["makespan_s"], x["ttft_p99_s"]) for x in r["per_seed"]}
+        for x in r["per_seed"]:
+            out[(name, x["seed"])] = {"step": x["makespan_s"], "ttft_p99": x["ttft_p99_s"]}
     return out
 
 
-def _paired(runs: PerSeed, a: str, b: str, metric: int = 0) -> MeanCI:
-    seeds = sorted(set(runs[a]) & set(runs[b]))
-    return mean_ci([runs[a][s][metric] / runs[b][s][metric] for s in seeds])
+def _rows(runs: PerSeed) -> set:
+    return {p for p, _ in runs}
 
 
 def _at_best(runs: PerSeed, peer: str) -> Optional[str]:
     """The peer's row with the shorter mean step time: launcher defaults or tuned."""
-    rows = [r for r in (peer, peer + " (tuned)") if r in runs]
-    if not rows:
-        return None
-    return min(rows, key=lambda r: sum(v[0] for v in runs[r].values()) / len(runs[r]))
+    def mean_step(row: str) -> float:
+        steps = [v["step"] for (p, _), v in runs.items() if p == row]
+        return sum(steps) / len(steps)
+
+    rows = [r for r in (peer, peer + " (tuned)") if r in _rows(runs)]
+    return min(rows, key=mean_step) if rows else None
 
 
 def _at_most(ci: MeanCI, bound: float) -> str:
@@ -1073,8 +1071,13 @@ def render_targets(docs_root: str) -> Optional[str]:
     t = {k: _heldout_runs(p) for k, p in tuned.items()}
 
     def seeds(runs: PerSeed) -> str:
-        s = sorted(runs["verl_default"])
+        s = sorted(seed for p, seed in runs if p == "verl_default")
         return f"{s[0]}–{s[-1]}"
+
+    def vs(runs: PerSeed, a: str, b: str, metric: str = "step") -> MeanCI:
+        ci = paired(runs, a, b, metric)
+        assert ci is not None, (a, b)  # every committed run holds both rows
+        return ci
 
     src_cur = f"`{RL_DEFAULTS}/` (`make kvbench-rl`)"
     src_t = "`rl-tuned/` (`make kvbench-rl-tuned`)"
@@ -1090,36 +1093,37 @@ def render_targets(docs_root: str) -> Optional[str]:
     for rho, key in (("0.5", "r5"), ("0.8", "r8")):
         setting = f"first epoch, ρ {rho}"
         runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None)), (src_t, t[key])]
-        if key == "r8":
-            runs.append((src_w, _kvb_runs(work, "rl-r8", None)))
+        if glob.glob(os.path.join(work, f"rl-{key}-*.json")):
+            runs.append((src_w, _kvb_runs(work, f"rl-{key}", None)))
         for src, r in runs:
-            ci = _paired(r, "kvc_aware", "verl_default")
+            ci = vs(r, "kvc_aware", "verl_default")
             row("≤ 0.98 × verl_default", setting, src, r, ci, _at_most(ci, 0.98))
         for peer in TARGET_PEERS:
             best = _at_best(t[key], peer)
             if best:
-                ci = _paired(t[key], "kvc_aware", best)
+                ci = vs(t[key], "kvc_aware", best)
                 row(f"≤ {best}", setting, src_t, t[key], ci, _at_most(ci, 1.0))
     r0, r0_prev = _kvb_runs(cur, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
-    both = {"kvc_aware": r0["kvc_aware"], "before": r0_prev["kvc_aware"], "verl_default": r0["verl_default"]}
-    ci = _paired(both, "kvc_aware", "before")
+    both = {(p, seed): v for (p, seed), v in r0.items() if p in ("kvc_aware", "verl_default")}
+    both.update({("before", seed): v for (p, seed), v in r0_prev.items() if p == "kvc_aware"})
+    ci = vs(both, "kvc_aware", "before")
     row(f"no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", "first epoch, ρ 0", f"`{RL_PREV}/`, "
         + src_cur, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
         ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
     rec = [(src_cur, _kvb_runs(cur, "rl-rec", 1)), (src_t, t["rec"]), (src_w, _kvb_runs(work, "rl-rec", 1))]
     for src, r in rec:
-        ci = _paired(r, "kvc_aware", "verl_default")
+        ci = vs(r, "kvc_aware", "verl_default")
         row("≤ 0.90 × verl_default", "recurring prompts, epoch 2", src, r, ci, _at_most(ci, 0.90))
-    for peer in sorted({x.removesuffix(" (tuned)") for x in t["rec"]} - {"verl_default"}):
+    for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(t["rec"])} - {"verl_default"}):
         if peer.startswith("kvc_aware"):
             continue
         best = _at_best(t["rec"], peer)
-        ci = _paired(t["rec"], "kvc_aware", best)
+        ci = vs(t["rec"], "kvc_aware", best)
         row(f"ahead of {best}", "recurring prompts, epoch 2", src_t, t["rec"], ci, _at_most(ci, 1.0))
     w = rec[2][1]
-    refs = {x: _paired(w, x, "verl_default") for x in TRUE_LENGTH_REFS if x in w}
+    refs = {x: vs(w, x, "verl_default") for x in TRUE_LENGTH_REFS if x in _rows(w)}
     ref = min(refs, key=lambda x: refs[x].mean)
-    kvc = _paired(w, "kvc_aware", "verl_default")
+    kvc = vs(w, "kvc_aware", "verl_default")
     if refs[ref].hi < 1:
         share = (1 - kvc.mean) / (1 - refs[ref].mean)
         verdict = ("**met**" if share >= 0.6 else "**missed**") + f": {100 * share:.0f}% of the way"
@@ -1128,15 +1132,15 @@ def render_targets(docs_root: str) -> Optional[str]:
     out.append(f"| ≥ 60% of the way to the true-length reference | recurring prompts, epoch 2 | {src_w} ({seeds(w)}) "
                f"| {kvc.fmt(3)} × verl_default; best reference {ref} {refs[ref].fmt(3)} | {verdict} |")
     agt = t["agt"]
-    for peer in sorted({x.removesuffix(" (tuned)") for x in agt} - {"verl_default"}):
+    for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(agt)} - {"verl_default"}):
         if peer.startswith("kvc_aware"):
             continue
         best = _at_best(agt, peer)
-        ci = _paired(agt, "kvc_aware", best)
+        ci = vs(agt, "kvc_aware", best)
         row(f"≤ {best}", "agent, task difficulty ρ 0.6", src_t, agt, ci, _at_most(ci, 1.0))
     for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
                          ("rec", "recurring prompts, epoch 2"), ("agt", "agent")):
-        ci = _paired(t[key], "kvc_aware", "verl_default", metric=1)
+        ci = vs(t[key], "kvc_aware", "verl_default", "ttft_p99")
         row("TTFT p99 no worse than verl_default's", setting, src_t, t[key], ci,
             "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
     return "\n".join(out)
