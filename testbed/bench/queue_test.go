@@ -207,10 +207,20 @@ func TestEventLengths(t *testing.T) {
 
 // The +work rows place by predicted output (work_weight 1 unless the
 // parameters say otherwise) and account for it exactly: once a run has
-// released every request by name, no server keeps a charge.
+// released every request by name, no server keeps a charge, and the charge
+// moved placements (the engines' busy times differ from the same learner
+// without the work term).
 func TestWorkPolicies(t *testing.T) {
 	g := smallGRPO()
 	g.Prompts, g.N, g.Steps = 8, 4, 2
+	base, err := NewPolicy("kvc_aware+lengths", PolicyOptions{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Run(NewGRPO(g), base, smallOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{"kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen"} {
 		p, err := NewPolicy(name, PolicyOptions{Seed: 1})
 		if err != nil {
@@ -231,6 +241,9 @@ func TestWorkPolicies(t *testing.T) {
 			if w > 1e-6 {
 				t.Errorf("%s: %s keeps %v predicted tokens after every request was released", name, s, w)
 			}
+		}
+		if slices.Equal(res.Busy, plain.Busy) {
+			t.Errorf("%s: engines busy %v, as without the work term: nothing was charged", name, res.Busy)
 		}
 	}
 	p, err := NewPolicy("kvc_aware+work+lengths", PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": json.RawMessage(`{"work_weight":2}`)}})

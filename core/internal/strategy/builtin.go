@@ -277,8 +277,9 @@ func (k *KVCAware) Threshold() float64 { return k.LoadThreshold }
 // task_spread terms do.
 func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpread > 0 }
 
-// ReadsWork implements WorkReader: only work_weight does.
-func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 && k.TokenLoad }
+// ReadsWork implements WorkReader: only work_weight does (Validate
+// refuses it without token_load, whose numerator it joins).
+func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
