@@ -322,15 +322,16 @@ kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, 
 
 # Placement by predicted work (kvc_aware's work_weight; issue 26, item 3) and
 # its reference rows with every true length known, on kvbench-rl's setting:
-# first epoch at rho 0.8 (nothing learnt yet) and the recurring step (epoch 2).
-# Fresh seeds 391-395 -> build/kvbench-work/ (docs/results/kvbench-work/ renders
-# into docs/rl-workloads.md). ~5 min.
+# first epoch at rho 0 / 0.5 / 0.8 (nothing learnt yet) and the recurring step
+# (epoch 2). Fresh seeds 391-395 -> build/kvbench-work/ (docs/results/kvbench-work/
+# renders into docs/rl-workloads.md). ~4 min.
 WORK_SEEDS ?= 391 392 393 394 395
 WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen
-kvbench-work: ## placement by predicted work and its true-length references, rho 0.8 and recurring prompts, fresh seeds WORK_SEEDS -> build/kvbench-work/
+kvbench-work: ## placement by predicted work and its true-length references, rho 0 / 0.5 / 0.8 and recurring prompts, fresh seeds WORK_SEEDS -> build/kvbench-work/
 	@mkdir -p build/kvbench-work
 	@for s in $(WORK_SEEDS); do \
-	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr 0.8 --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r8-$$s.json >/dev/null && \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES),kvc_aware+admit+lengths --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # Every peer at its best on the RL settings (issue 27; seeds 361-365 at the
