@@ -130,7 +130,7 @@ func TestCorr(t *testing.T) {
 		}
 	}
 	tr.NextStep()
-	if c, ok := tr.Corr(); !ok || c != 1 {
+	if c, ok := tr.Corr(); !ok || math.Abs(c-1) > 1e-9 {
 		t.Fatalf("alike siblings: %v %v", c, ok)
 	}
 	tr = New(Config{})
@@ -142,5 +142,90 @@ func TestCorr(t *testing.T) {
 	tr.NextStep()
 	if _, ok := tr.Corr(); ok {
 		t.Fatal("equal lengths everywhere gave a correlation")
+	}
+}
+
+// iccRef is the one-way ANOVA intra-class correlation of groups of values,
+// computed in two passes from its textbook definition (n0 for unequal
+// group sizes), clamped to [0, 1].
+func iccRef(groups [][]float64) float64 {
+	var n, k, sum, n2 float64
+	for _, g := range groups {
+		for _, y := range g {
+			sum += y
+		}
+		n += float64(len(g))
+		n2 += float64(len(g) * len(g))
+		k++
+	}
+	grand := sum / n
+	var ssb, ssw float64
+	for _, g := range groups {
+		m := 0.0
+		for _, y := range g {
+			m += y
+		}
+		m /= float64(len(g))
+		ssb += float64(len(g)) * (m - grand) * (m - grand)
+		for _, y := range g {
+			ssw += (y - m) * (y - m)
+		}
+	}
+	msb, msw := ssb/(k-1), ssw/(n-k)
+	n0 := (n - n2/n) / (k - 1)
+	return min(1, max(0, (msb-msw)/(msb+(n0-1)*msw)))
+}
+
+// With groups of unequal sizes (prompts whose samples finished unevenly,
+// singletons among them) the incremental estimate is the two-pass ANOVA
+// estimator's, n0 correction included; the evidence floor counts
+// within-prompt degrees of freedom, not responses.
+func TestCorrUnequalGroups(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for trial := 0; trial < 20; trial++ {
+		tr := New(Config{})
+		var groups [][]float64
+		for k := 0; k < 12; k++ {
+			d := rng.NormFloat64()
+			size := []int{1, 2, 3, 16}[rng.IntN(4)]
+			var g []float64
+			for j := 0; j < size; j++ {
+				n := max(1, int(math.Round(math.Exp(6+0.8*d+0.6*rng.NormFloat64()))))
+				tr.Observe(Key(k), n)
+				g = append(g, math.Log(float64(n)))
+			}
+			groups = append(groups, g)
+		}
+		within := 0
+		for _, g := range groups {
+			within += len(g) - 1
+		}
+		tr.NextStep()
+		got, ok := tr.Corr()
+		if within < minCorrWithin {
+			if ok {
+				t.Fatalf("trial %d: %d within-prompt degrees of freedom gave an estimate", trial, within)
+			}
+			continue
+		}
+		if want := iccRef(groups); !ok || math.Abs(got-want) > 1e-9 {
+			t.Fatalf("trial %d: incremental %v (ok %v), two-pass %v", trial, got, ok, want)
+		}
+	}
+	// Exactly at the floor: 8 prompts of 3 (16 within) count, of 2 (8) do not.
+	for _, tc := range []struct {
+		size int
+		want bool
+	}{{3, true}, {2, false}} {
+		tr := New(Config{})
+		for k := 0; k < 8; k++ {
+			for j := 0; j < tc.size; j++ {
+				tr.Observe(Key(k), 10*(k+1)+j)
+			}
+		}
+		tr.NextStep()
+		if _, ok := tr.Corr(); ok != tc.want {
+			t.Fatalf("8 prompts of %d: known %v, want %v", tc.size, ok, tc.want)
+		}
 	}
 }

@@ -513,6 +513,9 @@ func (r *Router) overloaded(s *server) bool {
 	}
 	sn, _ := r.ld.Get(s.id)
 	c := candidateOf(s, &sn)
+	// As the scoring pipeline sees it (pipeline.go): the breakout and
+	// admission must agree on which servers are overloaded.
+	c.PredictedTokens = r.workOf(s.id)
 	return !sn.Healthy || strategy.EffectiveLoad(r.strat, &c) > r.threshold
 }
 
@@ -871,6 +874,9 @@ func (r *Router) reconcile(id string, m *load.Metrics) {
 	for i := 0; i < st.min; i++ {
 		r.ld.Release(id)
 	}
+	// The dead clients' charges cannot be named; they go when the server
+	// is next idle, which may be now.
+	r.workIdle(id)
 	r.aq.st.Reconciled += uint64(st.min)
 	st.since = time.Time{}
 }

@@ -87,6 +87,13 @@ type lenState struct {
 	// request adds its prediction when placed and takes exactly that back
 	// when a release names it. Nil unless the strategy reads it.
 	work map[string]float64
+	// workGen stamps each server's sum: a flight charged under an older
+	// stamp (before the server was re-added, went idle with id-less
+	// releases outstanding, or left and came back) must not take its
+	// charge out of the new sum. Stamps come from one counter, so a
+	// server removed and re-added never reuses one.
+	workGen map[string]uint64
+	gen     uint64
 }
 
 type predMemo struct {
@@ -101,6 +108,7 @@ type lenFlight struct {
 	// charged there (work map); work 0 charged nothing.
 	server string
 	work   float64
+	gen    uint64 // workGen[server] when charged
 }
 
 type heldLen struct {
@@ -152,8 +160,8 @@ func (r *Router) lenTrack(req *Request, server string) {
 	}
 	if len(l.flights) >= maxLengthFlights {
 		clear(l.flights)
-		if l.work != nil {
-			clear(l.work) // the charges' flights are gone
+		for s := range l.work {
+			l.resetWork(s) // the charges' flights are gone
 		}
 	}
 	f := lenFlight{key: lengths.KeyOf(req.Tokens), at: r.now(), server: server}
@@ -163,12 +171,18 @@ func (r *Router) lenTrack(req *Request, server string) {
 		if old, ok := l.flights[req.ID]; ok {
 			l.uncharge(old)
 		}
-		f.work = req.Hint
-		if f.work <= 0 {
-			f.work = l.tok.Predict(f.key).Tokens
-		}
-		if f.work > 0 {
-			l.work[server] += f.work
+		// Only a server in the pool is charged (its sum exists).
+		if _, ok := l.work[server]; ok {
+			f.work = req.Hint
+			if f.work <= 0 {
+				f.work = l.tok.Predict(f.key).Tokens
+			}
+			f.gen = l.workGen[server]
+			if f.work > 0 {
+				l.work[server] += f.work
+			} else {
+				f.work = 0
+			}
 		}
 	}
 	l.flights[req.ID] = f
@@ -220,8 +234,8 @@ func (l *lenState) uncharge(f lenFlight) {
 		return
 	}
 	w, ok := l.work[f.server]
-	if !ok {
-		return // the server left or was re-added since
+	if !ok || l.workGen[f.server] != f.gen {
+		return // the server left, was re-added or went idle since
 	}
 	// Rounding leaves a sub-token residue; a negative sum would
 	// read as spare capacity.
@@ -234,9 +248,33 @@ func (l *lenState) uncharge(f lenFlight) {
 func (r *Router) workIdle(server string) {
 	if l := r.lens; l != nil && l.work != nil {
 		if _, ok := l.work[server]; ok && r.ld.Inflight(server) == 0 {
-			l.work[server] = 0
+			// Flights still charged here were released without their
+			// id: the new stamp keeps them from reaching later sums.
+			l.resetWork(server)
 		}
 	}
+}
+
+// resetWork starts a pool server's predicted output in flight at zero
+// (added, or re-added: its in-flight count restarts too); r.mu held.
+func (r *Router) resetWork(server string) {
+	if l := r.lens; l != nil && l.work != nil {
+		l.resetWork(server)
+	}
+}
+
+// resetWork starts server's predicted output in flight at zero under a
+// fresh stamp.
+func (l *lenState) resetWork(server string) {
+	l.gen++
+	l.work[server] = 0
+	l.workGen[server] = l.gen
+}
+
+// dropWork forgets a server that left the pool.
+func (l *lenState) dropWork(server string) {
+	delete(l.work, server)
+	delete(l.workGen, server)
 }
 
 // workOf is server's predicted output in flight (0 when not summed).

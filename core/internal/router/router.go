@@ -224,6 +224,7 @@ func New(cfg Config) (*Router, error) {
 			return nil, configErr("strategies", "kvc_aware's work_weight reads the lengths the router learns: set lengths.enabled true, or work_weight 0")
 		}
 		r.lens.work = map[string]float64{}
+		r.lens.workGen = map[string]uint64{}
 	}
 	return r, nil
 }
@@ -261,10 +262,8 @@ func (r *Router) AddServers(ids []string) error {
 	}
 	for _, id := range ids {
 		r.ld.Add(id)
-		if r.lens != nil && r.lens.work != nil {
-			r.lens.work[id] = 0 // in flight restarts at zero
-		}
 		if _, ok := r.byID[id]; ok {
+			r.resetWork(id)
 			continue
 		}
 		spec := r.cfg.Servers[id]
@@ -278,6 +277,7 @@ func (r *Router) AddServers(ids []string) error {
 		s.pos = len(r.pool)
 		r.pool = append(r.pool, s)
 		r.byID[id] = s
+		r.resetWork(id)
 	}
 	if len(r.pool) > 0 {
 		r.aq.emptySince = time.Time{}
@@ -310,7 +310,7 @@ func (r *Router) RemoveServers(ids []string) {
 		}
 		delete(r.byID, id)
 		if r.lens != nil && r.lens.work != nil {
-			delete(r.lens.work, id)
+			r.lens.dropWork(id)
 		}
 		for i, p := range r.pool {
 			if p == s {

@@ -3,9 +3,13 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math"
 	"testing"
+	"time"
 
 	json "github.com/goccy/go-json"
+
+	"github.com/kvc-router/kvc-router/core/internal/load"
 )
 
 // workConfig is a two-server kvc_aware router learning lengths, scoring
@@ -170,9 +174,124 @@ func TestStatusShowsMeasuredCorrelation(t *testing.T) {
 				t.Fatalf("the correlation is known before the step ends: %+v", c)
 			}
 			r.ResetCache()
-			if c := r.LengthCounters(); !c.LengthCorrKnown || c.LengthCorr != tc.wantCorr {
+			if c := r.LengthCounters(); !c.LengthCorrKnown || math.Abs(c.LengthCorr-tc.wantCorr) > 1e-9 {
 				t.Fatalf("measured correlation %v (known %v), want %v", c.LengthCorr, c.LengthCorrKnown, tc.wantCorr)
 			}
 		})
+	}
+}
+
+// hinted acquires id on server pin with a hinted output length.
+func hinted(t *testing.T, r *Router, id string, pin int, seed int32, hint float64) {
+	t.Helper()
+	if _, err := r.Acquire(Request{ID: id, Tokens: prompt(64, seed), Pin: pin, Hint: hint}); err != nil {
+		t.Fatalf("acquire %s: %v", id, err)
+	}
+}
+
+// A release that names a request takes exactly its charge back, whatever
+// else is still in flight on the server; charges made before the server's
+// sum restarted (a re-add, or going idle with id-less releases
+// outstanding) never reach the new sum.
+func TestWorkChargesStayExact(t *testing.T) {
+	// One server but the last case: where every request runs is fixed.
+	for _, tc := range []struct {
+		name    string
+		servers []string
+		run     func(t *testing.T, r *Router)
+		want    float64
+	}{
+		{"a named release with others in flight", []string{"s0"}, func(t *testing.T, r *Router) {
+			hinted(t, r, "long", 0, 1, 6000)
+			hinted(t, r, "short", 0, 2, 10)
+			r.ReleaseDone("s0", "long", 5900, nil)
+		}, 10},
+		{"a session's next turn replaces its earlier charge", []string{"s0"}, func(t *testing.T, r *Router) {
+			hinted(t, r, "other", 0, 1, 10)
+			hinted(t, r, "sess", 0, 2, 100)
+			hinted(t, r, "sess", 0, 3, 400)
+		}, 410},
+		{"a release from before a re-add", []string{"s0"}, func(t *testing.T, r *Router) {
+			hinted(t, r, "old", 0, 1, 6000)
+			if err := r.AddServers([]string{"s0"}); err != nil {
+				t.Fatal(err)
+			}
+			hinted(t, r, "new1", 0, 2, 500)
+			hinted(t, r, "new2", 0, 3, 200)
+			r.ReleaseDone("s0", "old", 5900, nil)
+		}, 700},
+		{"a reused id after id-less releases", []string{"s0"}, func(t *testing.T, r *Router) {
+			hinted(t, r, "a", 0, 1, 100)
+			r.Release("s0") // no id: "a"'s charge stays on record, the idle server's sum restarts
+			hinted(t, r, "b", 0, 2, 400)
+			hinted(t, r, "a", 0, 3, 50) // the stale "a" must not take 100 off the new sum
+		}, 450},
+		{"a removed and re-added server", []string{"s0", "s1"}, func(t *testing.T, r *Router) {
+			hinted(t, r, "gone", 0, 1, 300)
+			r.RemoveServers([]string{"s0"})
+			if err := r.AddServers([]string{"s0"}); err != nil {
+				t.Fatal(err)
+			}
+			hinted(t, r, "n1", 1, 2, 80) // s0 is now the second server
+			hinted(t, r, "n2", 1, 3, 40)
+			r.ReleaseDone("s0", "gone", 290, nil)
+		}, 120},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, workConfig(1), tc.servers...)
+			tc.run(t, r)
+			if got := r.workOf("s0"); got != tc.want {
+				t.Fatalf("s0's predicted output in flight %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Admission's sticky check reads the same load as routing: a session whose
+// server is overloaded by predicted output is not held for that server.
+func TestAdmissionOverloadCountsPredictedWork(t *testing.T) {
+	c := workConfig(1)
+	c.Admission = AdmissionSpec{Enabled: true, MaxInflight: 1}
+	r := mustNew(t, c, "s0", "s1")
+	if d, _, err := r.Submit(Request{ID: "sess", Tokens: prompt(64, 1), Pin: 0}, 1); err != nil || d.Server != "s0" {
+		t.Fatalf("pinned session: %v %v", d.Server, err)
+	}
+	r.Release("s0")
+	hinted(t, r, "x", 0, 7000, 9500) // s0's one slot, and 0.96 of its KV predicted
+	d, held, err := r.Submit(Request{ID: "sess", Tokens: prompt(96, 1), Pin: -1}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held || d.Server != "s1" {
+		t.Fatalf("the session's turn was held=%v on %q, want s1 now (s0 is overloaded by its predicted output)", held, d.Server)
+	}
+}
+
+// Slots that admission takes back from dead clients (reconcile) take their
+// predicted output with them once nothing is left in flight: the clients
+// will never name those requests in a release.
+func TestWorkReconciledSlotsLeaveNoCharge(t *testing.T) {
+	c := newClock()
+	cfg := workConfig(1)
+	cfg.Admission = AdmissionSpec{Enabled: true, MaxInflight: 2}
+	cfg.Now = c.now
+	r := mustNew(t, cfg, "s0")
+	for i, h := range []float64{300, 200} {
+		req := newReq(fmt.Sprint("dead", i), nil)
+		req.Hint = h
+		mustSubmit(t, r, req, uint64(i+1))
+	}
+	if got := r.workOf("s0"); got != 500 {
+		t.Fatalf("charged %v, want 500", got)
+	}
+	for i := 0; i < 5; i++ { // the engine runs nothing for 50 s
+		c.add(10 * time.Second)
+		r.UpdateMetrics("s0", load.Metrics{At: c.t})
+	}
+	if r.Inflight("s0") != 0 {
+		t.Fatalf("in flight %d after reconcile, want 0", r.Inflight("s0"))
+	}
+	if got := r.workOf("s0"); got != 0 {
+		t.Fatalf("an idle server keeps %v predicted tokens from reconciled slots", got)
 	}
 }
