@@ -637,6 +637,16 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     text = render()
     assert "| TTFT p99 no worse than verl_default's | agent |" in text
     assert "| ≥ 60% of the way to the true-length reference |" in text
+    # The room each setting leaves is read from the same runs' own references.
+    agt = res / "rl-tuned" / "heldout-rl-agt.json"
+    rep = json.loads(agt.read_text())
+    line = next(ln for ln in text.splitlines() if ln.startswith("| agent, task difficulty ρ 0.6 |"))
+    gain = rep["achievable_gain_over_verl"]
+    assert line.startswith(f"| agent, task difficulty ρ 0.6 | {100 * gain['Mean']:.1f} ± {100 * gain['CI95']:.1f}% |")
+    rep["achievable_gain_over_verl"].update({"Mean": 0.2, "CI95": 0.01})
+    rep["best_over_lower_bound"].update({"Mean": 1.5, "CI95": 0.25})
+    agt.write_text(json.dumps(rep))
+    assert "| agent, task difficulty ρ 0.6 | 20.0 ± 1.0% | 1.500 ± 0.250 |" in render().splitlines()
 
 
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
