@@ -969,6 +969,12 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
 
 # Placement by predicted work and its true-length references (`make kvbench-work`).
 RL_WORK = "kvbench-work"
+# The held-out workloads at today's defaults on the published seeds
+# (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
+# (kvc_aware at the 520d43c freeze, before issue 26).
+HELDOUT_NOW = "heldout-668a343"
+HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
+                     "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.
 WORK_PAIRS = (("kvc_aware+work+lengths", "kvc_aware+lengths", "the work term, learnt lengths"),
               ("kvc_aware+work+truelen", "kvc_aware+work+lengths", "true lengths over learnt ones, same placement"),
@@ -1031,7 +1037,7 @@ def _heldout_runs(path: str) -> PerSeed:
     for r in doc["rows"]:
         name = r["policy"] + (" (tuned)" if r.get("tuned") else "")
         for x in r["per_seed"]:
-            out[(name, x["seed"])] = {"step": x["makespan_s"], "ttft_p99": x["ttft_p99_s"]}
+            out[(name, x["seed"])] = {"step": x["makespan_s"], "ttft_p99": x["ttft_p99_s"], "hit": x["hit_rate"]}
     return out
 
 
@@ -1057,6 +1063,24 @@ def _at_most(ci: MeanCI, bound: float) -> str:
         return "met by mean only"
     return f"**missed** by {ci.mean - bound:.3f}" + (" (interval above)" if ci.lo > bound else
                                                       " by mean only (interval reaches the bound)")
+
+
+def _with_before(now: PerSeed, then: PerSeed) -> PerSeed:
+    """NOW's kvc_aware and verl_default rows, and THEN's kvc_aware as "before"."""
+    out = {(p, seed): v for (p, seed), v in now.items() if p in ("kvc_aware", "verl_default")}
+    out.update({("before", seed): v for (p, seed), v in then.items() if p == "kvc_aware"})
+    return out
+
+
+def _ratio_word(ci: MeanCI) -> str:
+    """A paired ratio with the one rule's word: shorter/longer only where its interval excludes 1."""
+    return ci.fmt(3) + (" (shorter)" if ci.hi < 1 else " (longer)" if ci.lo > 1 else " (tie)")
+
+
+def _same_rows(a: PerSeed, b: PerSeed, policy: str) -> bool:
+    """POLICY's figures are equal, seed for seed, in both runs (and present)."""
+    ra = {seed: v for (p, seed), v in a.items() if p == policy}
+    return bool(ra) and ra == {seed: v for (p, seed), v in b.items() if p == policy}
 
 
 def render_targets(docs_root: str) -> Optional[str]:
@@ -1144,6 +1168,41 @@ def render_targets(docs_root: str) -> Optional[str]:
         ci = vs(t[key], "kvc_aware", "verl_default", "ttft_p99")
         row("TTFT p99 no worse than verl_default's", setting, src_t, t[key], ci,
             "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
+    # Against kvc_aware before issue 26 (the 520d43c freeze), same seeds.
+    before_rows: List[Tuple[str, str, PerSeed]] = []
+    for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
+                         ("rec", "recurring prompts, epoch 2"), ("agt", "agent, task difficulty ρ 0.6")):
+        step = 1 if key == "rec" else None
+        now, then = _kvb_runs(cur, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
+        if now and then:
+            before_rows.append((setting, f"`{RL_PREV}/`, {src_cur}", _with_before(now, then)))
+    hnow = os.path.join(res, HELDOUT_NOW)
+    for w in HELDOUT_WORKLOADS:
+        a, b = os.path.join(hnow, f"kvbench-{w}.json"), os.path.join(res, f"kvbench-{w}.json")
+        if os.path.isfile(a) and os.path.isfile(b):
+            src = f"`{HELDOUT_NOW}/`, `kvbench-{w}.json` (`make kvbench-heldout-defaults`)"
+            before_rows.append((f"held-out `{w}`", src, _with_before(_heldout_runs(a), _heldout_runs(b))))
+    for setting, src, runs in before_rows:
+        ci = vs(runs, "kvc_aware", "before", "ttft_p99")
+        row(f"TTFT p99 no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", setting, src, runs, ci,
+            "**regression** (interval above 1)" if ci.lo > 1 else
+            ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
+    if any(s.startswith("held-out") for s, _, _ in before_rows):
+        out += ["", "The workloads that existed before issue 26 (docs/kvbench.md's held-out set, seeds 311–320), "
+                f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
+                f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI:", "",
+                "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
+                "| verl_default's rows identical |",
+                "|---|---|---|---|---|---|"]
+        for setting, _src, runs in before_rows:
+            if not setting.startswith("held-out"):
+                continue
+            w = setting.split("`")[1]
+            same = _same_rows(_heldout_runs(os.path.join(hnow, f"kvbench-{w}.json")),
+                              _heldout_runs(os.path.join(res, f"kvbench-{w}.json")), "verl_default")
+            cells = [vs(runs, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99", "hit")]
+            cells += [_ratio_word(vs(runs, "kvc_aware", "verl_default")), "yes" if same else "**no**"]
+            out.append(f"| `{w}` | " + " | ".join(cells) + " |")
     out += ["", "What the engine model leaves a router on each setting (kvbench's own references, computed seed by "
             f"seed in the same {src_t} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
             "every prompt is served as if cached (all that prefix caching could buy without moving a request), and "

@@ -615,8 +615,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    for sub in ("rl-tuned", "rl-668a343", "rl-520d43c", "kvbench-work"):
+    for sub in ("rl-tuned", "rl-668a343", "rl-520d43c", "kvbench-work", "heldout-668a343"):
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
+    for w in ("grpo", "agent"):
+        shutil.copy(os.path.join(REPO, "docs", "results", f"kvbench-{w}.json"), res / f"kvbench-{w}.json")
     render = _rl_block_renderer(tmp_path, "rl-targets")
 
     def rows() -> list:
@@ -646,7 +648,28 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     rep["achievable_gain_over_verl"].update({"Mean": 0.2, "CI95": 0.01})
     rep["best_over_lower_bound"].update({"Mean": 1.5, "CI95": 0.25})
     agt.write_text(json.dumps(rep))
-    assert "| agent, task difficulty ρ 0.6 | 20.0 ± 1.0% | 1.500 ± 0.250 |" in render().splitlines()
+    text = render()
+    assert "| agent, task difficulty ρ 0.6 | 20.0 ± 1.0% | 1.500 ± 0.250 |" in text.splitlines()
+    # The held-out workloads present on both sides (grpo, agent here) are paired with kvc_aware's rows
+    # before issue 26, and verl_default's rows are checked identical seed for seed.
+    held = [ln for ln in text.splitlines() if ln.startswith("| `grpo` |") or ln.startswith("| `agent` |")]
+    assert len(held) == 2 and all(ln.endswith("| yes |") for ln in held), held
+    assert "held-out `grpo_sat`" not in text  # its published file was not copied: no row
+    now = json.loads((res / "heldout-668a343" / "kvbench-grpo.json").read_text())
+    then = json.loads((res / "kvbench-grpo.json").read_text())
+    kvc_now = {x["seed"]: x for r in now["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
+    kvc_then = {x["seed"]: x for r in then["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
+    assert kvc_now and kvc_now.keys() == kvc_then.keys()
+    ratios = [kvc_now[k]["ttft_p99_s"] / kvc_then[k]["ttft_p99_s"] for k in kvc_now]
+    line = next(ln for ln in text.splitlines() if "held-out `grpo`" in ln and ln.startswith("| TTFT p99"))
+    assert f"| {sum(ratios) / len(ratios):.3f} ±" in line
+    # A changed verl_default row on one side is caught.
+    for r in now["rows"]:
+        if r["policy"] == "verl_default":
+            r["per_seed"][0]["makespan_s"] += 1.0
+    (res / "heldout-668a343" / "kvbench-grpo.json").write_text(json.dumps(now))
+    held = [ln for ln in render().splitlines() if ln.startswith("| `grpo` |")]
+    assert held and held[0].endswith("| **no** |"), held
 
 
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
