@@ -57,6 +57,28 @@ def _two_servers(tmp_path, cleanup):
     return servers
 
 
+def _wait_for_events(router, servers, timeout: float = 60.0) -> None:
+    """Until Dynamo has heard each server's KV events. Its ZMQ subscriptions
+    join asynchronously, and a slow joiner misses what was published before
+    it joined; a prompt sent again is cached and publishes nothing new, so
+    each try is a fresh prompt (on a loaded host the join has taken longer
+    than a first request)."""
+    from kvc_harness.arena import stream_text_completion, tokenize
+
+    deadline = time.time() + timeout
+    for k, s in enumerate(servers):
+        i = 0
+        while True:
+            text = " ".join(f"warm{k}x{i}y{j}" for j in range(64))
+            ids = tokenize(s.url, text)
+            stream_text_completion(s.url, text, 1, 1)
+            time.sleep(0.2)
+            if router.overlap_scores(ids).get(s.sid):
+                break
+            assert time.time() < deadline, f"Dynamo heard no KV events from {s.sid} in {timeout:g} s"
+            i += 1
+
+
 @pytest.mark.parametrize("where", ["in_process", "own_process"])
 def test_arena_route_follows_kv_events(tmp_path, where):
     """Dynamo's KvRouter on a real 2-server vllm-sim fleet, in this process
@@ -75,6 +97,7 @@ def test_arena_route_follows_kv_events(tmp_path, where):
         servers = _two_servers(tmp_path, cleanup)
         cls = DynamoKvRouter if where == "in_process" else DynamoRouterProcess
         router = cls(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192, MODEL)
+        _wait_for_events(router, servers)
         text = " ".join(f"dyn{j}" for j in range(200))
         ids = tokenize(servers[0].url, text)
         deadline = time.time() + 20
@@ -133,6 +156,7 @@ def test_proxy_routes_forwards_and_tracks(tmp_path):
         router = DynamoRouterProcess(PEERS_PY, [(s.sid, s.events[0], s.topic) for s in servers], 16, 1024, 64, 8192,
                                      MODEL, proxy_urls={s.sid: s.url for s in servers})
         assert http_request(router.proxy_url + "/health", timeout=10.0)[0] == 200
+        _wait_for_events(router, servers)  # straight to the servers: the proxy's counts stay the test's
         text = " ".join(f"prox{j}" for j in range(200))
         ids = tokenize(servers[0].url, text)
         first = stream_text_completion(router.proxy_url, text, 8, 1, extra_body={"prompt_token_ids": ids})
