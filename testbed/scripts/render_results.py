@@ -1129,8 +1129,7 @@ def render_targets(docs_root: str) -> Optional[str]:
                 ci = vs(t[key], "kvc_aware", best)
                 row(f"≤ {best}", setting, src_t, t[key], ci, _at_most(ci, 1.0))
     r0, r0_prev = _kvb_runs(cur, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
-    both = {(p, seed): v for (p, seed), v in r0.items() if p in ("kvc_aware", "verl_default")}
-    both.update({("before", seed): v for (p, seed), v in r0_prev.items() if p == "kvc_aware"})
+    both = _with_before(r0, r0_prev)
     ci = vs(both, "kvc_aware", "before")
     row(f"no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", "first epoch, ρ 0", f"`{RL_PREV}/`, "
         + src_cur, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
@@ -1176,30 +1175,28 @@ def render_targets(docs_root: str) -> Optional[str]:
         now, then = _kvb_runs(cur, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
         if now and then:
             before_rows.append((setting, f"`{RL_PREV}/`, {src_cur}", _with_before(now, then)))
-    hnow = os.path.join(res, HELDOUT_NOW)
+    held: Dict[str, Tuple[PerSeed, PerSeed]] = {}  # workload: (today's runs, the published 520d43c ones)
     for w in HELDOUT_WORKLOADS:
-        a, b = os.path.join(hnow, f"kvbench-{w}.json"), os.path.join(res, f"kvbench-{w}.json")
+        a, b = os.path.join(res, HELDOUT_NOW, f"kvbench-{w}.json"), os.path.join(res, f"kvbench-{w}.json")
         if os.path.isfile(a) and os.path.isfile(b):
+            held[w] = (_heldout_runs(a), _heldout_runs(b))
             src = f"`{HELDOUT_NOW}/`, `kvbench-{w}.json` (`make kvbench-heldout-defaults`)"
-            before_rows.append((f"held-out `{w}`", src, _with_before(_heldout_runs(a), _heldout_runs(b))))
+            before_rows.append((f"held-out `{w}`", src, _with_before(*held[w])))
     for setting, src, runs in before_rows:
         ci = vs(runs, "kvc_aware", "before", "ttft_p99")
         row(f"TTFT p99 no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", setting, src, runs, ci,
             "**regression** (interval above 1)" if ci.lo > 1 else
             ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
-    if any(s.startswith("held-out") for s, _, _ in before_rows):
+    if held:
         out += ["", "The workloads that existed before issue 26 (docs/kvbench.md's held-out set, seeds 311–320), "
                 f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
                 f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI:", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
                 "| verl_default's rows identical |",
                 "|---|---|---|---|---|---|"]
-        for setting, _src, runs in before_rows:
-            if not setting.startswith("held-out"):
-                continue
-            w = setting.split("`")[1]
-            same = _same_rows(_heldout_runs(os.path.join(hnow, f"kvbench-{w}.json")),
-                              _heldout_runs(os.path.join(res, f"kvbench-{w}.json")), "verl_default")
+        for w, (now, then) in held.items():
+            runs = _with_before(now, then)
+            same = _same_rows(now, then, "verl_default")
             cells = [vs(runs, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99", "hit")]
             cells += [_ratio_word(vs(runs, "kvc_aware", "verl_default")), "yes" if same else "**no**"]
             out.append(f"| `{w}` | " + " | ".join(cells) + " |")

@@ -512,10 +512,7 @@ func (r *Router) overloaded(s *server) bool {
 		return false
 	}
 	sn, _ := r.ld.Get(s.id)
-	c := candidateOf(s, &sn)
-	// As the scoring pipeline sees it (pipeline.go): the breakout and
-	// admission must agree on which servers are overloaded.
-	c.PredictedTokens = r.workOf(s.id)
+	c := r.candidateOf(s, &sn) // as scoring sees it: breakout and admission agree
 	return !sn.Healthy || strategy.EffectiveLoad(r.strat, &c) > r.threshold
 }
 

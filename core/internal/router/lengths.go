@@ -86,14 +86,18 @@ type lenState struct {
 	// work_weight reads it as Candidate.PredictedTokens): every tracked
 	// request adds its prediction when placed and takes exactly that back
 	// when a release names it. Nil unless the strategy reads it.
-	work map[string]float64
-	// workGen stamps each server's sum: a flight charged under an older
-	// stamp (before the server was re-added, went idle with id-less
-	// releases outstanding, or left and came back) must not take its
-	// charge out of the new sum. Stamps come from one counter, so a
-	// server removed and re-added never reuses one.
-	workGen map[string]uint64
-	gen     uint64
+	work map[string]workSum
+	gen  uint64 // the last stamp given (workSum.gen)
+}
+
+// workSum is one pool server's predicted output in flight. gen stamps
+// it: a flight charged under an older stamp (before the server was
+// re-added, went idle with id-less releases outstanding, or left and came
+// back) must not take its charge out of the new sum. Stamps come from one
+// counter, so a server removed and re-added never reuses one.
+type workSum struct {
+	tokens float64
+	gen    uint64
 }
 
 type predMemo struct {
@@ -108,7 +112,7 @@ type lenFlight struct {
 	// charged there (work map); work 0 charged nothing.
 	server string
 	work   float64
-	gen    uint64 // workGen[server] when charged
+	gen    uint64 // the server's workSum.gen when charged
 }
 
 type heldLen struct {
@@ -172,17 +176,14 @@ func (r *Router) lenTrack(req *Request, server string) {
 			l.uncharge(old)
 		}
 		// Only a server in the pool is charged (its sum exists).
-		if _, ok := l.work[server]; ok {
+		if ws, ok := l.work[server]; ok {
 			f.work = req.Hint
 			if f.work <= 0 {
 				f.work = l.tok.Predict(f.key).Tokens
 			}
-			f.gen = l.workGen[server]
-			if f.work > 0 {
-				l.work[server] += f.work
-			} else {
-				f.work = 0
-			}
+			ws.tokens += f.work
+			f.gen = ws.gen
+			l.work[server] = ws
 		}
 	}
 	l.flights[req.ID] = f
@@ -233,13 +234,14 @@ func (l *lenState) uncharge(f lenFlight) {
 	if l.work == nil || f.work <= 0 {
 		return
 	}
-	w, ok := l.work[f.server]
-	if !ok || l.workGen[f.server] != f.gen {
+	ws, ok := l.work[f.server]
+	if !ok || ws.gen != f.gen {
 		return // the server left, was re-added or went idle since
 	}
 	// Rounding leaves a sub-token residue; a negative sum would
 	// read as spare capacity.
-	l.work[f.server] = max(0, w-f.work)
+	ws.tokens = max(0, ws.tokens-f.work)
+	l.work[f.server] = ws
 }
 
 // workIdle forgets a server's predicted output once nothing is in flight
@@ -267,20 +269,13 @@ func (r *Router) resetWork(server string) {
 // fresh stamp.
 func (l *lenState) resetWork(server string) {
 	l.gen++
-	l.work[server] = 0
-	l.workGen[server] = l.gen
-}
-
-// dropWork forgets a server that left the pool.
-func (l *lenState) dropWork(server string) {
-	delete(l.work, server)
-	delete(l.workGen, server)
+	l.work[server] = workSum{gen: l.gen}
 }
 
 // workOf is server's predicted output in flight (0 when not summed).
 func (r *Router) workOf(server string) float64 {
 	if l := r.lens; l != nil && l.work != nil {
-		return l.work[server]
+		return l.work[server].tokens
 	}
 	return 0
 }
@@ -313,7 +308,7 @@ func (l *lenState) snapshot() LengthCounters {
 	if l.work != nil {
 		c.PredictedTokens = make(map[string]float64, len(l.work))
 		for s, w := range l.work {
-			c.PredictedTokens[s] = w
+			c.PredictedTokens[s] = w.tokens
 		}
 	}
 	return c

@@ -354,8 +354,7 @@ func (r *Router) candidates() int {
 			r.trace.unhealthy(s.id, sn.Failures)
 			continue
 		}
-		r.cands[n] = candidateOf(s, sn)
-		r.cands[n].PredictedTokens = r.workOf(s.id)
+		r.cands[n] = r.candidateOf(s, sn)
 		r.bsizes[n] = blockSizeOf(s, sn, r.cfg.BlockSize)
 		r.cpool[n] = s
 		n++
@@ -423,11 +422,11 @@ func (r *Router) fillCandidates(req *Request) (int, uint64) {
 }
 
 // candidateOf is what a strategy sees of s before prefix matching.
-func candidateOf(s *server, sn *load.Snapshot) strategy.Candidate {
+func (r *Router) candidateOf(s *server, sn *load.Snapshot) strategy.Candidate {
 	return strategy.Candidate{
 		ID: s.id, Order: s.order, Inflight: sn.Inflight, InflightTokens: sn.InflightTokens,
 		Load: sn.Load, Fresh: sn.Fresh, Healthy: sn.Healthy, KVCapacityTokens: kvCapacity(sn),
-		Sessions: *s.sessions,
+		Sessions: *s.sessions, PredictedTokens: r.workOf(s.id),
 	}
 }
 

@@ -223,8 +223,7 @@ func New(cfg Config) (*Router, error) {
 		if r.lens == nil {
 			return nil, configErr("strategies", "kvc_aware's work_weight reads the lengths the router learns: set lengths.enabled true, or work_weight 0")
 		}
-		r.lens.work = map[string]float64{}
-		r.lens.workGen = map[string]uint64{}
+		r.lens.work = map[string]workSum{}
 	}
 	return r, nil
 }
@@ -309,8 +308,8 @@ func (r *Router) RemoveServers(ids []string) {
 			continue
 		}
 		delete(r.byID, id)
-		if r.lens != nil && r.lens.work != nil {
-			r.lens.dropWork(id)
+		if r.lens != nil {
+			delete(r.lens.work, id) // a nil map (work not read) deletes nothing
 		}
 		for i, p := range r.pool {
 			if p == s {

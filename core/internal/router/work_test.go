@@ -189,6 +189,14 @@ func hinted(t *testing.T, r *Router, id string, pin int, seed int32, hint float6
 	}
 }
 
+// mustAdd adds (or re-adds) servers to r's pool.
+func mustAdd(t *testing.T, r *Router, ids ...string) {
+	t.Helper()
+	if err := r.AddServers(ids); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A release that names a request takes exactly its charge back, whatever
 // else is still in flight on the server; charges made before the server's
 // sum restarted (a re-add, or going idle with id-less releases
@@ -213,9 +221,7 @@ func TestWorkChargesStayExact(t *testing.T) {
 		}, 410},
 		{"a release from before a re-add", []string{"s0"}, func(t *testing.T, r *Router) {
 			hinted(t, r, "old", 0, 1, 6000)
-			if err := r.AddServers([]string{"s0"}); err != nil {
-				t.Fatal(err)
-			}
+			mustAdd(t, r, "s0")
 			hinted(t, r, "new1", 0, 2, 500)
 			hinted(t, r, "new2", 0, 3, 200)
 			r.ReleaseDone("s0", "old", 5900, nil)
@@ -229,9 +235,7 @@ func TestWorkChargesStayExact(t *testing.T) {
 		{"a removed and re-added server", []string{"s0", "s1"}, func(t *testing.T, r *Router) {
 			hinted(t, r, "gone", 0, 1, 300)
 			r.RemoveServers([]string{"s0"})
-			if err := r.AddServers([]string{"s0"}); err != nil {
-				t.Fatal(err)
-			}
+			mustAdd(t, r, "s0")
 			hinted(t, r, "n1", 1, 2, 80) // s0 is now the second server
 			hinted(t, r, "n2", 1, 3, 40)
 			r.ReleaseDone("s0", "gone", 290, nil)
