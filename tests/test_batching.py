@@ -377,7 +377,11 @@ def test_release_server_counts_bad_output_tokens_and_still_releases():
     assert st["total_inflight"] == 0 and st["bad_output_tokens"] == 5
     # The bad ones were learnt as durations (or nothing, at 0 ms): never as counts.
     assert st["lengths"]["observed_tokens"] == 1 and st["lengths"]["unmatched_releases"] == 0
-    assert KVCAwareBalancer(dict(SERVERS), router_config=KVC).require_release_fields() == []
+    # The defaults learn too, for the length correlation group_spread_min_corr
+    # reads; with no group spread to gate, nothing learns and no id is asked for.
+    assert KVCAwareBalancer(dict(SERVERS), router_config=KVC).require_release_fields() == ["request_id"]
+    no_spread = {"type": "kvc_aware", "config": {"strategies": [{**KVC["config"]["strategies"][0], "group_spread": 0}]}}
+    assert KVCAwareBalancer(dict(SERVERS), router_config=no_spread).require_release_fields() == []
 
 
 def test_work_weight_places_by_the_output_releases_taught():

@@ -197,7 +197,14 @@ def test_length_learning_is_exported_only_when_on():
     assert got[("lengths_observed_from_events_total", ())] == 0
     # "b" (a bad count) taught its acquire-to-release time, or nothing at 0 ms.
     assert got[("lengths_observed_durations_total", ())] == st["router"]["lengths"]["observed_durations"] <= 1
+    # The defaults run a correlation-only learner (group_spread_min_corr):
+    # exported, with the correlation absent until a step is measured.
     with KVCAwareBalancer({"s0": None}, router_config=_cfg()) as lb:
+        dflt = _by_key(km.samples(lb.get_status(), lambda s: s))
+    assert dflt[("lengths_prompts", ())] == 0 and ("lengths_corr", ()) not in dflt
+    off_cfg = _cfg()
+    off_cfg["config"]["strategies"][0]["group_spread"] = 0
+    with KVCAwareBalancer({"s0": None}, router_config=off_cfg) as lb:
         off = _by_key(km.samples(lb.get_status(), lambda s: s))
     assert not [n for n, _ in off if n.startswith("lengths_") or n == "bad_output_tokens_total"]
 

@@ -22,7 +22,8 @@ def test_positional_yaml_dict_is_the_router_config(ray_cluster):
     lb = ray.remote(KVCAwareBalancer).remote({"s0": None, "s1": None}, yaml_cfg)  # verl's plugin call
     try:
         assert ray.get(lb.require_acquire_fields.remote()) == ["prompt_ids"]
-        assert ray.get(lb.require_release_fields.remote()) == []
+        # The defaults' length-correlation learner matches releases by id.
+        assert ray.get(lb.require_release_fields.remote()) == ["request_id"]
         sid, _ = ray.get(lb.acquire_server.remote(request_id="r", prompt_ids=[1] * 64))
         lb.release_server.remote(server_id=sid, request_id="r")
         st = ray.get(lb.get_status.remote())

@@ -154,8 +154,10 @@ class KVCAwareBalancer:
         return ["prompt_ids"] if self._uses_prompt else []
 
     def require_release_fields(self) -> List[str]:
-        """verl >= 0.9.1: ``request_id`` when the length learner is on (the
-        time from acquire to release is then learnt), else nothing."""
+        """verl >= 0.9.1: ``request_id`` when the router learns response
+        lengths (``lengths.enabled``, or kvc_aware's default
+        ``group_spread_min_corr``, which measures their correlation), else
+        nothing."""
         return ["request_id"] if self._learns else []
 
     def release_server(

@@ -72,6 +72,7 @@ class KVCAwareStrategyConfig(StrategyOptions):
     sibling_spread: Optional[bool] = None
     group_spread: Optional[float] = None
     group_spread_min_ratio: Optional[float] = None
+    group_spread_min_corr: Optional[float] = None
     task_spread: Optional[float] = None
     work_weight: Optional[float] = None
 

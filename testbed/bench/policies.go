@@ -164,7 +164,10 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     first come first served (lib/kv-router/src/queue.rs; the driver
 //     holds requests while every worker's tracked prefill tokens exceed
 //     the threshold x max_num_batched_tokens).
-//   - kvc_aware: ours, KV events, sticky request ids.
+//   - kvc_aware: ours, KV events, sticky request ids, releases that report
+//     output tokens (the verl hook's, which kvc-router's verl integration
+//     installs; the defaults read them only to measure the length
+//     correlation group_spread_min_corr gates on).
 //   - kvc_aware+admit: ours with router-side admission (kvcrouter.AdmissionSpec:
 //     hold requests while every engine runs max_num_seqs, late binding).
 //   - kvc_aware_approx: ours without events (speculative index only).
@@ -364,7 +367,8 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		// verl's weight-update hook resets kvc-router's index
 		// (reset_prefix_index); no peer has such an API.
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true,
-			OutputCounts: strings.Contains(name, "+lengths"), TrueLengths: strings.HasSuffix(name, "+truelen"),
+			OutputCounts: strings.Contains(name, "+lengths") || name == "kvc_aware" || name == "kvc_aware+admit" || name == "kvc_aware_approx",
+			TrueLengths:  strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
 				c.Admission.Enabled = strings.Contains(name, "+admit")

@@ -2,6 +2,10 @@ package router
 
 import (
 	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvc-router/kvc-router/core/internal/blockhash"
@@ -194,5 +198,83 @@ func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGroupSpreadClosesOnMeasuredCorr: with lengths off, the defaults
+// still learn, for group_spread_min_corr alone, the within-prompt length
+// correlation of the releases that name their request; a step whose
+// samples' lengths are independent of their prompt closes the group spread
+// for the next step (the group stays whole), one whose lengths follow the
+// prompt keeps it open (the group spreads). The first step, with nothing
+// measured, spreads on the ratio gate alone.
+func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
+	cases := []struct {
+		name     string
+		length   func(rng *rand.Rand, g int) int // a sample's output tokens
+		wantCorr func(c float64) bool
+		want     []int // samples on each server that has any, sorted
+	}{
+		{"independent lengths: the group stays whole",
+			func(rng *rand.Rand, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) },
+			func(c float64) bool { return c < 0.25 }, []int{16}},
+		{"lengths set by the prompt: the group spreads",
+			func(rng *rand.Rand, g int) int { return int(float64(100*(1+g*g)) * math.Exp(0.1*rng.NormFloat64())) },
+			func(c float64) bool { return c > 0.9 }, []int{4, 4, 4, 4}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: 8192}, "s0", "s1", "s2", "s3")
+			if l := r.Status().Lengths; l == nil || !l.CorrOnly {
+				t.Fatalf("lengths off with the default strategy: status lengths %+v, want a correlation-only learner", l)
+			}
+			// Step 1: nothing measured, so the ratio gate spreads a group.
+			rng := rand.New(rand.NewPCG(1, 2))
+			first := map[string]int{}
+			for g := 0; g < 24; g++ {
+				p := prompt(1024, int32(1_000_000*(g+1)))
+				for i := 0; i < 8; i++ {
+					id := fmt.Sprintf("s1-g%d-%d", g, i)
+					s := acq(t, r, id, p...)
+					if g == 0 {
+						first[s]++
+					}
+					if _, ok := r.ReleaseDone(s, id, tc.length(rng, g), nil); !ok {
+						t.Fatalf("release of %s on %s refused", id, s)
+					}
+				}
+			}
+			if len(first) < 2 {
+				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gate should spread it", first)
+			}
+			r.ResetCache() // the weight sync ends step 1
+			l := r.Status().Lengths
+			if !l.LengthCorrKnown || !tc.wantCorr(l.LengthCorr) {
+				t.Fatalf("measured length_corr %v (known %v)", l.LengthCorr, l.LengthCorrKnown)
+			}
+			if l.LongestPicks != 0 || l.PredictedTokens != nil {
+				t.Fatalf("a correlation-only learner ordered or charged: %+v", l)
+			}
+			// Step 2: a fresh prompt's group, held in flight.
+			p := prompt(1024, 7)
+			per := map[string]int{}
+			for i := 0; i < 16; i++ {
+				per[acq(t, r, fmt.Sprint("s2-", i), p...)]++
+			}
+			got := slices.Sorted(maps.Values(per))
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("samples per server %v, want counts %v", per, tc.want)
+			}
+		})
+	}
+	// lengths on: the same learner, not a correlation-only one.
+	r := mustNew(t, Config{Mode: ModeKVCAware, Lengths: LengthsSpec{Enabled: true}}, "s0")
+	if l := r.Status().Lengths; l == nil || l.CorrOnly {
+		t.Fatalf("lengths.enabled: status lengths %+v, want the full learner", l)
+	}
+	// Nothing to gate: no learner at all.
+	r = mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_min_corr":0}`)}}}, "s0")
+	if l := r.Status().Lengths; l != nil {
+		t.Fatalf("group_spread_min_corr 0: status lengths %+v, want none", l)
 	}
 }

@@ -88,6 +88,10 @@ type lenState struct {
 	// when a release names it. Nil unless the strategy reads it.
 	work map[string]workSum
 	gen  uint64 // the last stamp given (workSum.gen)
+	// corr is tok's measured correlation as of the last step boundary,
+	// kept here so a decision reads it without the tracker's lock.
+	corr      float64
+	corrKnown bool
 }
 
 // workSum is one pool server's predicted output in flight. gen stamps
@@ -133,6 +137,10 @@ type LengthCounters struct {
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
 	Prompts        int    `json:"prompts"`
+	// CorrOnly: lengths.enabled is false and the learner runs only to
+	// measure LengthCorr for kvc_aware's group_spread_min_corr; it orders
+	// and charges nothing.
+	CorrOnly bool `json:"corr_only"`
 	// LengthCorr is the within-prompt correlation of log response
 	// lengths the learner measured over its last step with enough evidence
 	// (LengthCorrKnown false: none yet): how alike a prompt's samples are,
@@ -149,6 +157,29 @@ func newLenState(spec LengthsSpec) *lenState {
 	if !spec.Enabled {
 		return nil
 	}
+	return newLearner(spec)
+}
+
+// corrOnlyPrompts bounds the prompts a correlation-only learner remembers:
+// one step's groups are all it reads (about 10 MiB at most).
+const corrOnlyPrompts = 1 << 17
+
+// newCorrLearner is the learner a strategy that reads the measured length
+// correlation gets when lengths are off: it learns, for the correlation
+// alone, and orders nothing.
+func newCorrLearner() *lenState {
+	off := false
+	l := newLearner(LengthsSpec{Enabled: true, LongestFirst: &off, MaxPrompts: corrOnlyPrompts, MaxSkips: DefaultLengthsMaxSkips})
+	l.counts.CorrOnly = true
+	// It learns from the output tokens releases report (the verl hook
+	// sends them) and follows no KV events: following a request's output
+	// blocks costs two allocations per decision on an event-fed server,
+	// which the defaults' decision path does not pay.
+	l.prog = nil
+	return l
+}
+
+func newLearner(spec LengthsSpec) *lenState {
 	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
 	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
 		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
@@ -188,6 +219,9 @@ func (r *Router) lenTrack(req *Request, server string) {
 	}
 	l.flights[req.ID] = f
 	s := r.byID[server]
+	if l.prog == nil {
+		return // a correlation-only learner follows no KV events
+	}
 	if s == nil || !s.events {
 		l.prog.done(req.ID) // a session's earlier turn elsewhere
 		return
@@ -207,7 +241,10 @@ func (r *Router) lenTrack(req *Request, server string) {
 func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []Admitted) ([]Admitted, bool) {
 	r.mu.Lock()
 	if l := r.lens; l != nil && requestID != "" {
-		seen := l.prog.done(requestID)
+		seen := 0
+		if l.prog != nil {
+			seen = l.prog.done(requestID)
+		}
 		if f, ok := l.flights[requestID]; ok {
 			delete(l.flights, requestID)
 			l.uncharge(f)
@@ -319,6 +356,7 @@ func (r *Router) lenNextStep() {
 	if l := r.lens; l != nil {
 		l.tok.NextStep()
 		l.dur.NextStep()
+		l.corr, l.corrKnown = l.tok.Corr()
 	}
 }
 

@@ -165,9 +165,14 @@ func TestLengthsNamelessAndStatus(t *testing.T) {
 	if e := r.PredictTokens(prompt(64, 1)); e.History || e.Siblings > 0 {
 		t.Fatalf("the nameless request's prompt was learnt: %+v", e)
 	}
-	off := mustNew(t, Config{Mode: ModeKVCAware}, "s0")
+	// lengths off: the defaults' group_spread_min_corr still measures the
+	// correlation (a correlation-only learner); nothing to gate, no learner.
+	if l := mustNew(t, Config{Mode: ModeKVCAware}, "s0").Status().Lengths; l == nil || !l.CorrOnly {
+		t.Fatalf("lengths off, defaults: status lengths %+v, want a correlation-only learner", l)
+	}
+	off := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0}`)}}}, "s0")
 	if off.Status().Lengths != nil {
-		t.Fatal("lengths status present with lengths off")
+		t.Fatal("lengths status present with lengths off and group_spread 0")
 	}
 }
 

@@ -134,6 +134,9 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	// escapes, and the decision path allocates nothing.
 	r.sreq = strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
 		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
+	if l := r.lens; l != nil {
+		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.corr, l.corrKnown
+	}
 	r.strat.Score(&r.sreq, r.cands[:n], r.scores[:n])
 	r.sreq.Tokens = nil // the caller's buffer, borrowed for this call only
 	tr.scoredWith(&r.sreq, len(req.Tokens))

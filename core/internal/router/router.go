@@ -225,6 +225,9 @@ func New(cfg Config) (*Router, error) {
 		}
 		r.lens.work = map[string]workSum{}
 	}
+	if kvc && r.lens == nil && strategy.ReadsLengthCorr(strat) {
+		r.lens = newCorrLearner()
+	}
 	return r, nil
 }
 

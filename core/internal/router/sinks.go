@@ -98,7 +98,7 @@ func (r *Router) EventWriter(id string) (sink.EventWriter, bool) {
 	if s.writer == nil {
 		s.writer = &eventWriter{ix: r.ix, id: s.ix, model: r.cfg.Model, ns: blockhash.Namespace(r.cfg.Model, ""), bs: &s.evBlock}
 		if r.lens != nil {
-			s.writer.prog = r.lens.prog
+			s.writer.prog = r.lens.prog // nil for a correlation-only learner
 		}
 	}
 	return s.writer, true

@@ -283,6 +283,61 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 	}
 }
 
+// TestKVCAwareGroupSpreadCorrGate: group_spread_min_corr closes the group
+// spread once a measured within-prompt length correlation is below it, and
+// leaves the ratio gate alone to decide while none is measured.
+func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	cases := []struct {
+		name      string
+		params    string
+		corr      float64
+		known     bool
+		want      string
+		groupLoad float64
+	}{
+		{"nothing measured yet: the ratio gate spreads", `{}`, 0, false, "b", 0.3},
+		{"measured 0.1 under the default 0.25: a keeps the group", `{}`, 0.1, true, "a", 0},
+		{"measured 0: a keeps the group", `{}`, 0, true, "a", 0},
+		{"measured exactly 0.25: spreads", `{}`, 0.25, true, "b", 0.3},
+		{"measured 0.6: spreads", `{}`, 0.6, true, "b", 0.3},
+		{"min corr 0 reads no measurement: spreads", `{"group_spread_min_corr":0}`, 0, true, "b", 0.3},
+		{"min corr 0.7, measured 0.6: a keeps the group", `{"group_spread_min_corr":0.7}`, 0.6, true, "a", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", tc.params)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = 3
+			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: 8192,
+				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
+			out := make([]float64, 2)
+			k.Score(req, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
+			}
+			for _, term := range k.(Explainer).Explain(req, 1024, c)[0] {
+				if term.Name == "group_load" && math.Abs(term.Value-tc.groupLoad) > 1e-4 {
+					t.Fatalf("a's group_load %v, want %v", term.Value, tc.groupLoad)
+				}
+			}
+		})
+	}
+	if !ReadsLengthCorr(build(t, "kvc_aware", `{}`)) {
+		t.Error("defaults do not read the measured correlation")
+	}
+	for _, params := range []string{`{"group_spread_min_corr":0}`, `{"group_spread":0}`} {
+		if ReadsLengthCorr(build(t, "kvc_aware", params)) {
+			t.Errorf("%s reads the measured correlation with nothing to gate", params)
+		}
+	}
+	for _, bad := range []string{`{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 // TestKVCAwareTaskSpread: with task_spread, an agent task's trajectories
 // (multi-turn siblings) already placed on a server beyond the fewest add
 // task_spread x multi_turn each to its load, so a task spreads over

@@ -69,6 +69,12 @@ type Request struct {
 	// router's "response_tokens"; verl's rollout.response_length), 0 when
 	// not said.
 	ResponseTokens int
+	// LengthCorr is the within-prompt correlation of log response lengths
+	// the router's learner measured over its last finished step;
+	// LengthCorrKnown false before any step gave enough evidence (or when
+	// nothing is learnt).
+	LengthCorr      float64
+	LengthCorrKnown bool
 }
 
 // Turns is the router's "turns" setting: what the rollout's sessions are
@@ -129,6 +135,20 @@ type WorkReader interface {
 func ReadsWork(s Strategy) bool {
 	m, ok := s.(WorkReader)
 	return ok && m.ReadsWork()
+}
+
+// CorrReader is implemented by strategies that may read
+// Request.LengthCorr. The router learns response lengths (for the
+// correlation alone when its lengths are off) only when its strategy
+// reads it.
+type CorrReader interface {
+	ReadsLengthCorr() bool
+}
+
+// ReadsLengthCorr reports whether s reads Request.LengthCorr.
+func ReadsLengthCorr(s Strategy) bool {
+	m, ok := s.(CorrReader)
+	return ok && m.ReadsLengthCorr()
 }
 
 // Factory builds a strategy from its JSON parameters.
@@ -205,6 +225,16 @@ func (w *Weighted) ReadsSiblings() bool {
 func (w *Weighted) ReadsWork() bool {
 	for _, p := range w.Parts {
 		if ReadsWork(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadsLengthCorr implements CorrReader: any part reads it.
+func (w *Weighted) ReadsLengthCorr() bool {
+	for _, p := range w.Parts {
+		if ReadsLengthCorr(p) {
 			return true
 		}
 	}
