@@ -188,10 +188,12 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 668a343
-# freeze) on the same reported seeds, verl_default beside it (its rows must
-# match the published ones seed for seed), paired in docs/rl-workloads.md
-# with kvc_aware's rows at HELDOUT_FROZEN (520d43c, before issue 26).
+# workloads above re-run at the library defaults (RL_FROZEN, the 8df1902
+# freeze: docs/results/heldout-8df1902/; the 668a343 freeze's are in
+# heldout-668a343/) on the same reported seeds, verl_default beside it (its
+# rows must match the published ones seed for seed), paired in
+# docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
+# before issue 26).
 HELDOUT_NOW = --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(RL_FROZEN) --policies verl_default,kvc_aware,kvc_aware+admit
 kvbench-heldout-defaults: ## the held-out workloads' kvc_aware rows at today's defaults on the published seeds -> build/heldout-defaults/ (docs/rl-workloads.md)
 	@mkdir -p build/heldout-defaults
@@ -303,7 +305,8 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 668a343: docs/results/rl-668a343/;
+# The library defaults (docs/frozen-kvc-aware.json, 8df1902: docs/results/rl-8df1902/,
+# identical row for row to the 668a343 freeze's rl-668a343/;
 # without group_spread: RL_FROZEN=docs/results/rl-f591d2b/frozen-kvc-aware.json, rl-f591d2b/);
 # the earlier defaults: RL_FROZEN=docs/results/rl-520d43c/frozen-kvc-aware.json (or
 # docs/results/frozen-kvc-aware-520d43c.json); task_spread presumed multi-turn

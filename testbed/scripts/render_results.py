@@ -943,7 +943,9 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# 668a343 freeze: group_spread 0.1 behind its response-length gate), without
+# 8df1902 freeze: group_spread 0.1 behind its response-length gate and the
+# measured-correlation gate; every row identical to the 668a343 freeze's,
+# docs/results/rl-668a343/, which had no correlation gate), without
 # the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
 # task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
 # (the 3965cf8 freeze, docs/results/rl-*.json).
@@ -954,7 +956,7 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # defaults, the defaults without group_spread, the defaults before
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
-RL_DEFAULTS = "rl-668a343"
+RL_DEFAULTS = "rl-8df1902"
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -972,7 +974,10 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-668a343"
+HELDOUT_NOW = "heldout-8df1902"
+# The same runs at the 668a343 freeze, before group_spread_min_corr: the
+# measured-correlation gate's effect, seed by seed.
+HELDOUT_GATELESS = "heldout-668a343"
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.
@@ -1175,13 +1180,15 @@ def render_targets(docs_root: str) -> Optional[str]:
         now, then = _kvb_runs(cur, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
         if now and then:
             before_rows.append((setting, f"`{RL_PREV}/`, {src_cur}", _with_before(now, then)))
-    held: Dict[str, Tuple[PerSeed, PerSeed]] = {}  # workload: (today's runs, the published 520d43c ones)
+    # workload: (today's runs, the published 520d43c ones, the 668a343 ones or None)
+    held: Dict[str, Tuple[PerSeed, PerSeed, Optional[PerSeed]]] = {}
     for w in HELDOUT_WORKLOADS:
         a, b = os.path.join(res, HELDOUT_NOW, f"kvbench-{w}.json"), os.path.join(res, f"kvbench-{w}.json")
+        g = os.path.join(res, HELDOUT_GATELESS, f"kvbench-{w}.json")
         if os.path.isfile(a) and os.path.isfile(b):
-            held[w] = (_heldout_runs(a), _heldout_runs(b))
+            held[w] = (_heldout_runs(a), _heldout_runs(b), _heldout_runs(g) if os.path.isfile(g) else None)
             src = f"`{HELDOUT_NOW}/`, `kvbench-{w}.json` (`make kvbench-heldout-defaults`)"
-            before_rows.append((f"held-out `{w}`", src, _with_before(*held[w])))
+            before_rows.append((f"held-out `{w}`", src, _with_before(*held[w][:2])))
     for setting, src, runs in before_rows:
         ci = vs(runs, "kvc_aware", "before", "ttft_p99")
         row(f"TTFT p99 no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", setting, src, runs, ci,
@@ -1190,15 +1197,24 @@ def render_targets(docs_root: str) -> Optional[str]:
     if held:
         out += ["", "The workloads that existed before issue 26 (docs/kvbench.md's held-out set, seeds 311–320), "
                 f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
-                f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI:", "",
+                f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last two "
+                f"columns pair today's rows with the same runs at `{HELDOUT_GATELESS[8:]}` "
+                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr`: the measured-correlation "
+                "gate's own effect.", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
-                "| verl_default's rows identical |",
-                "|---|---|---|---|---|---|"]
-        for w, (now, then) in held.items():
+                f"| verl_default's rows identical | step ÷ `{HELDOUT_GATELESS[8:]}` "
+                f"| TTFT p99 ÷ `{HELDOUT_GATELESS[8:]}` |",
+                "|---|---|---|---|---|---|---|---|"]
+        for w, (now, then, gateless) in held.items():
             runs = _with_before(now, then)
             same = _same_rows(now, then, "verl_default")
             cells = [vs(runs, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99", "hit")]
             cells += [_ratio_word(vs(runs, "kvc_aware", "verl_default")), "yes" if same else "**no**"]
+            if gateless is None:
+                cells += ["–", "–"]
+            else:
+                g = _with_before(now, gateless)
+                cells += [vs(g, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99")]
             out.append(f"| `{w}` | " + " | ".join(cells) + " |")
     out += ["", "What the engine model leaves a router on each setting (kvbench's own references, computed seed by "
             f"seed in the same {src_t} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
