@@ -203,6 +203,18 @@ type KVCAware struct {
 	// When to change: 0 to spread on the ratio alone; raise it when
 	// spreading still costs more prefill than the stragglers it saves.
 	GroupSpreadMinCorr float64 `json:"group_spread_min_corr"`
+	// GroupSpreadMaxServers caps the servers one group spreads over: once
+	// its siblings are on this many, any other server counts as holding
+	// one more sibling than the group's fullest server, so the group
+	// grows there only when load or cache outweigh that. Splitting a long
+	// group over K servers cuts the straggler it makes to about 1/K of its
+	// decode, while each server past the first re-pays the prompt's
+	// prefill: the gain shrinks as K grows and the price does not
+	// (docs/rl-workloads.md, "The cap"). 0: no cap.
+	// When to change: 0 (or the fleet size) when groups are so large
+	// and long that a quarter of one still straggles; lower for long
+	// prompts and short responses.
+	GroupSpreadMaxServers int `json:"group_spread_max_servers"`
 	// TaskSpread in [0, 10] is the load each multi-turn sibling (an agent
 	// task's trajectory) already placed on a server (beyond the fewest on
 	// any candidate) adds there when another is placed, scaled by the
@@ -238,7 +250,7 @@ func DefaultKVCAware() KVCAware {
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
 		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
 		GroupSpreadMinRatio: DefaultGroupSpreadMinRatio, GroupSpreadMinCorr: DefaultGroupSpreadMinCorr,
-		TaskSpread: DefaultTaskSpread,
+		GroupSpreadMaxServers: DefaultGroupSpreadMaxServers, TaskSpread: DefaultTaskSpread,
 	}
 }
 
@@ -268,6 +280,9 @@ func (k *KVCAware) Validate() error {
 	}
 	if !(k.GroupSpreadMinCorr >= 0 && k.GroupSpreadMinCorr <= 1) {
 		return strictjson.Errorf("group_spread_min_corr", "must be in [0, 1] (0 = not measured), got %v", k.GroupSpreadMinCorr)
+	}
+	if k.GroupSpreadMaxServers < 0 || k.GroupSpreadMaxServers > 1024 {
+		return strictjson.Errorf("group_spread_max_servers", "must be in [0, 1024] (0 = no cap), got %d", k.GroupSpreadMaxServers)
 	}
 	if !(k.TaskSpread >= 0 && k.TaskSpread <= 10) {
 		return strictjson.Errorf("task_spread", "must be in [0, 10] (0 disables), got %v", k.TaskSpread)
@@ -334,7 +349,26 @@ func (k *KVCAware) prepare(req *Request, promptTokens int, c []Candidate) (base 
 		// group_spread weighs one-request siblings (GRPO samples),
 		// task_spread multi-turn ones (an agent task's trajectories), by
 		// the router's evidence of which the sessions are.
-		sess.group = k.groupSpread(req, promptTokens)*(1-multiTurn(req)) + k.TaskSpread*taskTurns(req)
+		gs, ts := k.groupSpread(req, promptTokens)*(1-multiTurn(req)), k.TaskSpread*taskTurns(req)
+		sess.group = gs + ts
+		// group_spread_max_servers: once a group has siblings on that many
+		// servers, the rest count as holding one more than its fullest
+		// holder, and the fewest is taken over the holders alone.
+		if k.GroupSpreadMaxServers > 0 && gs > ts {
+			holders, minH, maxH := 0, 0, 0
+			for i := range c {
+				if n := c[i].Siblings; n > 0 {
+					if holders == 0 || n < minH {
+						minH = n
+					}
+					maxH = max(maxH, n)
+					holders++
+				}
+			}
+			if holders >= k.GroupSpreadMaxServers {
+				sess.minSib, sess.capped, sess.outside = minH, true, maxH+1
+			}
+		}
 	}
 	if k.SessionWeight > 0 && len(c) > 1 {
 		total := 0
@@ -434,6 +468,10 @@ type sessionTerm struct {
 	min    int
 	group  float64 // group_spread and task_spread: load per excess placed sibling
 	minSib int     // the fewest placed siblings on any candidate
+	// capped: the group holds group_spread_max_servers servers; a server
+	// without siblings counts as holding outside.
+	capped  bool
+	outside int
 }
 
 // kvcTerms are the parts of one candidate's score.
@@ -471,7 +509,11 @@ func (k *KVCAware) score(promptTokens int, c *Candidate, base *[index.NumTiers]i
 	// it, and a step with fewer tasks than servers would leave servers
 	// idle (the arena's long_agent: 2 tasks x 4 trajectories on 4 servers).
 	sessLoad := (sess.scale*(1-covered) + sess.strong*covered) * float64(c.Sessions-sess.min)
-	groupLoad := sess.group * float64(c.Siblings-sess.minSib)
+	sib := c.Siblings
+	if sess.capped && sib == 0 {
+		sib = sess.outside
+	}
+	groupLoad := sess.group * float64(sib-sess.minSib)
 	s := k.Alpha*cache + (1-k.Alpha)*(1-load-sessLoad-groupLoad)
 	over := load > k.LoadThreshold
 	if over {
@@ -505,6 +547,14 @@ const DefaultGroupSpreadMinRatio = 4.0
 // independent lengths measure about 0, the RL settings' correlated ones
 // 0.5 and above.
 const DefaultGroupSpreadMinCorr = 0.25
+
+// DefaultGroupSpreadMaxServers is group_spread_max_servers' default,
+// chosen on kvbench seeds 101-104 over 8 engines (docs/rl-workloads.md):
+// against no cap, 4 kept the correlated steps' time (0.995 at rho 0.5,
+// 1.016 at rho 0.8) and shortened independent-length ones (0.95-0.98)
+// with TTFT p99 0.62-0.92x; 2 lengthened the correlated steps (1.02-1.08).
+// On fleets of 4 or fewer servers it changes nothing.
+const DefaultGroupSpreadMaxServers = 4
 
 // DefaultTaskSpread is task_spread's default, tuned on kvbench seeds
 // 101-106: agent steps whose tasks differ in difficulty 1.057 -> 0.989 x

@@ -338,6 +338,56 @@ func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
 	}
 }
 
+// TestKVCAwareGroupSpreadCap: group_spread_max_servers stops a group
+// spreading to more servers once it holds that many (a server outside
+// counts one sibling more than the group's fullest holder), and leaves an
+// agent task's trajectories (task_spread's) alone.
+func TestKVCAwareGroupSpreadCap(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	cases := []struct {
+		name      string
+		params    string // beside group_spread's gates and session_weight, all 0
+		siblings  [4]int // a, b (holding the prompt), c, d
+		multi     bool   // sessions return for later turns (an agent task)
+		want      string
+		outerLoad float64 // c's group_load
+	}{
+		{"no cap: the group spreads to c", `"group_spread":0.5`, [4]int{3, 3, 0, 0}, false, "c", 0},
+		{"cap 2, two holders: a keeps it", `"group_spread":0.5,"group_spread_max_servers":2`, [4]int{3, 3, 0, 0}, false, "a", 0.5},
+		{"cap 2, uneven holders: b, the emptier holder", `"group_spread":0.5,"group_spread_max_servers":2`, [4]int{4, 2, 0, 0}, false, "b", 1.5},
+		{"cap 3, two holders: c", `"group_spread":0.5,"group_spread_max_servers":3`, [4]int{3, 3, 0, 0}, false, "c", 0},
+		{"cap 2, an agent task: task_spread spreads it to c", `"group_spread":0,"task_spread":0.5,"group_spread_max_servers":2`, [4]int{3, 3, 0, 0}, true, "c", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", `{"group_spread_min_ratio":0,"group_spread_min_corr":0,"session_weight":0,`+tc.params+`}`)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, full, 8), cand("c", 2, 0, [3]int{}, 8), cand("d", 3, 0, [3]int{}, 8)}
+			for i, n := range tc.siblings {
+				c[i].Siblings = n
+			}
+			req := &Request{Tokens: make([]int32, 128), SessionsBound: 1 << 20}
+			if tc.multi {
+				req = &Request{Tokens: make([]int32, 128), SessionsBound: 100, LaterTurns: 1000, Turns: TurnsMulti}
+			}
+			out := make([]float64, len(c))
+			k.Score(req, c, out)
+			if got := c[Pick(c, out)].ID; got != tc.want {
+				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
+			}
+			for _, term := range k.(Explainer).Explain(req, 128, c)[2] {
+				if term.Name == "group_load" && math.Abs(term.Value-tc.outerLoad) > 1e-3 {
+					t.Fatalf("c's group_load %v, want %v", term.Value, tc.outerLoad)
+				}
+			}
+		})
+	}
+	for _, bad := range []string{`{"group_spread_max_servers":-1}`, `{"group_spread_max_servers":2000}`, `{"group_spread_max_servers":1.5}`} {
+		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 // TestKVCAwareTaskSpread: with task_spread, an agent task's trajectories
 // (multi-turn siblings) already placed on a server beyond the fewest add
 // task_spread x multi_turn each to its load, so a task spreads over
