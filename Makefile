@@ -188,9 +188,9 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 8df1902
-# freeze: docs/results/heldout-8df1902/; the 668a343 freeze's are in
-# heldout-668a343/) on the same reported seeds, verl_default beside it (its
+# workloads above re-run at the library defaults (RL_FROZEN, the 81ebcf0
+# freeze: docs/results/heldout-81ebcf0/; the 8df1902 and 668a343 freezes'
+# are in heldout-8df1902/ and heldout-668a343/) on the same reported seeds, verl_default beside it (its
 # rows must match the published ones seed for seed), paired in
 # docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
 # before issue 26).
@@ -305,8 +305,8 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 8df1902: docs/results/rl-8df1902/,
-# identical row for row to the 668a343 freeze's rl-668a343/;
+# The library defaults (docs/frozen-kvc-aware.json, 81ebcf0: docs/results/rl-81ebcf0/,
+# identical row for row to the 8df1902 and 668a343 freezes' rl-8df1902/, rl-668a343/;
 # without group_spread: RL_FROZEN=docs/results/rl-f591d2b/frozen-kvc-aware.json, rl-f591d2b/);
 # the earlier defaults: RL_FROZEN=docs/results/rl-520d43c/frozen-kvc-aware.json (or
 # docs/results/frozen-kvc-aware-520d43c.json); task_spread presumed multi-turn
@@ -353,6 +353,22 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 	  for r in 0 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES),kvc_aware+admit+lengths --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
+
+# The group spread's server cap (group_spread_max_servers; opt-in: the default
+# is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,
+# 512 prompts x 16 on 8 engines; kvbench-rl's 4-engine fleets never reach a cap
+# of 4), verl's order, one step at rho 0 / 0.5 / 0.8; kvc_aware at the defaults
+# and with the cap at 4 (the same freeze, group_spread_max_servers 4), paired by
+# seed with verl_default. Fresh seeds CAP_SEEDS -> build/kvbench-cap/
+# (docs/results/kvbench-cap/ renders into docs/rl-workloads.md). ~4 min.
+CAP_SEEDS ?= 401 402 403 404 405
+CAP_SHAPE = --workload grpo_sat --arrivals verl --engine-model hbm --steps 1 --quiet --makespan-bound=false --parallel 2
+kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0.5 / 0.8, fresh seeds CAP_SEEDS -> build/kvbench-cap/ (docs/rl-workloads.md)
+	@mkdir -p build/kvbench-cap
+	$(PYTHON) -c 'import json,sys; d=json.load(open(sys.argv[1])); d["strategy"]["group_spread_max_servers"]=4; json.dump(d,open(sys.argv[2],"w"),indent=1)' $(RL_FROZEN) build/kvbench-cap/frozen-cap4.json
+	@for s in $(CAP_SEEDS); do for r in 0 0.5 0.8; do t=$${r#0.}; \
+	  $(GO) run ./cmd/kvbench $(CAP_SHAPE) --length-corr $$r --seed $$s --kvc-frozen $(RL_FROZEN) --policies verl_default,kvc_aware --json build/kvbench-cap/defaults-r$$t-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(CAP_SHAPE) --length-corr $$r --seed $$s --kvc-frozen build/kvbench-cap/frozen-cap4.json --policies kvc_aware --json build/kvbench-cap/cap4-r$$t-$$s.json >/dev/null || exit 1; done; done
 
 # Every peer at its best on the RL settings (issue 27; seeds 361-365 at the
 # f591d2b freeze are kept in docs/results/rl-tuned-f591d2b/): the one peer set of

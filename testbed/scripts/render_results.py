@@ -943,9 +943,10 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# 8df1902 freeze: group_spread 0.1 behind its response-length gate and the
-# measured-correlation gate; every row identical to the 668a343 freeze's,
-# docs/results/rl-668a343/, which had no correlation gate), without
+# 81ebcf0 freeze: group_spread 0.1 behind its response-length gate and the
+# measured-correlation gate, over at most 4 servers; every row identical to
+# the 8df1902 and 668a343 freezes', docs/results/rl-8df1902/ and
+# rl-668a343/, which had no cap and no correlation gate), without
 # the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
 # task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
 # (the 3965cf8 freeze, docs/results/rl-*.json).
@@ -956,7 +957,7 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # defaults, the defaults without group_spread, the defaults before
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
-RL_DEFAULTS = "rl-8df1902"
+RL_DEFAULTS = "rl-81ebcf0"
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -974,9 +975,10 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-8df1902"
-# The same runs at the 668a343 freeze, before group_spread_min_corr: the
-# measured-correlation gate's effect, seed by seed.
+HELDOUT_NOW = "heldout-81ebcf0"
+# The same runs at the 668a343 freeze, before group_spread_min_corr and
+# group_spread_max_servers: their joint effect, seed by seed (the gate's
+# alone is docs/results/heldout-8df1902/).
 HELDOUT_GATELESS = "heldout-668a343"
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
@@ -1199,8 +1201,8 @@ def render_targets(docs_root: str) -> Optional[str]:
                 f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
                 f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last two "
                 f"columns pair today's rows with the same runs at `{HELDOUT_GATELESS[8:]}` "
-                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr`: the measured-correlation "
-                "gate's own effect.", "",
+                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr` and "
+                "`group_spread_max_servers`: the effect of the correlation gate and the cap together.", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
                 f"| verl_default's rows identical | step ÷ `{HELDOUT_GATELESS[8:]}` "
                 f"| TTFT p99 ÷ `{HELDOUT_GATELESS[8:]}` |",
@@ -1231,6 +1233,51 @@ def render_targets(docs_root: str) -> Optional[str]:
                       for k in ("achievable_gain_over_verl", "best_over_lower_bound"))
         out.append(f"| {setting} | {gain.fmt(1, 100)}% | {best.fmt(3)} |")
     return "\n".join(out)
+
+
+# The group spread's server cap on 8 engines (`make kvbench-cap`).
+RL_CAP = "kvbench-cap"
+
+
+def render_cap(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's cap table: per correlation, kvc_aware at the
+    defaults (no cap) and with group_spread_max_servers 4, each over
+    verl_default on the same seed, and the cap's own effect (cap 4 ÷
+    defaults) on step time, TTFT p99 and hit rate; None without the runs."""
+    d = os.path.join(docs_root, "docs", "results", RL_CAP)
+    out = ["Rendered from `docs/results/kvbench-cap/` (`make kvbench-cap`: grpo_sat at full size, 512 prompts × 16 "
+           "on 8 engines, verl's order, HBM engine model, one step); paired by seed, mean ± 95% CI:", "",
+           "| ρ | seeds | kvc_aware ÷ verl_default (defaults, no cap) | cap 4 ÷ verl_default | cap 4 ÷ defaults: "
+           "step | TTFT p99 | hit rate, defaults → cap 4 |", "|---|---|---|---|---|---|---|"]
+    rows = 0
+    for t, label in (("0", "0"), ("5", "0.5"), ("8", "0.8")):
+        per: Dict[str, List[float]] = {k: [] for k in ("cap", "off", "step", "ttft", "hit_off", "hit_cap")}
+        seeds = []
+        for path in sorted(glob.glob(os.path.join(d, f"defaults-r{t}-*.json"))):
+            seed = os.path.basename(path)[len(f"defaults-r{t}-"):-5]
+            other = os.path.join(d, f"cap4-r{t}-{seed}.json")
+            if not os.path.isfile(other):
+                continue
+            with open(path, encoding="utf-8") as f:
+                base = json.load(f)["policies"]
+            with open(other, encoding="utf-8") as f:
+                cap = json.load(f)["policies"]["kvc_aware"]
+            verl, ours = base["verl_default"], base["kvc_aware"]
+            seeds.append(int(seed))
+            per["off"].append(ours["makespan_s"] / verl["makespan_s"])
+            per["cap"].append(cap["makespan_s"] / verl["makespan_s"])
+            per["step"].append(cap["makespan_s"] / ours["makespan_s"])
+            per["ttft"].append(cap["ttft_p99_s"] / ours["ttft_p99_s"])
+            per["hit_off"].append(ours["hit_rate"])
+            per["hit_cap"].append(cap["hit_rate"])
+        if not seeds:
+            continue
+        rows += 1
+        ci = {k: mean_ci(v) for k, v in per.items()}
+        out.append(f"| {label} | {min(seeds)}–{max(seeds)} | {_ratio_word(ci['off'])} | {_ratio_word(ci['cap'])} "
+                   f"| {_ratio_word(ci['step'])} | {ci['ttft'].fmt(3)} | {ci['hit_off'].fmt(1, 100)}% → "
+                   f"{ci['hit_cap'].fmt(1, 100)}% |")
+    return "\n".join(out) if rows else None
 
 
 # The reverted shared-prompt charge on the real demo fleet: (label, seed,
@@ -1397,6 +1444,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             targets.setdefault(rl_doc, {})["rl-arena-shape"] = render_rl_tables(
                 os.path.join(a.docs, "docs", "results", RL_ARENA_SHAPE), "docs/results/" + RL_ARENA_SHAPE,
                 shape=RL_ARENA_SHAPE_TITLE)
+        cap = render_cap(a.docs)
+        if "<!-- BEGIN RENDERED: rl-cap -->" in rl_text and cap:
+            targets.setdefault(rl_doc, {})["rl-cap"] = cap
         goals = render_targets(a.docs)
         if "<!-- BEGIN RENDERED: rl-targets -->" in rl_text and goals:
             targets.setdefault(rl_doc, {})["rl-targets"] = goals

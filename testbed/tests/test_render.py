@@ -6,12 +6,24 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "testbed", "scripts", "render_results.py")
+
+
+def _const(name: str) -> str:
+    """A results folder the renderer names (RL_DEFAULTS, HELDOUT_NOW, ...), read from its source."""
+    with open(SCRIPT, encoding="utf-8") as f:
+        m = re.search(rf'^{name} = "([^"]+)"$', f.read(), re.M)
+    assert m, name
+    return m.group(1)
+
+
+RL_DEFAULTS, HELDOUT_NOW = _const("RL_DEFAULTS"), _const("HELDOUT_NOW")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -228,7 +240,7 @@ def test_agent_rows_whose_clients_wait_longer_are_not_comparable(tmp_path):
 
 def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     """README's RL block: kvc_aware's step time over verl_default's on the
-    same seed, per setting, at the defaults (docs/results/rl-8df1902/),
+    same seed, per setting, at the defaults (docs/results/RL_DEFAULTS/),
     without group_spread (rl-f591d2b/), before task_spread (rl-520d43c/)
     and with group_spread 0.1 ungated (docs/results/rl-*.json); "(shorter)"
     only where the interval is below 1; the recurring setting reads step 2."""
@@ -236,7 +248,7 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(readme.read_text() + "\n<!-- BEGIN RENDERED: rl -->\nold\n<!-- END RENDERED: rl -->\n")
     res = tmp_path / "docs" / "results"
-    for d in ("rl-8df1902", "rl-f591d2b", "rl-520d43c"):
+    for d in (RL_DEFAULTS, "rl-f591d2b", "rl-520d43c"):
         (res / d).mkdir(parents=True)
 
     def rep(verl: float, kvc: float, admit: float) -> dict:
@@ -245,11 +257,11 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
         return {"policies": pol, "makespan_steps_s": {p: [0.0, v["makespan_s"]] for p, v in pol.items()}}
 
     for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
-        (res / "rl-8df1902" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
+        (res / RL_DEFAULTS / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.9 * w, 1.1 * w)))
         (res / "rl-f591d2b" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.97 * w, w)))
         (res / "rl-520d43c" / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.95 * w, w)))
         (res / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, w, w)))
-        (res / "rl-8df1902" / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
+        (res / RL_DEFAULTS / f"rl-rec-{seed}.json").write_text(json.dumps(rep(w, 1.2 * w, w)))
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     lines = readme.read_text().splitlines()
@@ -615,7 +627,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    for sub in ("rl-tuned", "rl-8df1902", "rl-520d43c", "kvbench-work", "heldout-8df1902", "heldout-668a343"):
+    for sub in ("rl-tuned", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343"):
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
         shutil.copy(os.path.join(REPO, "docs", "results", f"kvbench-{w}.json"), res / f"kvbench-{w}.json")
@@ -655,7 +667,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     held = [ln for ln in text.splitlines() if ln.startswith("| `grpo` |") or ln.startswith("| `agent` |")]
     assert len(held) == 2 and all("| yes |" in ln for ln in held), held
     assert "held-out `grpo_sat`" not in text  # its published file was not copied: no row
-    now = json.loads((res / "heldout-8df1902" / "kvbench-grpo.json").read_text())
+    now = json.loads((res / HELDOUT_NOW / "kvbench-grpo.json").read_text())
     then = json.loads((res / "kvbench-grpo.json").read_text())
     kvc_now = {x["seed"]: x for r in now["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
     kvc_then = {x["seed"]: x for r in then["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
@@ -676,7 +688,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     for r in now["rows"]:
         if r["policy"] == "verl_default":
             r["per_seed"][0]["makespan_s"] += 1.0
-    (res / "heldout-8df1902" / "kvbench-grpo.json").write_text(json.dumps(now))
+    (res / HELDOUT_NOW / "kvbench-grpo.json").write_text(json.dumps(now))
     held = [ln for ln in render().splitlines() if ln.startswith("| `grpo` |")]
     assert held and "| **no** |" in held[0], held
 
@@ -714,15 +726,15 @@ def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
 
 def test_rl_workloads_tables_render_from_the_results(tmp_path):
     """docs/rl-workloads.md's kvbench-rl tables are blocks rendered from the
-    committed JSON: stale blocks are rewritten from docs/results/rl-8df1902/
+    committed JSON: stale blocks are rewritten from docs/results/RL_DEFAULTS/
     (the defaults) and rl-f591d2b/ (group_spread off)."""
     import shutil
 
-    for d in ("rl-8df1902", "rl-f591d2b"):
+    for d in (RL_DEFAULTS, "rl-f591d2b"):
         (tmp_path / "docs" / "results" / d).mkdir(parents=True)
         shutil.copy(os.path.join(REPO, "docs", "results", d, "rl-agt-341.json"),
                     tmp_path / "docs" / "results" / d / "rl-agt-341.json")
-    src = os.path.join(REPO, "docs", "results", "rl-8df1902", "rl-agt-341.json")
+    src = os.path.join(REPO, "docs", "results", RL_DEFAULTS, "rl-agt-341.json")
     (tmp_path / "docs" / "rl-workloads.md").write_text(
         "# r\n\n<!-- BEGIN RENDERED: rl-defaults -->\nold\n<!-- END RENDERED: rl-defaults -->\n"
         "\n<!-- BEGIN RENDERED: rl-gs-off -->\nold\n<!-- END RENDERED: rl-gs-off -->\n")
@@ -730,7 +742,7 @@ def test_rl_workloads_tables_render_from_the_results(tmp_path):
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "docs" / "rl-workloads.md").read_text()
-    assert "old" not in text and "`docs/results/rl-8df1902/rl-agt-*.json`" in text
+    assert "old" not in text and f"`docs/results/{RL_DEFAULTS}/rl-agt-*.json`" in text
     assert "`docs/results/rl-f591d2b/rl-agt-*.json`" in text
     with open(src, encoding="utf-8") as f:
         rep = json.load(f)
@@ -803,3 +815,24 @@ def test_router_queue_rows_ttft_is_marked_and_never_compared(tmp_path):
     assert "leave out the wait in that queue" in text
     assert "TTFT p99 vs dynamo_kv_router+queue" not in text
     assert "step time vs dynamo_kv_router+queue" in text  # its step time is still compared (kvc_aware wins it)
+
+
+def test_cap_block_pairs_cap_and_no_cap_by_seed(tmp_path):
+    """`make kvbench-cap`'s block: per correlation, kvc_aware at the defaults
+    and the cap-4 run each over verl_default on the same seed, and cap ÷
+    defaults, computed from the files; a correlation without both files has no row."""
+    res = tmp_path / "docs" / "results" / "kvbench-cap"
+    res.mkdir(parents=True)
+
+    def pol(mk: float, ttft: float, hit: float) -> dict:
+        return {"makespan_s": mk, "ttft_p99_s": ttft, "hit_rate": hit}
+
+    for seed, verl in ((401, 100.0), (402, 200.0)):
+        base = {"verl_default": pol(verl, 9.0, 0.5), "kvc_aware": pol(1.2 * verl, 4.0, 0.6)}
+        (res / f"defaults-r5-{seed}.json").write_text(json.dumps({"policies": base}))
+        (res / f"cap4-r5-{seed}.json").write_text(json.dumps({"policies": {"kvc_aware": pol(0.9 * verl, 2.0, 0.8)}}))
+    (res / "defaults-r8-401.json").write_text(json.dumps({"policies": base}))  # no cap-4 run: no row
+    render = _rl_block_renderer(tmp_path, "rl-cap")
+    rows = [ln for ln in render().splitlines() if ln.startswith("| 0")]
+    assert rows == ["| 0.5 | 401–402 | 1.200 ± 0.000 (longer) | 0.900 ± 0.000 (shorter) | 0.750 ± 0.000 (shorter) "
+                    "| 0.500 ± 0.000 | 60.0 ± 0.0% → 80.0 ± 0.0% |"], rows
