@@ -188,9 +188,10 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 81ebcf0
-# freeze: docs/results/heldout-81ebcf0/; the 8df1902 and 668a343 freezes'
-# are in heldout-8df1902/ and heldout-668a343/) on the same reported seeds, verl_default beside it (its
+# workloads above re-run at the library defaults (RL_FROZEN, the 583ebbd
+# freeze: docs/results/heldout-583ebbd/; the 81ebcf0 (group_spread_max_servers
+# 4), 8df1902 and 668a343 freezes' are in heldout-81ebcf0/, heldout-8df1902/
+# and heldout-668a343/) on the same reported seeds, verl_default beside it (its
 # rows must match the published ones seed for seed), paired in
 # docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
 # before issue 26).
@@ -305,8 +306,9 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 81ebcf0: docs/results/rl-81ebcf0/,
-# identical row for row to the 8df1902 and 668a343 freezes' rl-8df1902/, rl-668a343/;
+# The library defaults (docs/frozen-kvc-aware.json, 583ebbd: docs/results/rl-583ebbd/,
+# identical row for row to the 81ebcf0, 8df1902 and 668a343 freezes' rl-81ebcf0/,
+# rl-8df1902/, rl-668a343/;
 # without group_spread: RL_FROZEN=docs/results/rl-f591d2b/frozen-kvc-aware.json, rl-f591d2b/);
 # the earlier defaults: RL_FROZEN=docs/results/rl-520d43c/frozen-kvc-aware.json (or
 # docs/results/frozen-kvc-aware-520d43c.json); task_spread presumed multi-turn
@@ -361,7 +363,9 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 # and with the cap at 4 (the same freeze, group_spread_max_servers 4), paired by
 # seed with verl_default. Fresh seeds CAP_SEEDS -> build/kvbench-cap/
 # (docs/results/kvbench-cap/ renders into docs/rl-workloads.md). ~4 min.
-CAP_SEEDS ?= 401 402 403 404 405
+# Seeds 401-405 decided the default (docs/results/kvbench-cap-decision/), so
+# the published table runs seeds no decision saw.
+CAP_SEEDS ?= 411 412 413 414 415
 CAP_SHAPE = --workload grpo_sat --arrivals verl --engine-model hbm --steps 1 --quiet --makespan-bound=false --parallel 2
 kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0.5 / 0.8, fresh seeds CAP_SEEDS -> build/kvbench-cap/ (docs/rl-workloads.md)
 	@mkdir -p build/kvbench-cap

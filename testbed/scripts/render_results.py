@@ -943,10 +943,11 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# 81ebcf0 freeze: group_spread 0.1 behind its response-length gate and the
-# measured-correlation gate, over at most 4 servers; every row identical to
-# the 8df1902 and 668a343 freezes', docs/results/rl-8df1902/ and
-# rl-668a343/, which had no cap and no correlation gate), without
+# 583ebbd freeze: group_spread 0.1 behind its response-length gate and the
+# measured-correlation gate; every row identical to the 81ebcf0, 8df1902
+# and 668a343 freezes', docs/results/rl-81ebcf0/ (a cap of 4 servers, which
+# 4 engines never reach), rl-8df1902/ and rl-668a343/ (no correlation
+# gate)), without
 # the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
 # task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
 # (the 3965cf8 freeze, docs/results/rl-*.json).
@@ -957,7 +958,7 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # defaults, the defaults without group_spread, the defaults before
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
-RL_DEFAULTS = "rl-81ebcf0"
+RL_DEFAULTS = "rl-583ebbd"
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -975,10 +976,10 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-81ebcf0"
-# The same runs at the 668a343 freeze, before group_spread_min_corr and
-# group_spread_max_servers: their joint effect, seed by seed (the gate's
-# alone is docs/results/heldout-8df1902/).
+HELDOUT_NOW = "heldout-583ebbd"
+# The same runs at the 668a343 freeze, before group_spread_min_corr: the
+# measured-correlation gate's effect, seed by seed (with the opt-in cap of
+# 4 too: docs/results/heldout-81ebcf0/).
 HELDOUT_GATELESS = "heldout-668a343"
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
@@ -1201,8 +1202,8 @@ def render_targets(docs_root: str) -> Optional[str]:
                 f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
                 f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last two "
                 f"columns pair today's rows with the same runs at `{HELDOUT_GATELESS[8:]}` "
-                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr` and "
-                "`group_spread_max_servers`: the effect of the correlation gate and the cap together.", "",
+                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr`: the measured-correlation "
+                "gate's own effect.", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
                 f"| verl_default's rows identical | step ÷ `{HELDOUT_GATELESS[8:]}` "
                 f"| TTFT p99 ÷ `{HELDOUT_GATELESS[8:]}` |",

@@ -214,7 +214,8 @@ type KVCAware struct {
 	// When to change: 4 on fleets of more than 4 servers when TTFT
 	// matters more than about 2% of step time, or lengths are known to
 	// be independent of the prompt: on 8 engines it lowered TTFT p99 by
-	// 8-12% and cost correlated first-epoch steps about 2% by mean.
+	// 3-12% and cost strongly correlated (rho 0.8) first-epoch steps about
+	// 2% by mean.
 	GroupSpreadMaxServers int `json:"group_spread_max_servers"`
 	// TaskSpread in [0, 10] is the load each multi-turn sibling (an agent
 	// task's trajectory) already placed on a server (beyond the fewest on
@@ -551,10 +552,10 @@ const DefaultGroupSpreadMinCorr = 0.25
 
 // DefaultGroupSpreadMaxServers is group_spread_max_servers' default: no
 // cap. Over 8 engines a cap of 4 shortened independent-length steps and
-// lowered TTFT p99 but lengthened the correlated first-epoch steps RL
-// sends by about 2% by mean (fresh seeds 401-405, inside their
-// intervals; tuning seeds 101-104 agreed in direction at rho 0.8), and
-// step time comes first (docs/rl-workloads.md, "The cap").
+// lowered TTFT p99 but lengthened strongly correlated (rho 0.8)
+// first-epoch steps by about 2% by mean on tuning seeds 101-104 and
+// fresh seeds 401-405 and 411-415 (each inside its interval), and step
+// time comes first (docs/rl-workloads.md, "The cap").
 const DefaultGroupSpreadMaxServers = 0
 
 // DefaultTaskSpread is task_spread's default, tuned on kvbench seeds
