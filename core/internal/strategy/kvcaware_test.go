@@ -193,9 +193,31 @@ func TestKVCAwareSessionLoad(t *testing.T) {
 	if math.Abs(out[0]-0.7) > 1e-9 {
 		t.Fatalf("single candidate score %v, want 0.7", out[0])
 	}
-	for _, bad := range []string{`{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`, `{"sibling_spread":1}`} {
+	mustRefuse(t, `{"session_weight":-0.1}`, `{"session_weight":11}`, `{"session_weight":"x"}`, `{"sibling_spread":1}`)
+}
+
+// mustRefuse fails for each kvc_aware parameter set that builds.
+func mustRefuse(t *testing.T, params ...string) {
+	t.Helper()
+	for _, bad := range params {
 		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
 			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// checkGroupPick scores c for req with k and fails unless it picks want
+// and candidate i's group_load term is groupLoad.
+func checkGroupPick(t *testing.T, k Strategy, req *Request, c []Candidate, want string, i int, groupLoad float64) {
+	t.Helper()
+	out := make([]float64, len(c))
+	k.Score(req, c, out)
+	if got := c[Pick(c, out)].ID; got != want {
+		t.Fatalf("picked %s (scores %v), want %s", got, out, want)
+	}
+	for _, term := range k.(Explainer).Explain(req, len(req.Tokens), c)[i] {
+		if term.Name == "group_load" && math.Abs(term.Value-groupLoad) > 1e-4 {
+			t.Fatalf("%s's group_load %v, want %v", c[i].ID, term.Value, groupLoad)
 		}
 	}
 }
@@ -239,17 +261,7 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 			// A history of one-request sessions (GRPO): the term applies
 			// to one-request siblings (x (1 - MultiTurn), ~0.99997 here).
 			req := &Request{Tokens: make([]int32, tc.tokens), SessionsBound: 1 << 20, ResponseTokens: tc.resp}
-			out := make([]float64, 2)
-			k.Score(req, c, out)
-			if got := c[Pick(c, out)].ID; got != tc.want {
-				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
-			}
-			terms := k.(Explainer).Explain(req, tc.tokens, c)
-			for _, term := range terms[0] {
-				if term.Name == "group_load" && math.Abs(term.Value-tc.groupLoad) > 1e-4 {
-					t.Fatalf("a's group_load %v, want %v", term.Value, tc.groupLoad)
-				}
-			}
+			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
 		})
 	}
 	k := build(t, "kvc_aware", `{"group_spread":5}`)
@@ -276,11 +288,7 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 			t.Fatalf("multi-turn group_load %v, want 0", term.Value)
 		}
 	}
-	for _, bad := range []string{`{"group_spread":-0.1}`, `{"group_spread":10.5}`, `{"group_spread":"x"}`} {
-		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
-	}
+	mustRefuse(t, `{"group_spread":-0.1}`, `{"group_spread":10.5}`, `{"group_spread":"x"}`)
 }
 
 // TestKVCAwareGroupSpreadCorrGate: group_spread_min_corr closes the group
@@ -311,16 +319,7 @@ func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
 			c[0].Siblings = 3
 			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: 8192,
 				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
-			out := make([]float64, 2)
-			k.Score(req, c, out)
-			if got := c[Pick(c, out)].ID; got != tc.want {
-				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
-			}
-			for _, term := range k.(Explainer).Explain(req, 1024, c)[0] {
-				if term.Name == "group_load" && math.Abs(term.Value-tc.groupLoad) > 1e-4 {
-					t.Fatalf("a's group_load %v, want %v", term.Value, tc.groupLoad)
-				}
-			}
+			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
 		})
 	}
 	if !ReadsLengthCorr(build(t, "kvc_aware", `{}`)) {
@@ -331,11 +330,7 @@ func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
 			t.Errorf("%s reads the measured correlation with nothing to gate", params)
 		}
 	}
-	for _, bad := range []string{`{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`} {
-		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
-	}
+	mustRefuse(t, `{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`)
 }
 
 // TestKVCAwareGroupSpreadCap: group_spread_max_servers stops a group
@@ -369,23 +364,10 @@ func TestKVCAwareGroupSpreadCap(t *testing.T) {
 			if tc.multi {
 				req = &Request{Tokens: make([]int32, 128), SessionsBound: 100, LaterTurns: 1000, Turns: TurnsMulti}
 			}
-			out := make([]float64, len(c))
-			k.Score(req, c, out)
-			if got := c[Pick(c, out)].ID; got != tc.want {
-				t.Fatalf("picked %s (scores %v), want %s", got, out, tc.want)
-			}
-			for _, term := range k.(Explainer).Explain(req, 128, c)[2] {
-				if term.Name == "group_load" && math.Abs(term.Value-tc.outerLoad) > 1e-3 {
-					t.Fatalf("c's group_load %v, want %v", term.Value, tc.outerLoad)
-				}
-			}
+			checkGroupPick(t, k, req, c, tc.want, 2, tc.outerLoad)
 		})
 	}
-	for _, bad := range []string{`{"group_spread_max_servers":-1}`, `{"group_spread_max_servers":2000}`, `{"group_spread_max_servers":1.5}`} {
-		if _, err := Build("kvc_aware", json.RawMessage(bad)); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
-	}
+	mustRefuse(t, `{"group_spread_max_servers":-1}`, `{"group_spread_max_servers":2000}`, `{"group_spread_max_servers":1.5}`)
 }
 
 // TestKVCAwareTaskSpread: with task_spread, an agent task's trajectories
