@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvc-router/kvc-router/core/internal/blockhash"
 )
@@ -254,6 +255,14 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 			}
 			if l.LongestPicks != 0 || l.PredictedTokens != nil {
 				t.Fatalf("a correlation-only learner ordered or charged: %+v", l)
+			}
+			// A release without a count teaches it nothing (no durations).
+			r.now = func() time.Time { return time.Unix(0, 0) }
+			id := acq(t, r, "no-count", prompt(64, 3)...)
+			r.now = func() time.Time { return time.Unix(10, 0) }
+			r.ReleaseDone(id, "no-count", 0, nil)
+			if l := r.Status().Lengths; l.ObservedTimed != 0 {
+				t.Fatalf("a correlation-only learner learnt a duration: %+v", l)
 			}
 			// Step 2: a fresh prompt's group, held in flight.
 			p := prompt(1024, 7)

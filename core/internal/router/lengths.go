@@ -218,10 +218,10 @@ func (r *Router) lenTrack(req *Request, server string) {
 		}
 	}
 	l.flights[req.ID] = f
-	s := r.byID[server]
 	if l.prog == nil {
 		return // a correlation-only learner follows no KV events
 	}
+	s := r.byID[server]
 	if s == nil || !s.events {
 		l.prog.done(req.ID) // a session's earlier turn elsewhere
 		return
@@ -254,6 +254,9 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 			} else if seen > 0 {
 				l.tok.Observe(f.key, seen)
 				l.counts.ObservedEvents++
+			} else if l.counts.CorrOnly {
+				// Durations feed admission's order alone: a correlation-only
+				// learner has none to feed.
 			} else if ms := int(r.now().Sub(f.at) / time.Millisecond); ms > 0 {
 				l.dur.Observe(f.key, ms)
 				l.counts.ObservedTimed++
