@@ -377,10 +377,15 @@ def test_release_server_counts_bad_output_tokens_and_still_releases():
     assert st["total_inflight"] == 0 and st["bad_output_tokens"] == 5
     # The bad ones were learnt as durations (or nothing, at 0 ms): never as counts.
     assert st["lengths"]["observed_tokens"] == 1 and st["lengths"]["unmatched_releases"] == 0
-    # The defaults learn too, for the length correlation group_spread_min_corr
-    # reads; with no group spread to gate, nothing learns and no id is asked for.
+    # The defaults learn too, for the correlations group_spread_min_corr and
+    # task_spread_min_corr read; either spread alone still asks for the id;
+    # with no spread to gate, nothing learns and no id is asked for.
     assert KVCAwareBalancer(dict(SERVERS), router_config=KVC).require_release_fields() == ["request_id"]
-    no_spread = {"type": "kvc_aware", "config": {"strategies": [{**KVC["config"]["strategies"][0], "group_spread": 0}]}}
+    base = KVC["config"]["strategies"][0]
+    for off in ({"group_spread": 0}, {"task_spread": 0}):
+        one = {"type": "kvc_aware", "config": {"strategies": [{**base, **off}]}}
+        assert KVCAwareBalancer(dict(SERVERS), router_config=one).require_release_fields() == ["request_id"], off
+    no_spread = {"type": "kvc_aware", "config": {"strategies": [{**base, "group_spread": 0, "task_spread": 0}]}}
     assert KVCAwareBalancer(dict(SERVERS), router_config=no_spread).require_release_fields() == []
 
 
@@ -448,3 +453,28 @@ def test_status_shows_the_measured_length_correlation():
         lens = st["router"]["lengths"]
         assert lens["length_corr_known"] and 0.99 < lens["length_corr"] <= 1.0, lens
         assert [v for n, _, v in km.samples(st) if n == "lengths_corr"] == [lens["length_corr"]]
+
+
+def test_status_shows_the_measured_task_correlation():
+    """Agent trajectories (a request id kept over its turns, each turn
+    released with its output tokens) are summed per trajectory and grouped
+    by their first turn's prompt: at a weight sync the router reports how
+    alike a task's trajectories were, which kvc_aware's task_spread_min_corr
+    reads. Here a task sets its trajectories' later turns while the first
+    turns are alike for every task."""
+    with KVCAwareBalancer(dict(SERVERS), router_config=KVC) as lb:
+        assert not lb.get_status()["router"]["lengths"]["task_corr_known"]
+        for k in range(10):
+            for j in range(4):
+                rid = f"t{k}-{j}"
+                p = prompt(k)
+                for turn in range(3):
+                    sid, _ = lb.acquire_server(rid, p)
+                    out = 100 + j if turn == 0 else 50 * (k + 1) ** 2 + j
+                    lb.release_server(sid, request_id=rid, output_tokens=out)
+                    p = p + [90_000 + 1000 * k + 100 * j + turn] * 16
+        lb.reset_prefix_index()
+        st = lb.get_status()
+        lens = st["router"]["lengths"]
+        assert lens["task_corr_known"] and 0.95 < lens["task_corr"] <= 1.0, lens
+        assert [v for n, _, v in km.samples(st) if n == "lengths_task_corr"] == [lens["task_corr"]]

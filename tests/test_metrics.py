@@ -204,6 +204,7 @@ def test_length_learning_is_exported_only_when_on():
     assert dflt[("lengths_prompts", ())] == 0 and ("lengths_corr", ()) not in dflt
     off_cfg = _cfg()
     off_cfg["config"]["strategies"][0]["group_spread"] = 0
+    off_cfg["config"]["strategies"][0]["task_spread"] = 0
     with KVCAwareBalancer({"s0": None}, router_config=off_cfg) as lb:
         off = _by_key(km.samples(lb.get_status(), lambda s: s))
     assert not [n for n, _ in off if n.startswith("lengths_") or n == "bad_output_tokens_total"]

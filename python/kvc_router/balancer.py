@@ -155,8 +155,9 @@ class KVCAwareBalancer:
 
     def require_release_fields(self) -> List[str]:
         """verl >= 0.9.1: ``request_id`` when the router learns response
-        lengths (``lengths.enabled``, or kvc_aware's default
-        ``group_spread_min_corr``, which measures their correlation), else
+        lengths (``lengths.enabled``, or kvc_aware's defaults
+        ``group_spread_min_corr`` and ``task_spread_min_corr``, which measure
+        how alike a prompt's samples and a task's trajectories are), else
         nothing."""
         return ["request_id"] if self._learns else []
 

@@ -271,6 +271,8 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
         add("lengths_prompts", lens.get("prompts", 0))
         if lens.get("length_corr_known"):
             add("lengths_corr", lens.get("length_corr", 0.0))
+        if lens.get("task_corr_known"):
+            add("lengths_task_corr", lens.get("task_corr", 0.0))
         for sid, v in (lens.get("predicted_tokens") or {}).items():
             add("lengths_predicted_tokens", v, server=server_label(sid))
         add("bad_output_tokens_total", r.get("bad_output_tokens", 0))

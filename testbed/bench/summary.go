@@ -40,6 +40,12 @@ type Summary struct {
 	WallSeconds    float64  `json:"wall_s"`
 	EventsApplied  uint64   `json:"events_applied"`
 	EventApplyErrs uint64   `json:"event_errors"`
+	// LengthCorr and TaskCorr are the router's last measured within-prompt
+	// and within-task length correlations (the kvc_aware gates
+	// group_spread_min_corr and task_spread_min_corr read them); absent
+	// when nothing was measured.
+	LengthCorr *float64 `json:"length_corr,omitempty"`
+	TaskCorr   *float64 `json:"task_corr,omitempty"`
 }
 
 // Bounds are the policy-independent figures a policy is judged against.
@@ -119,6 +125,14 @@ func Summarise(r *Result, pooled float64) Summary {
 		s.Makespan += m
 	}
 	s.MakespanSteps = append([]float64(nil), r.Makespans...)
+	if l := r.Lengths; l != nil {
+		if l.LengthCorrKnown {
+			s.LengthCorr = &l.LengthCorr
+		}
+		if l.TaskCorrKnown {
+			s.TaskCorr = &l.TaskCorr
+		}
+	}
 	if mb := mean(r.Busy); mb > 0 {
 		mx := 0.0
 		for _, b := range r.Busy {

@@ -267,3 +267,88 @@ func (t *Tracker) Len() (n int, dropped uint64) {
 	defer t.mu.Unlock()
 	return len(t.byKey), t.dropped
 }
+
+// Tasks measures how alike an agent task's trajectories are (issue 26):
+// each trajectory (a request id kept over its turns, as verl's agent loop
+// does) sums the output tokens its turns report, and a step's trajectories
+// are grouped by task, their first turn's prompt (a task's trajectories
+// share it). The within-prompt correlation Tracker measures is the wrong
+// figure for agents: a first turn's length says little about how many
+// turns a trajectory takes or how long they are, which a hard task sets
+// for all its trajectories. Not safe for concurrent use: the router calls
+// it under its lock.
+type Tasks struct {
+	max       int
+	byID      map[string]trajectory
+	dropped   uint64
+	corr      float64
+	corrKnown bool
+}
+
+type trajectory struct {
+	task   Key
+	tokens int64
+}
+
+// NewTasks builds a Tasks that follows at most max trajectories a step.
+func NewTasks(max int) *Tasks {
+	return &Tasks{max: max, byID: map[string]trajectory{}}
+}
+
+// Start records a turn of trajectory id, whose prompt hashes to key; its
+// first turn's names the task.
+func (t *Tasks) Start(id string, key Key) {
+	if _, ok := t.byID[id]; ok {
+		return
+	}
+	if len(t.byID) >= t.max {
+		// Beyond the bound the step's first trajectories stand for the
+		// rest: a sample, not a reset that would lose them all.
+		t.dropped++
+		return
+	}
+	t.byID[id] = trajectory{task: key}
+}
+
+// Add adds a finished turn's output tokens to trajectory id (a turn whose
+// trajectory was never started, or went unfollowed, is ignored).
+func (t *Tasks) Add(id string, tokens int) {
+	if tr, ok := t.byID[id]; ok && tokens > 0 {
+		tr.tokens += int64(tokens)
+		t.byID[id] = tr
+	}
+}
+
+// NextStep ends a step: its trajectories' log totals, grouped by task,
+// give the correlation (kept until a later step gives enough evidence),
+// and the trajectories are forgotten.
+func (t *Tasks) NextStep() {
+	type group struct {
+		s float64
+		n int
+	}
+	groups := make(map[Key]group, len(t.byID)/2+1)
+	var a anova
+	for _, tr := range t.byID {
+		if tr.tokens <= 0 {
+			continue
+		}
+		y := math.Log(float64(tr.tokens))
+		g := groups[tr.task]
+		a.add(y, g.s, g.n)
+		groups[tr.task] = group{s: g.s + y, n: g.n + 1}
+	}
+	if c, ok := a.icc(); ok {
+		t.corr, t.corrKnown = c, true
+	}
+	clear(t.byID)
+}
+
+// Corr is the within-task correlation of log trajectory output over the
+// last step that gave enough evidence (8 tasks, 16 trajectories beyond one
+// per task); ok false until one has.
+func (t *Tasks) Corr() (float64, bool) { return t.corr, t.corrKnown }
+
+// DroppedTurns counts the turns of trajectories not followed because a
+// step started more trajectories than the bound.
+func (t *Tasks) DroppedTurns() uint64 { return t.dropped }

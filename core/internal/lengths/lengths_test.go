@@ -1,6 +1,7 @@
 package lengths
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -227,5 +228,71 @@ func TestCorrUnequalGroups(t *testing.T) {
 		if _, ok := tr.Corr(); ok != tc.want {
 			t.Fatalf("8 prompts of %d: known %v, want %v", tc.size, ok, tc.want)
 		}
+	}
+}
+
+// TestTasks: trajectories are summed over their turns and grouped by their
+// first turn's prompt; the correlation is high when a task sets its
+// trajectories' totals, near 0 when they are independent, unknown without
+// 8 tasks and 16 trajectories beyond one per task, and kept through a step
+// without evidence; the bound samples the step's first trajectories.
+func TestTasks(t *testing.T) {
+	cases := []struct {
+		name      string
+		tasks     int
+		max       int
+		turn      func(rng *rand.Rand, task int) int
+		wantKnown bool
+		want      func(c float64) bool
+		dropped   uint64
+	}{
+		{"task sets the totals", 12, 1 << 10,
+			func(rng *rand.Rand, task int) int {
+				return int(float64(50*(1+task*task)) * math.Exp(0.1*rng.NormFloat64()))
+			},
+			true, func(c float64) bool { return c > 0.9 }, 0},
+		{"independent trajectories", 64, 1 << 10,
+			func(rng *rand.Rand, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) },
+			true, func(c float64) bool { return c < 0.25 }, 0},
+		{"7 tasks: not enough evidence", 7, 1 << 10,
+			func(rng *rand.Rand, task int) int { return 100 * (1 + task) },
+			false, nil, 0},
+		{"bound of 40: the first 10 tasks stand for 12", 12, 40,
+			func(rng *rand.Rand, task int) int {
+				return int(float64(50*(1+task*task)) * math.Exp(0.1*rng.NormFloat64()))
+			},
+			true, func(c float64) bool { return c > 0.9 }, 24}, // 8 trajectories x 3 turns
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			tr := NewTasks(tc.max)
+			for task := 0; task < tc.tasks; task++ {
+				key := KeyOf([]int32{int32(task)})
+				for j := 0; j < 4; j++ {
+					id := fmt.Sprintf("t%d-%d", task, j)
+					for turn := 0; turn < 3; turn++ {
+						// Later turns' prompts hash differently: the first names the task.
+						tr.Start(id, key+Key(turn))
+						tr.Add(id, tc.turn(rng, task))
+					}
+				}
+			}
+			tr.Add("never-started", 1000)
+			tr.NextStep()
+			c, ok := tr.Corr()
+			if ok != tc.wantKnown || (ok && !tc.want(c)) {
+				t.Fatalf("corr %v known %v, want known %v", c, ok, tc.wantKnown)
+			}
+			if tr.DroppedTurns() != tc.dropped {
+				t.Fatalf("dropped %d turns, want %d", tr.DroppedTurns(), tc.dropped)
+			}
+			// A step with nothing finished keeps the last figure.
+			tr.Start("idle", 1)
+			tr.NextStep()
+			if c2, ok2 := tr.Corr(); c2 != c || ok2 != ok {
+				t.Fatalf("an empty step changed corr %v/%v to %v/%v", c, ok, c2, ok2)
+			}
+		})
 	}
 }

@@ -195,7 +195,7 @@ func (t *trace) candidates(c []strategy.Candidate, scores []float64, masked []bo
 func (t *trace) scoredWith(req *strategy.Request, prompt int) {
 	t.scored = true
 	t.sreq = strategy.Request{ID: req.ID, SessionsBound: req.SessionsBound, LaterTurns: req.LaterTurns, Turns: req.Turns, ResponseTokens: req.ResponseTokens,
-		LengthCorr: req.LengthCorr, LengthCorrKnown: req.LengthCorrKnown}
+		LengthCorr: req.LengthCorr, LengthCorrKnown: req.LengthCorrKnown, TaskCorr: req.TaskCorr, TaskCorrKnown: req.TaskCorrKnown}
 	t.prompt = prompt
 }
 

@@ -282,8 +282,78 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 		t.Fatalf("lengths.enabled: status lengths %+v, want the full learner", l)
 	}
 	// Nothing to gate: no learner at all.
-	r = mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_min_corr":0}`)}}}, "s0")
+	r = mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_min_corr":0,"task_spread_min_corr":0}`)}}}, "s0")
 	if l := r.Status().Lengths; l != nil {
-		t.Fatalf("group_spread_min_corr 0: status lengths %+v, want none", l)
+		t.Fatalf("group_spread_min_corr and task_spread_min_corr 0: status lengths %+v, want none", l)
+	}
+}
+
+// TestTaskSpreadClosesOnMeasuredCorr: end to end through the router at its
+// defaults, a step of agent trajectories (request ids kept over three
+// turns, each turn released with its output tokens) measures how alike a
+// task's trajectories are in total output; where they are no more alike
+// than any two, the next step's task keeps its trajectories on the
+// server holding its prompt (no group_load term), and where a task sets
+// them, task_spread still weighs the siblings. The first turn's length
+// alone would not tell: in the second case it is independent of the task.
+func TestTaskSpreadClosesOnMeasuredCorr(t *testing.T) {
+	cases := []struct {
+		name     string
+		turn     func(rng *rand.Rand, task, turn int) int // a turn's output tokens
+		wantCorr func(c float64) bool
+		open     bool
+	}{
+		{"independent trajectories: the task keeps its server",
+			func(rng *rand.Rand, _, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) },
+			func(c float64) bool { return c < 0.25 }, false},
+		{"the task sets later turns: the task spreads",
+			func(rng *rand.Rand, task, turn int) int {
+				if turn == 0 {
+					return int(200 * math.Exp(rng.NormFloat64()))
+				}
+				return int(float64(100*(1+task*task)) * math.Exp(0.1*rng.NormFloat64()))
+			},
+			func(c float64) bool { return c > 0.8 }, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsMulti}, "s0", "s1", "s2", "s3")
+			rng := rand.New(rand.NewPCG(3, 4))
+			for task := 0; task < 12; task++ {
+				for j := 0; j < 4; j++ {
+					id := fmt.Sprintf("s1-t%d-%d", task, j)
+					p := prompt(1024, int32(1_000_000*(task+1)))
+					for turn := 0; turn < 3; turn++ {
+						s := acq(t, r, id, p...)
+						out := tc.turn(rng, task, turn)
+						if _, ok := r.ReleaseDone(s, id, out, nil); !ok {
+							t.Fatalf("release of %s on %s refused", id, s)
+						}
+						p = append(p, prompt(64, int32(5_000_000+100_000*(4*task+j)+1000*turn))...)
+					}
+				}
+			}
+			r.ResetCache() // the weight sync ends step 1
+			l := r.Status().Lengths
+			if l == nil || !l.CorrOnly || !l.TaskCorrKnown || !tc.wantCorr(l.TaskCorr) {
+				t.Fatalf("status lengths %+v: want a correlation-only learner with a measured task_corr", l)
+			}
+			// Step 2: a fresh task's first turns, held in flight.
+			p := prompt(1024, 9_000_000)
+			acq(t, r, "s2-0", p...)
+			acq(t, r, "s2-1", p...)
+			e := r.LastDecision()
+			load := 0.0
+			for _, c := range e.Candidates {
+				for _, term := range c.Terms {
+					if term.Name == "group_load" {
+						load += term.Value
+					}
+				}
+			}
+			if (load > 0) != tc.open {
+				t.Fatalf("task_corr %.2f: group_load terms sum to %v, want task_spread open=%v (%+v)", l.TaskCorr, load, tc.open, e.Candidates)
+			}
+		})
 	}
 }

@@ -92,6 +92,11 @@ type lenState struct {
 	// kept here so a decision reads it without the tracker's lock.
 	corr      float64
 	corrKnown bool
+	// tasks sums each trajectory's output over its turns for the
+	// within-task correlation (taskCorr, as of the last step boundary).
+	tasks         *lengths.Tasks
+	taskCorr      float64
+	taskCorrKnown bool
 }
 
 // workSum is one pool server's predicted output in flight. gen stamps
@@ -138,8 +143,8 @@ type LengthCounters struct {
 	StarvedPicks   uint64 `json:"starved_picks"`
 	Prompts        int    `json:"prompts"`
 	// CorrOnly: lengths.enabled is false and the learner runs only to
-	// measure LengthCorr for kvc_aware's group_spread_min_corr; it orders
-	// and charges nothing.
+	// measure LengthCorr and TaskCorr for kvc_aware's group_spread_min_corr
+	// and task_spread_min_corr; it orders and charges nothing.
 	CorrOnly bool `json:"corr_only"`
 	// LengthCorr is the within-prompt correlation of log response
 	// lengths the learner measured over its last step with enough evidence
@@ -148,6 +153,17 @@ type LengthCounters struct {
 	// (docs/rl-workloads.md).
 	LengthCorr      float64 `json:"length_corr"`
 	LengthCorrKnown bool    `json:"length_corr_known"`
+	// TaskCorr is the within-task correlation of log trajectory output
+	// (a trajectory's output tokens summed over its turns, grouped by its
+	// first turn's prompt) over the last step with enough evidence: how
+	// alike an agent task's trajectories are, which decides whether a
+	// task kept on one server straggles (task_spread_min_corr).
+	TaskCorr      float64 `json:"task_corr"`
+	TaskCorrKnown bool    `json:"task_corr_known"`
+	// TrajectoryTurnsDropped counts turns of trajectories not followed
+	// because a step started more than the learner follows (1<<17): the
+	// step's first trajectories then stand for the rest.
+	TrajectoryTurnsDropped uint64 `json:"trajectory_turns_dropped"`
 	// PredictedTokens is each server's predicted output in flight, summed
 	// only when the strategy reads it (kvc_aware's work_weight).
 	PredictedTokens map[string]float64 `json:"predicted_tokens,omitempty"`
@@ -183,8 +199,12 @@ func newLearner(spec LengthsSpec) *lenState {
 	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
 	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
 		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
-		memo: map[lengths.Key]predMemo{}, prog: newProgress()}
+		memo: map[lengths.Key]predMemo{}, prog: newProgress(), tasks: lengths.NewTasks(maxTrajectories)}
 }
+
+// maxTrajectories bounds the trajectories one step follows for the
+// within-task correlation (a few MiB at most).
+const maxTrajectories = 1 << 17
 
 // lenTrack remembers a decided request's prompt, and on a server fed by
 // KV events the tip its output will hang off; r.mu held.
@@ -218,6 +238,7 @@ func (r *Router) lenTrack(req *Request, server string) {
 		}
 	}
 	l.flights[req.ID] = f
+	l.tasks.Start(req.ID, f.key)
 	if l.prog == nil {
 		return // a correlation-only learner follows no KV events
 	}
@@ -249,9 +270,11 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 			delete(l.flights, requestID)
 			l.uncharge(f)
 			if outputTokens > 0 {
+				l.tasks.Add(requestID, outputTokens)
 				l.tok.Observe(f.key, outputTokens)
 				l.counts.Observed++
 			} else if seen > 0 {
+				l.tasks.Add(requestID, seen)
 				l.tok.Observe(f.key, seen)
 				l.counts.ObservedEvents++
 			} else if l.counts.CorrOnly {
@@ -345,6 +368,8 @@ func (l *lenState) snapshot() LengthCounters {
 	c := l.counts
 	c.Prompts, _ = l.tok.Len()
 	c.LengthCorr, c.LengthCorrKnown = l.tok.Corr()
+	c.TaskCorr, c.TaskCorrKnown = l.tasks.Corr()
+	c.TrajectoryTurnsDropped = l.tasks.DroppedTurns()
 	if l.work != nil {
 		c.PredictedTokens = make(map[string]float64, len(l.work))
 		for s, w := range l.work {
@@ -360,6 +385,8 @@ func (r *Router) lenNextStep() {
 		l.tok.NextStep()
 		l.dur.NextStep()
 		l.corr, l.corrKnown = l.tok.Corr()
+		l.tasks.NextStep()
+		l.taskCorr, l.taskCorrKnown = l.tasks.Corr()
 	}
 }
 

@@ -165,14 +165,22 @@ func TestLengthsNamelessAndStatus(t *testing.T) {
 	if e := r.PredictTokens(prompt(64, 1)); e.History || e.Siblings > 0 {
 		t.Fatalf("the nameless request's prompt was learnt: %+v", e)
 	}
-	// lengths off: the defaults' group_spread_min_corr still measures the
-	// correlation (a correlation-only learner); nothing to gate, no learner.
+	// lengths off: the defaults' group_spread_min_corr and
+	// task_spread_min_corr still measure the correlations (a
+	// correlation-only learner); either gate alone asks for it; nothing to
+	// gate, no learner.
 	if l := mustNew(t, Config{Mode: ModeKVCAware}, "s0").Status().Lengths; l == nil || !l.CorrOnly {
 		t.Fatalf("lengths off, defaults: status lengths %+v, want a correlation-only learner", l)
 	}
-	off := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0}`)}}}, "s0")
+	for _, params := range []string{`{"group_spread":0}`, `{"task_spread":0}`} {
+		one := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(params)}}}, "s0")
+		if l := one.Status().Lengths; l == nil || !l.CorrOnly {
+			t.Fatalf("%s: status lengths %+v, want a correlation-only learner for the other gate", params, l)
+		}
+	}
+	off := mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0,"task_spread":0}`)}}}, "s0")
 	if off.Status().Lengths != nil {
-		t.Fatal("lengths status present with lengths off and group_spread 0")
+		t.Fatal("lengths status present with lengths off and both spreads 0")
 	}
 }
 

@@ -117,7 +117,9 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     task's difficulty sets all its trajectories' turn counts and lengths
 //     (they are long together), so trajectories kept on the server holding
 //     the task's prompt make a hard task's server the step's straggler;
-//     spread, they cost one task-prompt prefill per extra server. A fresh
+//     spread, they cost one task-prompt prefill per extra server; once the
+//     router has measured a step, it applies only while a task's
+//     trajectories' total outputs correlate (task_spread_min_corr). A fresh
 //     router presumes multi-turn sessions (sessionPrior), so a first GRPO
 //     step's first groups spread too, fading as its one-request sessions
 //     accumulate (docs/rl-workloads.md measures both).
@@ -230,6 +232,21 @@ type KVCAware struct {
 	// sharing the task's prompt measured slightly better; higher when hard
 	// tasks' trajectories still pile onto one server.
 	TaskSpread float64 `json:"task_spread"`
+	// TaskSpreadMinCorr in [0, 1] closes task_spread's gate once the
+	// router has measured, over a finished step, a within-task
+	// correlation of log trajectory output (each trajectory's output
+	// tokens summed over its turns, grouped by its first turn's prompt)
+	// below it: a task's trajectories are then no more alike than any
+	// two, a task kept on the server holding its prompt is no likelier to
+	// straggle than any other, and spreading it only re-pays the task
+	// prompt's prefill elsewhere (held-out agent: TTFT p99 2x before it;
+	// docs/rl-workloads.md). Until a step has been measured (a run's first
+	// step, or releases that name no request or report no output tokens)
+	// task_spread applies as set. 0 turns the measurement off.
+	// When to change: 0 to spread tasks whatever their trajectories'
+	// likeness; raise it when spreading costs more prefill than the
+	// stragglers it saves.
+	TaskSpreadMinCorr float64 `json:"task_spread_min_corr"`
 	// WorkWeight in [0, 10] adds the output the router predicts for a
 	// server's in-flight requests (Candidate.PredictedTokens, learnt per
 	// prompt by the router's "lengths") to token_load's numerator, times
@@ -253,6 +270,7 @@ func DefaultKVCAware() KVCAware {
 		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
 		GroupSpreadMinRatio: DefaultGroupSpreadMinRatio, GroupSpreadMinCorr: DefaultGroupSpreadMinCorr,
 		GroupSpreadMaxServers: DefaultGroupSpreadMaxServers, TaskSpread: DefaultTaskSpread,
+		TaskSpreadMinCorr: DefaultTaskSpreadMinCorr,
 	}
 }
 
@@ -289,6 +307,9 @@ func (k *KVCAware) Validate() error {
 	if !(k.TaskSpread >= 0 && k.TaskSpread <= 10) {
 		return strictjson.Errorf("task_spread", "must be in [0, 10] (0 disables), got %v", k.TaskSpread)
 	}
+	if !(k.TaskSpreadMinCorr >= 0 && k.TaskSpreadMinCorr <= 1) {
+		return strictjson.Errorf("task_spread_min_corr", "must be in [0, 1] (0 = not measured), got %v", k.TaskSpreadMinCorr)
+	}
 	if !(k.WorkWeight >= 0 && k.WorkWeight <= 10) {
 		return strictjson.Errorf("work_weight", "must be in [0, 10] (0 disables), got %v", k.WorkWeight)
 	}
@@ -317,9 +338,11 @@ func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpre
 // refuses it without token_load, whose numerator it joins).
 func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 
-// ReadsLengthCorr implements CorrReader: group_spread_min_corr's gate
-// does, where there is a group spread to gate.
-func (k *KVCAware) ReadsLengthCorr() bool { return k.GroupSpread > 0 && k.GroupSpreadMinCorr > 0 }
+// ReadsLengthCorr implements CorrReader: group_spread_min_corr's and
+// task_spread_min_corr's gates do, where there is a spread to gate.
+func (k *KVCAware) ReadsLengthCorr() bool {
+	return (k.GroupSpread > 0 && k.GroupSpreadMinCorr > 0) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
+}
 
 // Score implements Strategy.
 func (k *KVCAware) Score(req *Request, c []Candidate, out []float64) {
@@ -351,7 +374,7 @@ func (k *KVCAware) prepare(req *Request, promptTokens int, c []Candidate) (base 
 		// group_spread weighs one-request siblings (GRPO samples),
 		// task_spread multi-turn ones (an agent task's trajectories), by
 		// the router's evidence of which the sessions are.
-		gs, ts := k.groupSpread(req, promptTokens)*(1-multiTurn(req)), k.TaskSpread*taskTurns(req)
+		gs, ts := k.groupSpread(req, promptTokens)*(1-multiTurn(req)), k.taskSpread(req)*taskTurns(req)
 		sess.group = gs + ts
 		// group_spread_max_servers: once a group has siblings on that many
 		// servers, the rest count as holding one more than its fullest
@@ -430,6 +453,15 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 		return 0
 	}
 	return k.GroupSpread
+}
+
+// taskSpread is task_spread where task_spread_min_corr's gate is open for
+// this request, else 0.
+func (k *KVCAware) taskSpread(req *Request) float64 {
+	if k.TaskSpreadMinCorr > 0 && req.TaskCorrKnown && req.TaskCorr < k.TaskSpreadMinCorr {
+		return 0
+	}
+	return k.TaskSpread
 }
 
 // sessionPrior is how many sessions' worth of evidence multiTurn assumes
@@ -566,6 +598,12 @@ const DefaultGroupSpreadMaxServers = 0
 // multi-turn sessions on a fresh router spread a first GRPO step's groups
 // (make demo's step lost its lead over verl's default; docs/rl-workloads.md).
 const DefaultTaskSpread = 0.1
+
+// DefaultTaskSpreadMinCorr is task_spread_min_corr's default, chosen on
+// kvbench seeds 101-106 (docs/rl-workloads.md): the held-out agent
+// workloads' independent trajectories measure about 0, the RL agent
+// setting's task difficulty (rho 0.6) well above.
+const DefaultTaskSpreadMinCorr = 0.25
 
 // DefaultKVTokens is the KV capacity assumed for a server whose metrics do
 // not report one: 30,000 blocks of 16 tokens, an 8B model on an 80 GB GPU.

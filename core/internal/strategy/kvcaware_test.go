@@ -325,12 +325,55 @@ func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
 	if !ReadsLengthCorr(build(t, "kvc_aware", `{}`)) {
 		t.Error("defaults do not read the measured correlation")
 	}
-	for _, params := range []string{`{"group_spread_min_corr":0}`, `{"group_spread":0}`} {
+	for _, params := range []string{`{"group_spread_min_corr":0,"task_spread_min_corr":0}`, `{"group_spread":0,"task_spread":0}`} {
 		if ReadsLengthCorr(build(t, "kvc_aware", params)) {
 			t.Errorf("%s reads the measured correlation with nothing to gate", params)
 		}
 	}
 	mustRefuse(t, `{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`)
+}
+
+// TestKVCAwareTaskSpreadCorrGate: task_spread_min_corr closes task_spread
+// once a step measured a task's trajectories no more alike than any two,
+// leaves it open before any measurement, and reads only the within-task
+// figure (a high within-prompt one does not reopen it, a low one does not
+// close it).
+func TestKVCAwareTaskSpreadCorrGate(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	cases := []struct {
+		name       string
+		params     string
+		taskCorr   float64
+		known      bool
+		lengthCorr float64 // within-prompt, known: group_spread's figure
+		want       string
+		groupLoad  float64
+	}{
+		{"nothing measured yet: the task spreads", `{}`, 0, false, 0, "b", 0.1},
+		{"measured 0.05 under the default 0.25: a keeps the task", `{}`, 0.05, true, 0.9, "a", 0},
+		{"measured exactly 0.25: spreads", `{}`, 0.25, true, 0, "b", 0.1},
+		{"measured 0.9: spreads whatever the first turns' correlation", `{}`, 0.9, true, 0, "b", 0.1},
+		{"min corr 0 reads no measurement: spreads", `{"task_spread_min_corr":0}`, 0, true, 0, "b", 0.1},
+		{"min corr 0.95, measured 0.9: a keeps the task", `{"task_spread_min_corr":0.95}`, 0.9, true, 0.9, "a", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", tc.params)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = 1
+			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 100, LaterTurns: 1000,
+				TaskCorr: tc.taskCorr, TaskCorrKnown: tc.known, LengthCorr: tc.lengthCorr, LengthCorrKnown: true}
+			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
+		})
+	}
+	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0}`)) {
+		t.Error("task_spread_min_corr alone does not ask the router to measure")
+	}
+	if ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0,"task_spread_min_corr":0}`)) ||
+		ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0,"task_spread":0}`)) {
+		t.Error("reads a measured correlation with nothing to gate")
+	}
+	mustRefuse(t, `{"task_spread_min_corr":-0.1}`, `{"task_spread_min_corr":1.5}`, `{"task_spread_min_corr":"x"}`)
 }
 
 // TestKVCAwareGroupSpreadCap: group_spread_max_servers stops a group

@@ -75,6 +75,12 @@ type Request struct {
 	// nothing is learnt).
 	LengthCorr      float64
 	LengthCorrKnown bool
+	// TaskCorr is the within-task correlation of log trajectory output
+	// (each trajectory's turns summed, grouped by its first turn's prompt)
+	// over the router's last finished step; TaskCorrKnown false before
+	// any step gave enough evidence.
+	TaskCorr      float64
+	TaskCorrKnown bool
 }
 
 // Turns is the router's "turns" setting: what the rollout's sessions are
@@ -138,14 +144,15 @@ func ReadsWork(s Strategy) bool {
 }
 
 // CorrReader is implemented by strategies that may read
-// Request.LengthCorr. The router learns response lengths (for the
+// Request.LengthCorr or Request.TaskCorr. The router learns response lengths (for the
 // correlation alone when its lengths are off) only when its strategy
 // reads it.
 type CorrReader interface {
 	ReadsLengthCorr() bool
 }
 
-// ReadsLengthCorr reports whether s reads Request.LengthCorr.
+// ReadsLengthCorr reports whether s reads Request.LengthCorr or
+// Request.TaskCorr.
 func ReadsLengthCorr(s Strategy) bool {
 	m, ok := s.(CorrReader)
 	return ok && m.ReadsLengthCorr()
