@@ -976,11 +976,11 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-583ebbd"
-# The same runs at the 668a343 freeze, before group_spread_min_corr: the
-# measured-correlation gate's effect, seed by seed (with the opt-in cap of
-# 4 too: docs/results/heldout-81ebcf0/).
-HELDOUT_GATELESS = "heldout-668a343"
+HELDOUT_NOW = "heldout-373c8bc"
+# The same runs at earlier freezes, each gate's effect seed by seed: 668a343
+# (before group_spread_min_corr) and 583ebbd (before task_spread_min_corr).
+# The opt-in cap of 4 is in docs/results/heldout-81ebcf0/.
+HELDOUT_EARLIER = (("heldout-668a343", "`group_spread_min_corr`"), ("heldout-583ebbd", "`task_spread_min_corr`"))
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.
@@ -1183,13 +1183,14 @@ def render_targets(docs_root: str) -> Optional[str]:
         now, then = _kvb_runs(cur, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
         if now and then:
             before_rows.append((setting, f"`{RL_PREV}/`, {src_cur}", _with_before(now, then)))
-    # workload: (today's runs, the published 520d43c ones, the 668a343 ones or None)
-    held: Dict[str, Tuple[PerSeed, PerSeed, Optional[PerSeed]]] = {}
+    # workload: (today's runs, the published 520d43c ones, each earlier freeze's or None)
+    held: Dict[str, Tuple[PerSeed, PerSeed, List[Optional[PerSeed]]]] = {}
     for w in HELDOUT_WORKLOADS:
         a, b = os.path.join(res, HELDOUT_NOW, f"kvbench-{w}.json"), os.path.join(res, f"kvbench-{w}.json")
-        g = os.path.join(res, HELDOUT_GATELESS, f"kvbench-{w}.json")
+        gs = [os.path.join(res, d, f"kvbench-{w}.json") for d, _ in HELDOUT_EARLIER]
         if os.path.isfile(a) and os.path.isfile(b):
-            held[w] = (_heldout_runs(a), _heldout_runs(b), _heldout_runs(g) if os.path.isfile(g) else None)
+            earlier = [_heldout_runs(g) if os.path.isfile(g) else None for g in gs]
+            held[w] = (_heldout_runs(a), _heldout_runs(b), earlier)
             src = f"`{HELDOUT_NOW}/`, `kvbench-{w}.json` (`make kvbench-heldout-defaults`)"
             before_rows.append((f"held-out `{w}`", src, _with_before(*held[w][:2])))
     for setting, src, runs in before_rows:
@@ -1200,24 +1201,26 @@ def render_targets(docs_root: str) -> Optional[str]:
     if held:
         out += ["", "The workloads that existed before issue 26 (docs/kvbench.md's held-out set, seeds 311–320), "
                 f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
-                f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last two "
-                f"columns pair today's rows with the same runs at `{HELDOUT_GATELESS[8:]}` "
-                f"(`docs/results/{HELDOUT_GATELESS}/`), before `group_spread_min_corr`: the measured-correlation "
-                "gate's own effect.", "",
+                f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last "
+                "columns pair today's rows with the same runs at earlier freezes, each before one measured gate: "
+                + "; ".join(f"`{d[8:]}` (`docs/results/{d}/`), before {gate}" for d, gate in HELDOUT_EARLIER)
+                + ". Each pair of columns is today's rows ÷ that freeze's, so the later pair is the later gate's "
+                "own effect.", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
-                f"| verl_default's rows identical | step ÷ `{HELDOUT_GATELESS[8:]}` "
-                f"| TTFT p99 ÷ `{HELDOUT_GATELESS[8:]}` |",
-                "|---|---|---|---|---|---|---|---|"]
-        for w, (now, then, gateless) in held.items():
+                "| verl_default's rows identical | "
+                + " | ".join(f"step ÷ `{d[8:]}` | TTFT p99 ÷ `{d[8:]}`" for d, _ in HELDOUT_EARLIER) + " |",
+                "|---|---|---|---|---|---|" + "---|---|" * len(HELDOUT_EARLIER)]
+        for w, (now, then, earlier) in held.items():
             runs = _with_before(now, then)
             same = _same_rows(now, then, "verl_default")
             cells = [vs(runs, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99", "hit")]
             cells += [_ratio_word(vs(runs, "kvc_aware", "verl_default")), "yes" if same else "**no**"]
-            if gateless is None:
-                cells += ["–", "–"]
-            else:
-                g = _with_before(now, gateless)
-                cells += [vs(g, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99")]
+            for e in earlier:
+                if e is None:
+                    cells += ["–", "–"]
+                else:
+                    g = _with_before(now, e)
+                    cells += [vs(g, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99")]
             out.append(f"| `{w}` | " + " | ".join(cells) + " |")
     out += ["", "What the engine model leaves a router on each setting (kvbench's own references, computed seed by "
             f"seed in the same {src_t} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
