@@ -188,10 +188,10 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 583ebbd
-# freeze: docs/results/heldout-583ebbd/; the 81ebcf0 (group_spread_max_servers
-# 4), 8df1902 and 668a343 freezes' are in heldout-81ebcf0/, heldout-8df1902/
-# and heldout-668a343/) on the same reported seeds, verl_default beside it (its
+# workloads above re-run at the library defaults (RL_FROZEN, the 373c8bc
+# freeze: docs/results/heldout-373c8bc/; the 583ebbd, 81ebcf0
+# (group_spread_max_servers 4), 8df1902 and 668a343 freezes' are in
+# heldout-583ebbd/, heldout-81ebcf0/, heldout-8df1902/ and heldout-668a343/) on the same reported seeds, verl_default beside it (its
 # rows must match the published ones seed for seed), paired in
 # docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
 # before issue 26).
@@ -306,9 +306,9 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 583ebbd: docs/results/rl-583ebbd/,
-# identical row for row to the 81ebcf0, 8df1902 and 668a343 freezes' rl-81ebcf0/,
-# rl-8df1902/, rl-668a343/;
+# The library defaults (docs/frozen-kvc-aware.json, 373c8bc: docs/results/rl-373c8bc/,
+# identical row for row to the 583ebbd, 81ebcf0, 8df1902 and 668a343 freezes'
+# rl-583ebbd/, rl-81ebcf0/, rl-8df1902/, rl-668a343/;
 # without group_spread: RL_FROZEN=docs/results/rl-f591d2b/frozen-kvc-aware.json, rl-f591d2b/);
 # the earlier defaults: RL_FROZEN=docs/results/rl-520d43c/frozen-kvc-aware.json (or
 # docs/results/frozen-kvc-aware-520d43c.json); task_spread presumed multi-turn

@@ -943,11 +943,12 @@ def render_headline(arena: Optional[dict], source: str, tuned: Optional[dict] = 
 
 # README's RL block: kvc_aware's paired step-time ratio to verl_default per
 # setting of `make kvbench-rl`, at the library defaults (RL_DEFAULTS, the
-# 583ebbd freeze: group_spread 0.1 behind its response-length gate and the
-# measured-correlation gate; every row identical to the 81ebcf0, 8df1902
-# and 668a343 freezes', docs/results/rl-81ebcf0/ (a cap of 4 servers, which
-# 4 engines never reach), rl-8df1902/ and rl-668a343/ (no correlation
-# gate)), without
+# 373c8bc freeze: group_spread 0.1 behind its response-length gate and the
+# measured-correlation gate, task_spread behind the within-task gate; every
+# row identical to the 583ebbd, 81ebcf0, 8df1902 and 668a343 freezes',
+# docs/results/rl-583ebbd/ (no within-task gate), rl-81ebcf0/ (a cap of 4
+# servers, which 4 engines never reach), rl-8df1902/ and rl-668a343/ (no
+# correlation gate)), without
 # the group spread (RL_GS_OFF, the f591d2b freeze), at the defaults before
 # task_spread (RL_PREV, the 520d43c freeze) and with group_spread 0.1 ungated
 # (the 3965cf8 freeze, docs/results/rl-*.json).
@@ -958,7 +959,7 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # defaults, the defaults without group_spread, the defaults before
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
-RL_DEFAULTS = "rl-583ebbd"
+RL_DEFAULTS = "rl-373c8bc"
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
