@@ -278,8 +278,11 @@ func (t *Tracker) Len() (n int, dropped uint64) {
 // for all its trajectories. Not safe for concurrent use: the router calls
 // it under its lock.
 type Tasks struct {
-	max       int
-	byID      map[string]trajectory
+	max  int
+	byID map[string]trajectory
+	// order is byID's keys as started: NextStep sums in this order, so a
+	// step's figure does not depend on map iteration (runs reproduce).
+	order     []string
 	dropped   uint64
 	corr      float64
 	corrKnown bool
@@ -295,8 +298,8 @@ func NewTasks(max int) *Tasks {
 	return &Tasks{max: max, byID: map[string]trajectory{}}
 }
 
-// Start records a turn of trajectory id, whose prompt hashes to key; its
-// first turn's names the task.
+// Start records a turn of trajectory id, whose prompt hashes to key: the
+// first turn's key names the trajectory's task.
 func (t *Tasks) Start(id string, key Key) {
 	if _, ok := t.byID[id]; ok {
 		return
@@ -308,6 +311,7 @@ func (t *Tasks) Start(id string, key Key) {
 		return
 	}
 	t.byID[id] = trajectory{task: key}
+	t.order = append(t.order, id)
 }
 
 // Add adds a finished turn's output tokens to trajectory id (a turn whose
@@ -329,7 +333,8 @@ func (t *Tasks) NextStep() {
 	}
 	groups := make(map[Key]group, len(t.byID)/2+1)
 	var a anova
-	for _, tr := range t.byID {
+	for _, id := range t.order {
+		tr := t.byID[id]
 		if tr.tokens <= 0 {
 			continue
 		}
@@ -342,6 +347,8 @@ func (t *Tasks) NextStep() {
 		t.corr, t.corrKnown = c, true
 	}
 	clear(t.byID)
+	clear(t.order) // drop the strings, keep the capacity
+	t.order = t.order[:0]
 }
 
 // Corr is the within-task correlation of log trajectory output over the

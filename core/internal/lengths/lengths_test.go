@@ -296,3 +296,61 @@ func TestTasks(t *testing.T) {
 		})
 	}
 }
+
+// TestTasksProperties: for random steps the figure is in [0, 1], is
+// bit-identical for the same sequence of turns (runs reproduce), and does not
+// depend, beyond rounding, on the order trajectories started in.
+func TestTasksProperties(t *testing.T) {
+	type turn struct {
+		id     string
+		task   Key
+		tokens int
+	}
+	for seed := uint64(0); seed < 50; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		var turns []turn
+		tasks, per := 8+rng.IntN(40), 2+rng.IntN(6)
+		rho := rng.Float64()
+		for k := 0; k < tasks; k++ {
+			d := rng.NormFloat64()
+			for j := 0; j < per; j++ {
+				id := fmt.Sprintf("t%d-%d", k, j)
+				for n := 0; n < 1+rng.IntN(4); n++ {
+					y := math.Sqrt(rho)*d + math.Sqrt(1-rho)*rng.NormFloat64()
+					turns = append(turns, turn{id, Key(k), 1 + int(300*math.Exp(y))})
+				}
+			}
+		}
+		run := func(ts []turn) (float64, bool) {
+			tr := NewTasks(1 << 20)
+			for _, x := range ts {
+				tr.Start(x.id, x.task)
+				tr.Add(x.id, x.tokens)
+			}
+			tr.NextStep()
+			return tr.Corr()
+		}
+		c1, ok1 := run(turns)
+		c2, ok2 := run(turns)
+		if !ok1 || c1 != c2 || ok1 != ok2 || c1 < 0 || c1 > 1 {
+			t.Fatalf("seed %d: corr %v/%v then %v/%v", seed, c1, ok1, c2, ok2)
+		}
+		// Trajectories started in another order (each one's turns kept in order).
+		byID := map[string][]turn{}
+		var ids []string
+		for _, x := range turns {
+			if _, ok := byID[x.id]; !ok {
+				ids = append(ids, x.id)
+			}
+			byID[x.id] = append(byID[x.id], x)
+		}
+		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		var shuffled []turn
+		for _, id := range ids {
+			shuffled = append(shuffled, byID[id]...)
+		}
+		if c3, _ := run(shuffled); math.Abs(c3-c1) > 1e-9 {
+			t.Fatalf("seed %d: corr %v in start order, %v shuffled", seed, c1, c3)
+		}
+	}
+}
