@@ -683,8 +683,10 @@ class Route(abc.ABC):
     def first_token(self, ticket: Any) -> None:  # noqa: B027 (an optional hook: nothing by default)
         pass
 
-    def release(self, ticket: Any) -> None:  # noqa: B027 (an optional hook: nothing by default)
-        pass
+    def release(self, ticket: Any, rid: Optional[str] = None,  # noqa: B027 (an optional hook: nothing by default)
+                output_tokens: Optional[int] = None) -> None:
+        """The request behind ``ticket`` finished; ``rid`` and its output token count are what
+        kvc_router's verl hook sends with the release (``output_tokens`` None when it failed)."""
 
     def finish(self, rid: str) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """The trajectory ``rid`` has ended (its last turn, or a failure)."""
@@ -757,8 +759,8 @@ class VerlDefaultRoute(Route):
         self.acquire_s.append(time.perf_counter() - t0)
         return self.urls[sid], sid, sid
 
-    def release(self, ticket):
-        with self._lock:
+    def release(self, ticket, rid=None, output_tokens=None):
+        with self._lock:  # verl's own balancer takes the server id alone
             self.lb.release_server(ticket)
 
 
@@ -796,8 +798,11 @@ class Balancer(Route):
         self.acquire_s.append(time.perf_counter() - t0)
         return self.urls[sid], sid, sid
 
-    def release(self, ticket):
-        self.lb.release_server(server_id=ticket)
+    def release(self, ticket, rid=None, output_tokens=None):
+        # As verl's hook releases: with the request's id and output count, from
+        # which the router learns lengths (group_spread_min_corr and
+        # task_spread_min_corr read them).
+        self.lb.release_server(server_id=ticket, request_id=rid, output_tokens=output_tokens)
 
     def reset(self) -> None:
         self.lb.reset_prefix_index()
@@ -866,8 +871,8 @@ class AdmitBalancer(Balancer):
         sid, _ = res
         return self.urls[sid], sid, sid
 
-    def release(self, ticket):
-        self._call(self.lb.release_server(server_id=ticket))
+    def release(self, ticket, rid=None, output_tokens=None):
+        self._call(self.lb.release_server(server_id=ticket, request_id=rid, output_tokens=output_tokens))
 
     def close(self) -> None:
         try:
@@ -1200,7 +1205,7 @@ class Runner:
                         rec["retries"] = rec.get("retries", 0) + 1
                         time.sleep(0.05 * (attempt + 1))
             finally:
-                self.route.release(ticket)
+                self.route.release(ticket, rid, rec.get("completion_tokens") or None)
         except Exception as e:  # noqa: BLE001 - every failure is counted, never dropped
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
         finally:
@@ -1668,6 +1673,12 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         cols = (r.get("collectors") or {}).get("collectors") or {}
         details["event_stored_blocks"] = sum((s.get("events") or {}).get("stored_blocks", 0)
                                              for s in cols.get("vllm_zmq") or [])
+        # What the router measured from the releases (the spreads' gates read
+        # these): None before a step gave enough evidence.
+        lens = r.get("lengths") or {}
+        details["lengths_observed_tokens"] = lens.get("observed_tokens", 0)
+        details["length_corr"] = lens.get("length_corr") if lens.get("length_corr_known") else None
+        details["task_corr"] = lens.get("task_corr") if lens.get("task_corr_known") else None
     return {"row": row, "details": details}
 
 

@@ -88,6 +88,11 @@ def test_outputs(arena):
     # The kvc_aware balancer really consumed the fleet's KV events.
     kvc = [run for run in runs if run["row"]["policy"] == "kvc_aware"]
     assert kvc and all(run["details"].get("event_stored_blocks", 0) > 0 for run in kvc)
+    # Each request was released as verl's hook releases it, with its id and output token count,
+    # which the router learns lengths from (the spreads' correlation gates read them).
+    for run in kvc:
+        d = run["details"]
+        assert d["lengths_observed_tokens"] == d["requests"] - run["row"]["errors"] > 0, d
     assert (arena["out"] / "arena.png").stat().st_size > 0
 
 
