@@ -93,10 +93,9 @@ type lenState struct {
 	corr      float64
 	corrKnown bool
 	// tasks sums each trajectory's output over its turns for the
-	// within-task correlation (taskCorr, as of the last step boundary).
-	tasks         *lengths.Tasks
-	taskCorr      float64
-	taskCorrKnown bool
+	// within-task correlation (no lock of its own: it lives under r.mu,
+	// so a decision reads its figure directly).
+	tasks *lengths.Tasks
 }
 
 // workSum is one pool server's predicted output in flight. gen stamps
@@ -386,7 +385,6 @@ func (r *Router) lenNextStep() {
 		l.dur.NextStep()
 		l.corr, l.corrKnown = l.tok.Corr()
 		l.tasks.NextStep()
-		l.taskCorr, l.taskCorrKnown = l.tasks.Corr()
 	}
 }
 

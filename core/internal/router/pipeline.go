@@ -136,7 +136,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
 	if l := r.lens; l != nil {
 		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.corr, l.corrKnown
-		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.taskCorr, l.taskCorrKnown
+		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
 	}
 	r.strat.Score(&r.sreq, r.cands[:n], r.scores[:n])
 	r.sreq.Tokens = nil // the caller's buffer, borrowed for this call only

@@ -441,7 +441,7 @@ func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Te
 // groupSpread is group_spread where its gates (group_spread_min_corr,
 // group_spread_min_ratio) are open for this request, else 0.
 func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
-	if k.GroupSpreadMinCorr > 0 && req.LengthCorrKnown && req.LengthCorr < k.GroupSpreadMinCorr {
+	if measuredBelow(k.GroupSpreadMinCorr, req.LengthCorr, req.LengthCorrKnown) {
 		return 0
 	}
 	if k.GroupSpreadMinRatio == 0 {
@@ -458,10 +458,16 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 // taskSpread is task_spread where task_spread_min_corr's gate is open for
 // this request, else 0.
 func (k *KVCAware) taskSpread(req *Request) float64 {
-	if k.TaskSpreadMinCorr > 0 && req.TaskCorrKnown && req.TaskCorr < k.TaskSpreadMinCorr {
+	if measuredBelow(k.TaskSpreadMinCorr, req.TaskCorr, req.TaskCorrKnown) {
 		return 0
 	}
 	return k.TaskSpread
+}
+
+// measuredBelow is a correlation gate's test: closed once a finished step
+// measured corr under floor (floor 0: not measured, never closed).
+func measuredBelow(floor, corr float64, known bool) bool {
+	return floor > 0 && known && corr < floor
 }
 
 // sessionPrior is how many sessions' worth of evidence multiTurn assumes

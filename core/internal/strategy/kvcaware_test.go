@@ -291,89 +291,68 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 	mustRefuse(t, `{"group_spread":-0.1}`, `{"group_spread":10.5}`, `{"group_spread":"x"}`)
 }
 
-// TestKVCAwareGroupSpreadCorrGate: group_spread_min_corr closes the group
-// spread once a measured within-prompt length correlation is below it, and
-// leaves the ratio gate alone to decide while none is measured.
-func TestKVCAwareGroupSpreadCorrGate(t *testing.T) {
+// TestKVCAwareCorrGates: each spread's correlation gate closes it once a
+// finished step measured its figure below the gate's minimum, and leaves it
+// open while nothing is measured. group_spread_min_corr reads the
+// within-prompt figure (one-request siblings: a GRPO group, where the ratio
+// gate decides before any measurement); task_spread_min_corr reads the
+// within-task one (multi-turn siblings: an agent task). Each reads only its
+// own figure: the other, set opposite, neither opens nor closes it.
+func TestKVCAwareCorrGates(t *testing.T) {
 	full := [3]int{8, 0, 0}
 	cases := []struct {
 		name      string
 		params    string
-		corr      float64
+		task      bool    // an agent task's trajectory (task_spread), else a GRPO sample
+		own       float64 // the gate's own figure
 		known     bool
+		other     float64 // the other gate's figure (known)
 		want      string
 		groupLoad float64
 	}{
-		{"nothing measured yet: the ratio gate spreads", `{}`, 0, false, "b", 0.3},
-		{"measured 0.1 under the default 0.25: a keeps the group", `{}`, 0.1, true, "a", 0},
-		{"measured 0: a keeps the group", `{}`, 0, true, "a", 0},
-		{"measured exactly 0.25: spreads", `{}`, 0.25, true, "b", 0.3},
-		{"measured 0.6: spreads", `{}`, 0.6, true, "b", 0.3},
-		{"min corr 0 reads no measurement: spreads", `{"group_spread_min_corr":0}`, 0, true, "b", 0.3},
-		{"min corr 0.7, measured 0.6: a keeps the group", `{"group_spread_min_corr":0.7}`, 0.6, true, "a", 0},
+		{"group: nothing measured yet: the ratio gate spreads", `{}`, false, 0, false, 0, "b", 0.3},
+		{"group: measured 0.1 under the default 0.25: a keeps the group", `{}`, false, 0.1, true, 0.9, "a", 0},
+		{"group: measured 0: a keeps the group", `{}`, false, 0, true, 0.9, "a", 0},
+		{"group: measured exactly 0.25: spreads", `{}`, false, 0.25, true, 0, "b", 0.3},
+		{"group: measured 0.6: spreads", `{}`, false, 0.6, true, 0, "b", 0.3},
+		{"group: min corr 0 reads no measurement: spreads", `{"group_spread_min_corr":0}`, false, 0, true, 0, "b", 0.3},
+		{"group: min corr 0.7, measured 0.6: a keeps the group", `{"group_spread_min_corr":0.7}`, false, 0.6, true, 0.9, "a", 0},
+		{"task: nothing measured yet: the task spreads", `{}`, true, 0, false, 0, "b", 0.1},
+		{"task: measured 0.05 under the default 0.25: a keeps the task", `{}`, true, 0.05, true, 0.9, "a", 0},
+		{"task: measured exactly 0.25: spreads", `{}`, true, 0.25, true, 0, "b", 0.1},
+		{"task: measured 0.9: spreads whatever the first turns' correlation", `{}`, true, 0.9, true, 0, "b", 0.1},
+		{"task: min corr 0 reads no measurement: spreads", `{"task_spread_min_corr":0}`, true, 0, true, 0, "b", 0.1},
+		{"task: min corr 0.95, measured 0.9: a keeps the task", `{"task_spread_min_corr":0.95}`, true, 0.9, true, 0.9, "a", 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			k := build(t, "kvc_aware", tc.params)
 			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
-			c[0].Siblings = 3
 			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: 8192,
-				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
+				LengthCorr: tc.own, LengthCorrKnown: tc.known, TaskCorr: tc.other, TaskCorrKnown: true}
+			c[0].Siblings = 3
+			if tc.task {
+				req = &Request{Tokens: make([]int32, 1024), SessionsBound: 100, LaterTurns: 1000,
+					TaskCorr: tc.own, TaskCorrKnown: tc.known, LengthCorr: tc.other, LengthCorrKnown: true}
+				c[0].Siblings = 1
+			}
 			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
 		})
 	}
 	if !ReadsLengthCorr(build(t, "kvc_aware", `{}`)) {
 		t.Error("defaults do not read the measured correlation")
 	}
-	for _, params := range []string{`{"group_spread_min_corr":0,"task_spread_min_corr":0}`, `{"group_spread":0,"task_spread":0}`} {
+	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0}`)) {
+		t.Error("task_spread_min_corr alone does not ask the router to measure")
+	}
+	for _, params := range []string{`{"group_spread_min_corr":0,"task_spread_min_corr":0}`, `{"group_spread":0,"task_spread":0}`,
+		`{"group_spread":0,"task_spread_min_corr":0}`} {
 		if ReadsLengthCorr(build(t, "kvc_aware", params)) {
 			t.Errorf("%s reads the measured correlation with nothing to gate", params)
 		}
 	}
-	mustRefuse(t, `{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`)
-}
-
-// TestKVCAwareTaskSpreadCorrGate: task_spread_min_corr closes task_spread
-// once a step measured a task's trajectories no more alike than any two,
-// leaves it open before any measurement, and reads only the within-task
-// figure (a high within-prompt one does not reopen it, a low one does not
-// close it).
-func TestKVCAwareTaskSpreadCorrGate(t *testing.T) {
-	full := [3]int{8, 0, 0}
-	cases := []struct {
-		name       string
-		params     string
-		taskCorr   float64
-		known      bool
-		lengthCorr float64 // within-prompt, known: group_spread's figure
-		want       string
-		groupLoad  float64
-	}{
-		{"nothing measured yet: the task spreads", `{}`, 0, false, 0, "b", 0.1},
-		{"measured 0.05 under the default 0.25: a keeps the task", `{}`, 0.05, true, 0.9, "a", 0},
-		{"measured exactly 0.25: spreads", `{}`, 0.25, true, 0, "b", 0.1},
-		{"measured 0.9: spreads whatever the first turns' correlation", `{}`, 0.9, true, 0, "b", 0.1},
-		{"min corr 0 reads no measurement: spreads", `{"task_spread_min_corr":0}`, 0, true, 0, "b", 0.1},
-		{"min corr 0.95, measured 0.9: a keeps the task", `{"task_spread_min_corr":0.95}`, 0.9, true, 0.9, "a", 0},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			k := build(t, "kvc_aware", tc.params)
-			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
-			c[0].Siblings = 1
-			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 100, LaterTurns: 1000,
-				TaskCorr: tc.taskCorr, TaskCorrKnown: tc.known, LengthCorr: tc.lengthCorr, LengthCorrKnown: true}
-			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
-		})
-	}
-	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0}`)) {
-		t.Error("task_spread_min_corr alone does not ask the router to measure")
-	}
-	if ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0,"task_spread_min_corr":0}`)) ||
-		ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0,"task_spread":0}`)) {
-		t.Error("reads a measured correlation with nothing to gate")
-	}
-	mustRefuse(t, `{"task_spread_min_corr":-0.1}`, `{"task_spread_min_corr":1.5}`, `{"task_spread_min_corr":"x"}`)
+	mustRefuse(t, `{"group_spread_min_corr":-0.1}`, `{"group_spread_min_corr":1.5}`, `{"group_spread_min_corr":"x"}`,
+		`{"task_spread_min_corr":-0.1}`, `{"task_spread_min_corr":1.5}`, `{"task_spread_min_corr":"x"}`)
 }
 
 // TestKVCAwareGroupSpreadCap: group_spread_max_servers stops a group
