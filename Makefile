@@ -343,12 +343,14 @@ kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, 
 	  $(GO) run ./cmd/kvbench $(ARENA_SHAPE) --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,dynamo_cost+queue,vllm_router_sticky_least_loaded,sglang_cache_aware --json build/kvbench-arena-shape/rl-r$$t-$$s.json >/dev/null || exit 1; done; done
 
 # Placement by predicted work (kvc_aware's work_weight; issue 26, item 3) and
-# its reference rows with every true length known, on kvbench-rl's setting:
+# its reference rows with every true length known (the same placement, its
+# longest-first order, and longest_lane+truelen: the longest responses on one
+# lightly loaded engine, testbed/bench/lane.go), on kvbench-rl's setting:
 # first epoch at rho 0 / 0.5 / 0.8 (nothing learnt yet) and the recurring step
 # (epoch 2). Fresh seeds 391-395 -> build/kvbench-work/ (docs/results/kvbench-work/
 # renders into docs/rl-workloads.md). ~4 min.
 WORK_SEEDS ?= 391 392 393 394 395
-WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen
+WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen,longest_lane+truelen
 kvbench-work: ## placement by predicted work and its true-length references, rho 0 / 0.5 / 0.8 and recurring prompts, fresh seeds WORK_SEEDS -> build/kvbench-work/
 	@mkdir -p build/kvbench-work
 	@for s in $(WORK_SEEDS); do \

@@ -29,6 +29,8 @@ type Record struct {
 	// Routed is when the router placed the request (after At when a
 	// router queue or admission held it).
 	Routed float64
+	// Engine is the index of the engine that ran it.
+	Engine int
 }
 
 func sortRecords(recs []Record) []Record {

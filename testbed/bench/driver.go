@@ -109,6 +109,9 @@ type Policy struct {
 	// TrueLengths passes every request's true response length as its
 	// router.Request.Hint (reference rows only: no router knows it).
 	TrueLengths bool
+	// Lane pins every request where the longest_lane+truelen reference's
+	// plan puts it (reference rows only: the plan reads true lengths).
+	Lane *LaneSpec
 	// ResetIndexOnUpdate drops the router's prefix index at a weight
 	// update (kvc-router's reset_prefix_index hook). Peers have no such
 	// API: an event-fed peer learns of the update from the engines'
@@ -238,6 +241,8 @@ type driver struct {
 	pol Policy
 	wl  Workload
 	r   *kvcrouter.Router
+	// lane is Policy.Lane's plan; nil without one.
+	lane *lanePlan
 	// finisher is the policy's strategy when it tracks sessions that the
 	// client finishes (Policy.FinishSessions).
 	finisher peers.SessionFinisher
@@ -361,6 +366,13 @@ func Run(wl Workload, pol Policy, opt Options) (*Result, error) {
 		d.byName[names[i]] = i
 	}
 	d.bs = d.engines[0].e.Config().BlockSize
+	if pol.Lane != nil {
+		if err := pol.Lane.Validate(); err != nil {
+			return nil, err
+		}
+		// The router's pool keeps AddServers' order, so a pin is an engine index.
+		d.lane = newLanePlan(*pol.Lane, len(d.engines))
+	}
 	switch pol.QueuePolicy {
 	case "", QueueFCFS, QueueLCFS:
 	case QueueWSPT:
@@ -588,6 +600,9 @@ func (d *driver) route(it *Item, prompt []int32) error {
 	if d.pol.TrueLengths {
 		req.Hint = float64(it.MaxTokens)
 	}
+	if d.lane != nil {
+		req.Pin = d.lane.pick(it.Phase, it.MaxTokens, len(prompt))
+	}
 	dec, queued, err := d.r.Submit(req, d.ticket)
 	d.res.DecisionUS = append(d.res.DecisionUS, float64(time.Since(t0).Nanoseconds())/1e3)
 	d.cur = nil
@@ -726,7 +741,7 @@ func (d *driver) stepEnd(i int) error {
 				}
 			}
 			rec := Record{Phase: f.item.Phase, At: f.at, Seq: f.item.seq, PromptLen: c.PromptTokens, PromptBlocks: nb,
-				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first, Routed: f.routed}
+				Keys: keys, OutputLen: len(c.OutputTokens), Think: f.item.think, First: f.item.first, Routed: f.routed, Engine: f.eng}
 			if f.item.chained {
 				rec.Chain = f.item.Key
 			}

@@ -25,6 +25,7 @@ var PolicyNames = []string{
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
 	"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 	"kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen",
+	"longest_lane+truelen",
 }
 
 // DefaultPolicies is what kvbench runs when no policy is named: every
@@ -182,6 +183,9 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     the client's counts. kvc_aware+work+truelen and
 //     kvc_aware+admit+work+truelen are its reference rows: the same
 //     placement (and admission's order) with every true length known.
+//   - longest_lane+truelen: a reference row, not a policy: every true
+//     length known, the longest responses pinned to one engine whose
+//     other work is capped (LaneSpec says why); parameters "longest_lane".
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
@@ -336,6 +340,18 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				}
 				return c
 			}}, nil
+	case "longest_lane+truelen":
+		spec := DefaultLane()
+		if err := decodeOver(name, raw, &spec); err != nil {
+			return Policy{}, err
+		}
+		if err := spec.Validate(); err != nil {
+			return Policy{}, err
+		}
+		// Every request is pinned; the strategy only breaks a pin's absence.
+		return Policy{Name: name, Lane: &spec, Config: func(peers.Signals) kvcrouter.RouterConfig {
+			return kvcrouter.RouterConfig{Mode: kvcrouter.ModeDefault, Strategy: &peers.RoundRobin{}}
+		}}, nil
 	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
 		"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 		"kvc_aware+admit+truelen", "kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen":
