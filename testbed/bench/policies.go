@@ -186,6 +186,8 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //   - longest_lane+truelen: a reference row, not a policy: every true
 //     length known, the longest responses pinned to one engine whose
 //     other work is capped (LaneSpec says why); parameters "longest_lane".
+//     Made for GRPO steps: every request is pinned on its own, so an
+//     agent's turns would not follow their session.
 func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
