@@ -10,7 +10,7 @@ import (
 //
 // Why it exists: a step ends with its longest responses, and on the HBM
 // engine model a sequence decodes several times faster on an engine with
-// a small batch and little context (5.5 ms a step) than in a full one
+// a small batch and little context (about 6 ms a step) than in a full one
 // (about 30 ms once the KV cache is full). Placement that balances work,
 // with or without true lengths, leaves the longest responses decoding in
 // full batches, so it ties verl_default. This row shows what isolating

@@ -350,7 +350,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		if err := spec.Validate(); err != nil {
 			return Policy{}, err
 		}
-		// Every request is pinned; the strategy only breaks a pin's absence.
+		// Every request carries a pin, so the strategy is never consulted.
 		return Policy{Name: name, Lane: &spec, Config: func(peers.Signals) kvcrouter.RouterConfig {
 			return kvcrouter.RouterConfig{Mode: kvcrouter.ModeDefault, Strategy: &peers.RoundRobin{}}
 		}}, nil
