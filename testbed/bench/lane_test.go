@@ -75,7 +75,7 @@ func TestLanePolicyParameters(t *testing.T) {
 
 // TestLaneReferencePinsLongestToTheLane runs the reference end to end:
 // every response at or above the threshold runs on engine 0, the other
-// engines take the rest, and the lane's share of short work is its
+// engines take the rest, and the lane's short work stays within its
 // LaneShare of theirs.
 func TestLaneReferencePinsLongestToTheLane(t *testing.T) {
 	sh := Shape{LengthCorr: 0.8}
@@ -84,8 +84,8 @@ func TestLaneReferencePinsLongestToTheLane(t *testing.T) {
 	items := wl.Start(0, 0)
 	lens := lengths(items)
 	slices.Sort(lens)
-	// The longest tenth, the shape the reference is for.
-	spec := LaneSpec{ThresholdTokens: lens[len(lens)*9/10], LaneShare: 0.25}
+	// The longest 3%, few enough that the lane also takes short work.
+	spec := LaneSpec{ThresholdTokens: lens[len(lens)*97/100], LaneShare: 0.25}
 	params, _ := json.Marshal(spec)
 	p, err := NewPolicy("longest_lane+truelen", PolicyOptions{Params: map[string]json.RawMessage{"longest_lane": params}})
 	if err != nil || *p.Lane != spec {
@@ -101,17 +101,22 @@ func TestLaneReferencePinsLongestToTheLane(t *testing.T) {
 		t.Fatalf("%d records, want %d", len(res.Records), 2*prompts*n)
 	}
 	var short [3]float64
+	long0 := 0.0
 	for _, r := range res.Records {
 		if r.OutputLen >= spec.ThresholdTokens {
 			if r.Engine != 0 {
 				t.Fatalf("a %d-token response ran on engine %d, not the lane", r.OutputLen, r.Engine)
 			}
+			long0 += float64(r.OutputLen) + promptWeight*float64(r.PromptLen)
 			continue
 		}
 		short[r.Engine] += float64(r.OutputLen) + promptWeight*float64(r.PromptLen)
 	}
+	// The lane counts its long work against its share too, so its short
+	// work stays under LaneShare of a normal engine's (ignoring the share,
+	// it takes about half of theirs on this fixture).
 	others := (short[1] + short[2]) / 2
-	if short[1] == 0 || short[2] == 0 || short[0] > 0.6*others {
-		t.Fatalf("short work per engine %v: the lane took more than its share", short)
+	if short[1] == 0 || short[2] == 0 || short[0] > spec.LaneShare*others {
+		t.Fatalf("short work per engine %v (the lane's long work %.0f): the lane took more than its share", short, long0)
 	}
 }
