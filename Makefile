@@ -350,13 +350,13 @@ kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, 
 # (epoch 2). Fresh seeds 391-395 -> build/kvbench-work/ (docs/results/kvbench-work/
 # renders into docs/rl-workloads.md). ~4 min.
 WORK_SEEDS ?= 391 392 393 394 395
-WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen,longest_lane+truelen
+WORK_POLICIES = verl_default,kvc_aware,kvc_aware+lengths,kvc_aware+admit+lengths,kvc_aware+work+lengths,kvc_aware+work+truelen,kvc_aware+admit+truelen,kvc_aware+admit+work+truelen,longest_lane+truelen
 kvbench-work: ## placement by predicted work and its true-length references, rho 0 / 0.5 / 0.8 and recurring prompts, fresh seeds WORK_SEEDS -> build/kvbench-work/
 	@mkdir -p build/kvbench-work
 	@for s in $(WORK_SEEDS); do \
 	  for r in 0 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
-	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES),kvc_aware+admit+lengths --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # The group spread's server cap (group_spread_max_servers; opt-in: the default
 # is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,

@@ -261,6 +261,17 @@ func (t *Tracker) Predict(k Key) Estimate {
 	return est
 }
 
+// Mean is the mean output length over every response observed (0 before
+// the first): what Predict gives a prompt it knows nothing of.
+func (t *Tracker) Mean() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.allN == 0 {
+		return 0
+	}
+	return t.allSum / t.allN
+}
+
 // Len is how many prompts are remembered; Dropped how many were evicted.
 func (t *Tracker) Len() (n int, dropped uint64) {
 	t.mu.Lock()

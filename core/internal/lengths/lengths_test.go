@@ -44,6 +44,14 @@ func TestPredict(t *testing.T) {
 		if !near(got.Tokens, c.want.Tokens) || got.History != c.want.History || got.Siblings != c.want.Siblings {
 			t.Fatalf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
+		// Mean is what an unseen prompt predicts (admission's longest-first
+		// order ranks the prompts it knows nothing of at it).
+		if m, u := tr.Mean(), tr.Predict(KeyOf([]int32{99})); !near(m, u.Tokens) {
+			t.Fatalf("%s: Mean %v, an unseen prompt predicts %v", c.name, m, u.Tokens)
+		}
+	}
+	if want := (100.0 + 300 + 600 + 1000) / 4; !near(tr.Mean(), want) {
+		t.Fatalf("Mean %v, want %v over every response", tr.Mean(), want)
 	}
 }
 

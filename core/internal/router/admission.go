@@ -47,7 +47,9 @@ type AdmissionSpec struct {
 	MaxQueue int `json:"max_queue,omitempty"`
 	// Window is how many of the oldest held requests free to go anywhere a
 	// freed slot considers; the oldest goes first once Window younger ones
-	// went ahead of it (default 512).
+	// went ahead of it (default 512). Longest-first admission
+	// (lengths.longest_first) ranks every held request instead and bounds
+	// passing-over with lengths.max_skips.
 	// When to change: larger finds more cache hits for a freed slot at more
 	// CPU per release; smaller costs less.
 	Window int `json:"window,omitempty"`
@@ -466,6 +468,9 @@ func (r *Router) Submit(req Request, ticket uint64) (d Decision, queued bool, er
 		h.last = keys[n-1]
 	}
 	r.queueOf(target).push(h)
+	if target == nil {
+		r.lenHold(h)
+	}
 	r.aq.tickets[ticket] = h
 	r.aq.bytes += size
 	r.aq.peak = max(r.aq.peak, r.aq.bytes)
@@ -622,6 +627,9 @@ func (r *Router) rebind() {
 			h = next
 		}
 		delete(r.aq.bound, s)
+		for h := sessions.head; h != nil; h = h.next {
+			r.lenHold(h) // free to go anywhere now
+		}
 		r.aq.free.merge(&sessions)
 		for to, mq := range moved {
 			r.queueOf(to).merge(mq)
@@ -653,9 +661,7 @@ func (r *Router) forget(h *held) {
 		delete(r.aq.bound, h.affinity)
 	}
 	delete(r.aq.tickets, h.ticket)
-	if r.lens != nil {
-		delete(r.lens.held, h.ticket)
-	}
+	r.lenForget(h)
 	r.aq.bytes -= h.bytes
 	h.req.Tokens = nil
 }
@@ -704,7 +710,8 @@ func (r *Router) fill(s *server, out []Admitted) []Admitted {
 }
 
 // next chooses the held request a slot on s admits (nil: none may go to
-// s): the oldest waiting for s, else the oldest free request once Window
+// s): the oldest waiting for s, else longest-first's pick when it decides
+// (lengths.longest_first), else the oldest free request once Window
 // younger ones went ahead of it (aging: none waits for ever), else what
 // the admission order picks among the free requests.
 func (r *Router) next(s *server) *held {
@@ -716,13 +723,15 @@ func (r *Router) next(s *server) *held {
 	if head == nil {
 		return nil
 	}
+	// Longest-first bounds its own passing-over (lengths.max_skips): the
+	// window's aging would put the head first every Window picks.
+	if h, ok := r.pickLongest(q); ok {
+		return h
+	}
 	if head.passed >= r.cfg.Admission.Window {
 		return head
 	}
-	h, ok := r.pickLongest(q)
-	if !ok {
-		h = r.aq.order.pick(r, s, q, r.cfg.Admission.Window)
-	}
+	h := r.aq.order.pick(r, s, q, r.cfg.Admission.Window)
 	if h == nil {
 		h = head
 	}

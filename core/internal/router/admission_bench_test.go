@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kvc-router/kvc-router/core/internal/lengths"
 )
 
 // Issue 29 row 7: 60k held requests cancelled or drained. Before, both
@@ -14,12 +16,21 @@ const benchHeld = 60_000
 // heldRouter is 8 servers at a cap of 4 each, with benchHeld requests held:
 // GRPO-like groups of 8 samples of one 256-token prompt.
 func heldRouter(b *testing.B) (*Router, []string) {
+	return heldRouterWith(b, admitConfig(4), nil)
+}
+
+// heldRouterWith is heldRouter under cfg; prepare runs on the empty
+// router first.
+func heldRouterWith(b *testing.B, cfg Config, prepare func(*Router)) (*Router, []string) {
 	b.Helper()
 	names := make([]string, 8)
 	for i := range names {
 		names[i] = fmt.Sprint("s", i)
 	}
-	r := mustNew(b, admitConfig(4), names...)
+	r := mustNew(b, cfg, names...)
+	if prepare != nil {
+		prepare(r)
+	}
 	for i := 0; i < 8*4; i++ {
 		if _, q, err := r.Submit(Request{ID: fmt.Sprint("run", i), Tokens: prompt(256, int32(-1000*(i+1))), Pin: -1}, uint64(1<<40+i)); err != nil || q {
 			b.Fatal("could not fill the fleet")
@@ -57,6 +68,36 @@ func BenchmarkAdmissionHeld60kDrain(b *testing.B) {
 			if len(out) != 1 {
 				b.Fatalf("release %d admitted %d", n, len(out))
 			}
+		}
+	}
+}
+
+// The same drain with longest-first admission over every held request
+// (lengths on, each prompt's length known from an earlier step, so every
+// pick ranks all 60k): compare with BenchmarkAdmissionHeld60kDrain in the
+// same run. A scan of the whole queue per pick would cost 60k x 60k.
+func BenchmarkAdmissionHeld60kDrainLongestFirst(b *testing.B) {
+	cfg := admitConfig(4)
+	cfg.Lengths = LengthsSpec{Enabled: true}
+	teach := func(r *Router) {
+		for g := 0; g < benchHeld/8; g++ {
+			r.lens.tok.Observe(lengths.KeyOf(prompt(256, int32(1000*g))), 1+(g*7919)%16384)
+		}
+		r.ResetCache() // the lengths become history
+	}
+	for b.Loop() {
+		b.StopTimer()
+		r, names := heldRouterWith(b, cfg, teach)
+		b.StartTimer()
+		var out []Admitted
+		for n := 0; r.Held() > 0; n++ {
+			out, _ = r.ReleaseAdmit(names[n%len(names)], out[:0])
+			if len(out) != 1 {
+				b.Fatalf("release %d admitted %d", n, len(out))
+			}
+		}
+		if c := r.LengthCounters(); c.LongestPicks+c.StarvedPicks != benchHeld {
+			b.Fatalf("%d of %d picks longest-first", c.LongestPicks+c.StarvedPicks, benchHeld)
 		}
 	}
 }

@@ -19,11 +19,13 @@ import (
 // per prompt hash and survives ResetCache (a weight sync ends a step).
 //
 // With admission on, LongestFirst gives a freed slot to the held request
-// with the longest predicted response (longest processing time first: the
-// step ends with its longest groups, so they should start first). A held
-// request passed over MaxSkips times goes next whatever its prediction,
-// so no request starves. While no held request has an estimate, the
-// admission order is unchanged.
+// with the longest predicted response among all held requests free to go
+// anywhere (longest processing time first: the step ends with its longest
+// groups, so they should start first, and in an oversubscribed step the
+// longest are as likely to be at the back of the queue as at its front).
+// A held request passed over MaxSkips times goes next whatever its
+// prediction, so no request starves. While no held request has an
+// estimate, the admission order is unchanged.
 type LengthsSpec struct {
 	// Enabled turns length learning on (kvc_aware mode). It learns from
 	// releases that name their request (release_server with request_id,
@@ -41,8 +43,10 @@ type LengthsSpec struct {
 	// LongestFirst orders admission by predicted length (default true).
 	// When to change: off to keep admission's sibling-first order.
 	LongestFirst *bool `json:"longest_first,omitempty"`
-	// MaxSkips bounds how often a held request is passed over (default
-	// 4096). When to change: lower when short requests must not wait.
+	// MaxSkips bounds how often a held request is passed over: once this
+	// many longest-first picks went ahead of the oldest held request, it
+	// goes next (default 4096). When to change: lower when short requests
+	// must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
 }
 
@@ -77,11 +81,23 @@ type lenState struct {
 	longest  bool
 	maxSkips int
 	flights  map[string]lenFlight
-	held     map[uint64]*heldLen // by admission ticket
+	held     map[uint64]*heldLen // by admission ticket (free queue only)
 	prog     *progress           // output blocks followed through KV events
 	counts   LengthCounters
-	// memo holds one pick's predictions by prompt (siblings share one).
-	memo map[lengths.Key]predMemo
+	// Longest-first admission over every free held request: lpt is a
+	// max-heap of those with a prediction that rests on something learnt
+	// (stale entries are dropped when they surface), unknown the others in
+	// arrival order (all predict the same mean, so the oldest stands for
+	// them), waiting each prompt's held requests (re-ranked when a
+	// release teaches their prompt). Rebuilt at a step boundary, when
+	// predictions switch from durations to counts, and when stale entries
+	// outnumber live ones.
+	lpt      []lptEntry
+	unknown  []*held
+	waiting  map[lengths.Key][]*held
+	picks    uint64 // longest-first picks so far (starvation clock)
+	lptStale bool
+	tokSeen  bool // tok has observed a count: predictions come from it
 	// work is each server's predicted output in flight (the strategy's
 	// work_weight reads it as Candidate.PredictedTokens): every tracked
 	// request adds its prediction when placed and takes exactly that back
@@ -108,9 +124,12 @@ type workSum struct {
 	gen    uint64
 }
 
-type predMemo struct {
-	p     float64
-	known bool
+// lptEntry is a held request's place in the longest-first heap; it is
+// live while the request is in the free queue and its heldLen still
+// carries pred.
+type lptEntry struct {
+	h    *held
+	pred float64
 }
 
 type lenFlight struct {
@@ -124,9 +143,14 @@ type lenFlight struct {
 }
 
 type heldLen struct {
-	key   lengths.Key
-	hint  float64
-	skips int
+	key  lengths.Key
+	hint float64
+	// pred is the prediction its live heap entry carries; known that it
+	// rests on a hint, history or finished siblings (else it waits in
+	// unknown and ranks at the mean).
+	pred  float64
+	known bool
+	since uint64 // picks when it was held (MaxSkips counts from here)
 }
 
 // LengthCounters are the length learner's statistics.
@@ -198,7 +222,7 @@ func newLearner(spec LengthsSpec) *lenState {
 	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
 	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
 		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
-		memo: map[lengths.Key]predMemo{}, prog: newProgress(), tasks: lengths.NewTasks(maxTrajectories)}
+		waiting: map[lengths.Key][]*held{}, prog: newProgress(), tasks: lengths.NewTasks(maxTrajectories)}
 }
 
 // maxTrajectories bounds the trajectories one step follows for the
@@ -270,17 +294,18 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 			l.uncharge(f)
 			if outputTokens > 0 {
 				l.tasks.Add(requestID, outputTokens)
-				l.tok.Observe(f.key, outputTokens)
+				l.observeTokens(f.key, outputTokens)
 				l.counts.Observed++
 			} else if seen > 0 {
 				l.tasks.Add(requestID, seen)
-				l.tok.Observe(f.key, seen)
+				l.observeTokens(f.key, seen)
 				l.counts.ObservedEvents++
 			} else if l.counts.CorrOnly {
 				// Durations feed admission's order alone: a correlation-only
 				// learner has none to feed.
 			} else if ms := int(r.now().Sub(f.at) / time.Millisecond); ms > 0 {
 				l.dur.Observe(f.key, ms)
+				l.repredict(f.key)
 				l.counts.ObservedTimed++
 			}
 		} else {
@@ -383,6 +408,7 @@ func (r *Router) lenNextStep() {
 	if l := r.lens; l != nil {
 		l.tok.NextStep()
 		l.dur.NextStep()
+		l.lptStale = true // every held prompt's history moved
 		l.corr, l.corrKnown = l.tok.Corr()
 		l.tasks.NextStep()
 	}
@@ -401,66 +427,222 @@ func (l *lenState) predicted(h *heldLen) (float64, bool) {
 	return e.Tokens, e.History || e.Siblings > 0
 }
 
-// pickLongest is admission's longest-first order (LengthsSpec): among the
-// oldest Window held requests of q (requests free to run on any server),
-// one passed over MaxSkips times, else the longest predicted; ok = false
-// when the learner is off or knows nothing about any of them (the default
-// order then applies); r.mu held.
-func (r *Router) pickLongest(q *heldQueue) (*held, bool) {
+// mean is what a prompt nothing is known of predicts (predicted's
+// fallback): the mean count, else the mean duration.
+func (l *lenState) mean() float64 {
+	if m := l.tok.Mean(); m > 0 {
+		return m
+	}
+	return l.dur.Mean()
+}
+
+// observeTokens teaches prompt k an output count and re-ranks its held
+// requests; the first count switches every prediction from durations to
+// counts, so the order is rebuilt.
+func (l *lenState) observeTokens(k lengths.Key, n int) {
+	l.tok.Observe(k, n)
+	if !l.tokSeen {
+		l.tokSeen, l.lptStale = true, true
+		return
+	}
+	l.repredict(k)
+}
+
+// lenHold enters a request held in the free queue into longest-first
+// order; r.mu held.
+func (r *Router) lenHold(h *held) {
 	l := r.lens
 	if l == nil || !l.longest {
-		return nil, false
+		return
 	}
-	w := r.cfg.Admission.Window
-	clear(l.memo)
-	var best, starving *held
-	known := false
-	bestPred := -1.0
-	i := 0
-	for h := q.head; h != nil && i < w; h, i = h.next, i+1 {
+	if _, ok := l.held[h.ticket]; ok {
+		return
+	}
+	hl := &heldLen{key: lengths.KeyOf(h.req.Tokens), hint: h.req.Hint, since: l.picks}
+	l.held[h.ticket] = hl
+	l.waiting[hl.key] = append(l.waiting[hl.key], h)
+	l.rank(h, hl)
+}
+
+// lenForget takes an admitted or cancelled request out of longest-first
+// order (its heap entry goes stale: its queue is gone); r.mu held.
+func (r *Router) lenForget(h *held) {
+	l := r.lens
+	if l == nil {
+		return
+	}
+	hl := l.held[h.ticket]
+	if hl == nil {
+		return
+	}
+	delete(l.held, h.ticket)
+	w := l.waiting[hl.key]
+	for i, o := range w {
+		if o == h {
+			w[i] = w[len(w)-1]
+			w[len(w)-1] = nil
+			w = w[:len(w)-1]
+			break
+		}
+	}
+	if len(w) == 0 {
+		delete(l.waiting, hl.key)
+	} else {
+		l.waiting[hl.key] = w
+	}
+}
+
+// rank places h by its current prediction: a heap entry when it rests on
+// something learnt, else the unknown queue.
+func (l *lenState) rank(h *held, hl *heldLen) {
+	hl.pred, hl.known = l.predicted(hl)
+	if hl.known {
+		l.lptPush(lptEntry{h: h, pred: hl.pred})
+	} else {
+		l.unknown = append(l.unknown, h)
+	}
+}
+
+// repredict re-ranks prompt k's held requests after k was taught.
+func (l *lenState) repredict(k lengths.Key) {
+	if !l.longest || l.lptStale {
+		return
+	}
+	for _, h := range l.waiting[k] {
 		hl := l.held[h.ticket]
-		if hl == nil {
-			hl = &heldLen{key: lengths.KeyOf(h.req.Tokens), hint: h.req.Hint}
-			l.held[h.ticket] = hl
-		}
-		if hl.skips >= l.maxSkips && starving == nil {
-			starving = h
-		}
-		var p float64
-		var k bool
-		if hl.hint > 0 {
-			p, k = hl.hint, true
-		} else {
-			m, ok := l.memo[hl.key]
-			if !ok {
-				m.p, m.known = l.predicted(hl)
-				l.memo[hl.key] = m
-			}
-			p, k = m.p, m.known
-		}
-		known = known || k
-		if p > bestPred {
-			best, bestPred = h, p
-		}
-	}
-	pick := best
-	switch {
-	case starving != nil:
-		pick = starving
-		l.counts.StarvedPicks++
-	case !known || best == nil:
-		return nil, false
-	default:
-		l.counts.LongestPicks++
-	}
-	i = 0
-	for h := q.head; h != nil && i < w; h, i = h.next, i+1 {
-		if h == pick {
+		if hl == nil || hl.hint > 0 {
 			continue
 		}
-		if hl := l.held[h.ticket]; hl != nil {
-			hl.skips++
+		if p, known := l.predicted(hl); known && (!hl.known || p != hl.pred) {
+			hl.pred, hl.known = p, true
+			l.lptPush(lptEntry{h: h, pred: p})
 		}
 	}
+}
+
+// rebuild ranks q's held requests afresh.
+func (l *lenState) rebuild(q *heldQueue) {
+	clear(l.lpt)
+	l.lpt = l.lpt[:0]
+	clear(l.unknown)
+	l.unknown = l.unknown[:0]
+	for h := q.head; h != nil; h = h.next {
+		if hl := l.held[h.ticket]; hl != nil {
+			hl.pred, hl.known = l.predicted(hl)
+			if hl.known {
+				l.lpt = append(l.lpt, lptEntry{h: h, pred: hl.pred})
+			} else {
+				l.unknown = append(l.unknown, h)
+			}
+		}
+	}
+	for i := len(l.lpt)/2 - 1; i >= 0; i-- {
+		l.lptDown(i)
+	}
+	l.lptStale = false
+}
+
+// live: e still stands for its request's place in q.
+func (l *lenState) live(e lptEntry, q *heldQueue) bool {
+	if e.h.q != q {
+		return false
+	}
+	hl := l.held[e.h.ticket]
+	return hl != nil && hl.known && hl.pred == e.pred
+}
+
+// pickLongest is admission's longest-first order (LengthsSpec): among all
+// held requests of q (requests free to run on any server), the oldest once
+// MaxSkips longest-first picks went ahead of it, else the longest
+// predicted (the oldest of equals; requests nothing is known of rank at
+// the mean); ok = false when the learner is off or knows nothing about
+// any of them (the default order then applies); r.mu held. A pick costs
+// O(log held) plus the stale entries it drops.
+func (r *Router) pickLongest(q *heldQueue) (*held, bool) {
+	l := r.lens
+	if l == nil || !l.longest || q.head == nil {
+		return nil, false
+	}
+	if l.lptStale || len(l.lpt)+len(l.unknown) > 2*len(l.held)+1024 {
+		l.rebuild(q)
+	}
+	for len(l.lpt) > 0 && !l.live(l.lpt[0], q) {
+		l.lptPop()
+	}
+	if len(l.lpt) == 0 {
+		return nil, false // nothing known of any held request
+	}
+	if hl := l.held[q.head.ticket]; hl != nil && l.picks-hl.since >= uint64(l.maxSkips) {
+		l.picks++
+		l.counts.StarvedPicks++
+		return q.head, true
+	}
+	for len(l.unknown) > 0 {
+		u := l.unknown[0]
+		if hl := l.held[u.ticket]; u.q == q && hl != nil && !hl.known {
+			break
+		}
+		l.unknown[0] = nil
+		l.unknown = l.unknown[1:]
+	}
+	top := l.lpt[0]
+	pick := top.h
+	if len(l.unknown) > 0 {
+		u := l.unknown[0]
+		if m := l.mean(); m > top.pred || (m == top.pred && u.seq < top.h.seq) {
+			pick = u
+		}
+	}
+	if pick == top.h {
+		l.lptPop()
+	}
+	l.picks++
+	l.counts.LongestPicks++
 	return pick, true
+}
+
+// lptBefore orders the heap: longer first, then older.
+func lptBefore(a, b lptEntry) bool {
+	if a.pred != b.pred {
+		return a.pred > b.pred
+	}
+	return a.h.seq < b.h.seq
+}
+
+func (l *lenState) lptPush(e lptEntry) {
+	l.lpt = append(l.lpt, e)
+	for i := len(l.lpt) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !lptBefore(l.lpt[i], l.lpt[p]) {
+			break
+		}
+		l.lpt[i], l.lpt[p] = l.lpt[p], l.lpt[i]
+		i = p
+	}
+}
+
+func (l *lenState) lptPop() {
+	n := len(l.lpt) - 1
+	l.lpt[0] = l.lpt[n]
+	l.lpt[n] = lptEntry{}
+	l.lpt = l.lpt[:n]
+	l.lptDown(0)
+}
+
+func (l *lenState) lptDown(i int) {
+	n := len(l.lpt)
+	for {
+		c := 2*i + 1
+		if c >= n {
+			return
+		}
+		if c+1 < n && lptBefore(l.lpt[c+1], l.lpt[c]) {
+			c++
+		}
+		if !lptBefore(l.lpt[c], l.lpt[i]) {
+			return
+		}
+		l.lpt[i], l.lpt[c] = l.lpt[c], l.lpt[i]
+		i = c
+	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math/rand"
 	"testing"
 	"time"
 )
@@ -290,4 +291,174 @@ func TestLengthsFromKVEventsConcurrent(t *testing.T) {
 	if r.lens.prog.n.Load() != 0 {
 		t.Fatalf("%d requests still followed after every release", r.lens.prog.n.Load())
 	}
+}
+
+// Longest-first ranks every held request, not only the oldest Window: in
+// an oversubscribed step the longest prompt is as likely to be held at the
+// back of the queue (window 2 here; four shorter requests ahead of it). A
+// release that teaches a held prompt within the step re-ranks its held
+// siblings.
+func TestLengthsLongestFirstBeyondWindow(t *testing.T) {
+	c := lengthsConfig(1, 1000)
+	c.Admission.Window = 2
+	r := mustNew(t, c, "s0")
+	short, long, fresh := prompt(64, 1), prompt(64, 5000), prompt(64, 9000)
+	for _, p := range []struct {
+		id     string
+		tokens []int32
+		n      int
+	}{{"x1", short, 50}, {"x2", long, 900}} {
+		submit(t, r, p.id, 0, p.tokens)
+		r.ReleaseDone("s0", p.id, p.n, nil)
+	}
+	r.ResetCache() // a new step: both prompts have history
+	submit(t, r, "occupy", 1, prompt(64, 20000))
+	for i, tk := range [][]int32{short, short, short, short, long, fresh, fresh} {
+		if _, q := submit(t, r, fmt.Sprint("h", i), uint64(10+i), tk); !q {
+			t.Fatalf("h%d not held at the cap", i)
+		}
+	}
+	got, _ := r.ReleaseDone("s0", "occupy", 10, nil)
+	if len(got) != 1 || got[0].Ticket != 14 {
+		t.Fatalf("admitted %+v, want the long prompt held fifth (ticket 14)", got)
+	}
+	// h4 finishes; nothing is known of fresh yet, so the mean of what was
+	// seen (50, 900, 10, 1000) ranks it: 490 > 50, the oldest fresh goes.
+	got, _ = r.ReleaseDone("s0", "h4", 1000, nil)
+	if len(got) != 1 || got[0].Ticket != 15 {
+		t.Fatalf("admitted %+v, want the unknown prompt at the mean (ticket 15)", got)
+	}
+	// h5 teaches fresh 20 tokens within the step: its held sibling now
+	// ranks below short's history (50) and goes last.
+	var order []uint64
+	id := "h5"
+	for {
+		got, _ = r.ReleaseDone("s0", id, 20, nil)
+		if len(got) == 0 {
+			break
+		}
+		order = append(order, got[0].Ticket)
+		id = fmt.Sprint("h", got[0].Ticket-10)
+	}
+	if fmt.Sprint(order) != "[10 11 12 13 16]" {
+		t.Fatalf("order %v, want short's four oldest first, then fresh's re-ranked sibling", order)
+	}
+	if c := r.LengthCounters(); c.LongestPicks != 7 || c.StarvedPicks != 0 {
+		t.Fatalf("counters %+v", c)
+	}
+}
+
+// Longest-first against a brute-force scan of the whole free queue, over
+// random submits, releases (with and without counts), cancels and step
+// boundaries: every admission is the held request the scan ranks first
+// (the oldest past MaxSkips picks, else the longest prediction, the
+// oldest of equals; nothing when no held prompt is known).
+func TestLengthsLongestFirstMatchesScan(t *testing.T) {
+	for seed := int64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		c := lengthsConfig(2, 1+rng.Intn(40))
+		c.Admission.Window = 1 << 20 // aging by Window never applies
+		now := time.Unix(0, 0)
+		c.Now = func() time.Time { return now }
+		r := mustNew(t, c, "s0")
+		prompts := make([][]int32, 12)
+		for i := range prompts {
+			prompts[i] = prompt(48, int32(1000*i))
+		}
+		var running []string
+		next := uint64(1)
+		checked := 0
+		for op := 0; op < 600; op++ {
+			now = now.Add(time.Duration(1+rng.Intn(50)) * time.Millisecond)
+			switch k := rng.Intn(10); {
+			case k < 5:
+				id := fmt.Sprint("r", next)
+				req := Request{ID: id, Tokens: prompts[rng.Intn(len(prompts))], Pin: -1}
+				if rng.Intn(8) == 0 {
+					req.Hint = float64(1 + rng.Intn(3000))
+				}
+				_, q, err := r.Submit(req, next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !q {
+					running = append(running, id)
+				}
+				next++
+			case k < 9 && len(running) > 0:
+				i := rng.Intn(len(running))
+				id := running[i]
+				running = append(running[:i], running[i+1:]...)
+				n := 0
+				if rng.Intn(4) > 0 {
+					n = 1 + rng.Intn(2000)
+				}
+				snap := snapFree(r)
+				got, _ := r.ReleaseDone("s0", id, n, nil)
+				want, ok := scanRank(r, snap)
+				for _, a := range got {
+					running = append(running, fmt.Sprint("r", a.Ticket))
+				}
+				if ok {
+					checked++
+					if len(got) != 1 || got[0].Ticket != want {
+						t.Fatalf("seed %d op %d: admitted %+v, the scan ranks ticket %d first", seed, op, got, want)
+					}
+				}
+			case k == 9 && rng.Intn(3) == 0:
+				r.ResetCache()
+			default:
+				r.Cancel(uint64(1 + rng.Intn(int(next))))
+			}
+		}
+		if checked < 50 {
+			t.Fatalf("seed %d: only %d admissions checked", seed, checked)
+		}
+	}
+}
+
+// heldSnap is the free queue before a release: what the reference ranks.
+type heldSnap struct {
+	picks uint64
+	items []snapItem
+}
+
+type snapItem struct {
+	ticket uint64
+	hl     heldLen
+}
+
+func snapFree(r *Router) heldSnap {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := heldSnap{picks: r.lens.picks}
+	for h := r.aq.free.head; h != nil; h = h.next {
+		s.items = append(s.items, snapItem{ticket: h.ticket, hl: *r.lens.held[h.ticket]})
+	}
+	return s
+}
+
+// scanRank is the reference: the ticket longest-first admits from the
+// snapshot's queue, ranked by a scan of all of it with the learner as it
+// stands (after the release taught it); ok = false when longest-first
+// would not decide (nothing held, or nothing known of any held prompt).
+func scanRank(r *Router, s heldSnap) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.lens
+	best, bestP, known := -1, -1.0, false
+	for i, it := range s.items {
+		p, k := l.predicted(&it.hl)
+		known = known || k
+		if p > bestP {
+			best, bestP = i, p
+		}
+	}
+	if !known {
+		return 0, false
+	}
+	if s.picks-s.items[0].hl.since >= uint64(l.maxSkips) {
+		return s.items[0].ticket, true
+	}
+	return s.items[best].ticket, true
 }
