@@ -84,8 +84,10 @@ POLICIES = (
     "dynamo_kv_router+ttl",
     "dynamo_kv_router+agentic",
     "dynamo_kv_router+queue",
-    # kvc_aware with its router-side admission (AdmitBalancer).
+    # kvc_aware with its router-side admission (AdmitBalancer); +lengths adds
+    # the length learner, so admission starts the longest predicted first.
     "kvc_aware+admit",
+    "kvc_aware+admit+lengths",
 )
 # Dynamo variants: Dynamo 1.6.1 KvRouterConfig features for bursts and
 # saturation, each its own row (and its own tuning grid below):
@@ -114,7 +116,7 @@ SESSION_TTL_S = 600
 # none, so under the burst hold such a router and the hold wait for each
 # other until the hold's deadline (HOLD_TIMEOUT_S): their rows are run
 # without the hold only (arena.py refuses otherwise).
-ROUTER_QUEUES = ("dynamo_kv_router+queue", "kvc_aware+admit")
+ROUTER_QUEUES = ("dynamo_kv_router+queue", "kvc_aware+admit", "kvc_aware+admit+lengths")
 # Tuned peer rows (`make arena-tuned`): each tunable peer's main knobs, four
 # points, the first its launcher default; the same points kvbench tunes its
 # re-implementations over (cmd/kvbench/heldout.go). A variant "NAME@tuned"
@@ -828,11 +830,16 @@ class AdmitBalancer(Balancer):
     holds_in_router = True
 
     def __init__(self, servers: List[Server], max_num_seqs: int, knobs: Optional[Dict[str, Any]] = None,
-                 turns: Optional[str] = None, response_tokens: int = 0) -> None:
+                 turns: Optional[str] = None, response_tokens: int = 0, lengths: bool = False) -> None:
         from kvc_router import KVCAwareAdmissionBalancer
 
         cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens)
         cfg["config"]["admission"] = {"enabled": True}
+        if lengths:
+            # The releases carry request ids and output counts (release()),
+            # as the verl hook sends them: admission then ranks every held
+            # request by its prompt's learnt length.
+            cfg["config"]["lengths"] = {"enabled": True}
         self.config = cfg
         self.needs_ids = True
         self.urls = {s.sid: s.url for s in servers}
@@ -1419,9 +1426,10 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
         elif policy == "kvc_aware":
             route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
                              spec.response_max if spec.kind in VERL_TURNS else 0)
-        elif policy == "kvc_aware+admit":
+        elif policy in ("kvc_aware+admit", "kvc_aware+admit+lengths"):
             route = AdmitBalancer(servers, max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
-                                  spec.response_max if spec.kind in VERL_TURNS else 0)
+                                  spec.response_max if spec.kind in VERL_TURNS else 0,
+                                  lengths=policy.endswith("+lengths"))
         elif base_policy(policy) in DYNAMO_VARIANTS:
             knobs = {**DYNAMO_VARIANTS[base_policy(policy)], **variant_params(policy, spec.name, cfg)}
             route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,
@@ -1677,6 +1685,8 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         # these): None before a step gave enough evidence.
         lens = r.get("lengths") or {}
         details["lengths_observed_tokens"] = lens.get("observed_tokens", 0)
+        # Admission's longest-first picks (kvc_aware+admit+lengths; 0 otherwise).
+        details["longest_first_picks"] = lens.get("longest_first_picks", 0)
         details["length_corr"] = lens.get("length_corr") if lens.get("length_corr_known") else None
         details["task_corr"] = lens.get("task_corr") if lens.get("task_corr_known") else None
     return {"row": row, "details": details}

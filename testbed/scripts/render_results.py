@@ -181,7 +181,7 @@ PAIRED_METRICS = (("step", "step time", True), ("ttft_p99", "TTFT p99", True), (
 # wait inside the engines. That TTFT is shown, marked, and never compared;
 # kvc_aware+admit's wait is in the client's acquire, so its TTFT with the
 # wait counted (ttft_with_acquire_p99_s) is compared in its own line.
-ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue", "kvc_aware+admit")
+ROUTER_QUEUE_ROWS = ("dynamo_kv_router+queue", "kvc_aware+admit", "kvc_aware+admit+lengths")
 ADMIT = "kvc_aware+admit"  # our router-side admission: a mode of ours, never a peer
 TTFT_NOT_COMPARED = ("† TTFT starts when a request reaches an engine; a router queue's rows (marked †) leave out "
                      "the wait in that queue, where every other router's requests wait inside the engines, so "
@@ -1019,6 +1019,54 @@ def render_work(docs_root: str) -> Optional[str]:
     return "\n".join(out).rstrip("\n")
 
 
+# kvc_aware+admit+lengths (admission and lengths on: the opt-in order that
+# ranks every held request by its prompt's learnt length) in the arena, on
+# the RL steps, without the burst hold (admission holds requests itself):
+# docs/results/ARENA_ADMIT_LENGTHS, from the command in docs/rl-workloads.md.
+ARENA_ADMIT_LENGTHS = "arena-admit-lengths-details.json"
+
+
+def render_admit_lengths(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's arena block for the opt-in longest-first order:
+    per workload, its step time paired by seed with verl_default's, the
+    defaults' and admission's without lengths, its TTFT p99 with the wait in
+    admission counted, and verl_default's second run (the noise floor)."""
+    path = os.path.join(docs_root, "docs", "results", ARENA_ADMIT_LENGTHS)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        runs = json.load(f)["runs"]
+    ours = OPT_IN_ORDER
+    out = [f"Rendered from `docs/results/{ARENA_ADMIT_LENGTHS}` (the arena's Python path: "
+           "`KVCAwareAdmissionBalancer` over vllm-sim HTTP servers, releases carrying request ids and output "
+           "counts as the verl hook sends them; no burst hold; kvc_aware frozen as in every arena row). Paired "
+           "by seed, mean ± 95% CI; TTFT p99 counts the wait in admission (verl_default's acquire takes "
+           "microseconds).", "",
+           f"| workload | seeds | {ours} ÷ verl_default | ÷ kvc_aware | ÷ kvc_aware+admit "
+           "| TTFT p99 with the wait ÷ verl_default's | hit rate, ours / verl_default's "
+           "| verl_default's second run ÷ its first |", "|---|---|---|---|---|---|---|---|"]
+    for w in dict.fromkeys(r["row"]["workload"] for r in runs):
+        per = arena_per_seed(runs, w)
+        rep = {r["row"]["seed"]: r["details"].get("engine_makespan_s", float("nan")) for r in runs
+               if r["row"]["workload"] == w and r["row"]["policy"] == "verl_default" + REPEAT_SUFFIX}
+        noise = mean_ci([v / per[("verl_default", sd)]["step"] for sd, v in rep.items()
+                         if ("verl_default", sd) in per])
+        seeds = sorted(sd for p, sd in per if p == ours)
+        if not seeds:
+            continue
+        cells = []
+        for b, m in (("verl_default", "step"), ("kvc_aware", "step"), ("kvc_aware+admit", "step"),
+                     ("verl_default", "ttft_acq_p99")):
+            ci = paired(per, ours, b, m)
+            words = {1: "longer", -1: "shorter", 0: "a tie"} if m == "step" else {1: "higher", -1: "lower", 0: "a tie"}
+            cells.append(f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–")
+        hit = (mean_ci([per[(ours, sd)]["hit"] for sd in seeds]),
+               mean_ci([per[("verl_default", sd)]["hit"] for sd in seeds]))
+        out.append(f"| `{w}` | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
+                   + f" | {hit[0].mean:.2f} / {hit[1].mean:.2f} | {noise.fmt(3)} |")
+    return "\n".join(out)
+
+
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 # The opt-in configuration that ranks admission by learnt lengths (admission
@@ -1477,6 +1525,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         work = render_work(a.docs)
         if "<!-- BEGIN RENDERED: rl-work -->" in rl_text and work:
             targets.setdefault(rl_doc, {})["rl-work"] = work
+        admit_lengths = render_admit_lengths(a.docs)
+        if "<!-- BEGIN RENDERED: rl-admit-lengths -->" in rl_text and admit_lengths:
+            targets.setdefault(rl_doc, {})["rl-admit-lengths"] = admit_lengths
         # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`).
         tuned_rl = [os.path.join(a.docs, "docs", "results", "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED]
         if "<!-- BEGIN RENDERED: rl-tuned -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):

@@ -483,8 +483,8 @@ def test_router_queue_rows_refuse_the_burst_hold(tmp_path):
                            text=True, timeout=120)
         assert "hold requests in the router" not in r.stderr, (extra, r.stderr[-500:])
         if "--policies" not in extra or extra[1] == "all":
-            assert "dynamo_kv_router+queue, kvc_aware+admit left out of the policy set under the burst hold" in (
-                r.stderr), extra
+            assert ("dynamo_kv_router+queue, kvc_aware+admit, kvc_aware+admit+lengths left out of the policy set "
+                    "under the burst hold") in r.stderr, extra
     # Accepted without the hold: it gets past the refusal to what follows it
     # (the peers' venv, then kvc_aware's frozen file, missing on purpose).
     ok = subprocess.run(base + ["--policies", "dynamo_kv_router+queue", "--nohold-only", "--kvc-frozen", missing],
@@ -526,11 +526,13 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     """kvc_aware+admit (router-side admission on, as the verl integration
     runs it) on an oversubscribed step: requests are held in the router and
     admitted as others finish, every request completes, and the run records
-    the admission waits; its held rows are refused like a router queue's."""
+    the admission waits; its held rows are refused like a router queue's.
+    kvc_aware+admit+lengths learns from the releases' output counts, and its
+    admission starts held requests longest predicted first."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
     cmd = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--workloads",
-           "grpo_sat", "--seeds", "1", "--policies", "kvc_aware,kvc_aware+admit", "--nohold-only", "--out",
-           str(tmp_path)]
+           "grpo_sat", "--seeds", "1", "--policies", "kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths",
+           "--nohold-only", "--out", str(tmp_path)]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     with open(tmp_path / "arena-details.json", encoding="utf-8") as f:
@@ -545,6 +547,11 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     # The engines' TTFT leaves the hold out; TTFT with the acquire puts it back.
     assert admit["details"]["ttft_with_acquire_p99_s"] > admit["row"]["ttft_p99_s"]
     assert plain["details"]["ttft_with_acquire_p99_s"] >= plain["row"]["ttft_p99_s"]
+    learnt = runs["kvc_aware+admit+lengths+nohold"]
+    assert learnt["row"]["errors"] == 0 and learnt["details"]["requests"] == plain["details"]["requests"]
+    assert learnt["details"]["router_config"]["config"]["lengths"] == {"enabled": True}
+    assert learnt["details"]["lengths_observed_tokens"] > 0 and learnt["details"]["longest_first_picks"] > 0
+    assert admit["details"]["longest_first_picks"] == 0
 
 
 def _grpo_step(out, hogs: int = 0) -> dict:

@@ -62,12 +62,18 @@ func BenchmarkAdmissionHeld60kDrain(b *testing.B) {
 		b.StopTimer()
 		r, names := heldRouter(b)
 		b.StartTimer()
-		var out []Admitted
-		for n := 0; r.Held() > 0; n++ {
-			out, _ = r.ReleaseAdmit(names[n%len(names)], out[:0])
-			if len(out) != 1 {
-				b.Fatalf("release %d admitted %d", n, len(out))
-			}
+		drain(b, r, names)
+	}
+}
+
+// drain releases a slot on each server in turn until nothing is held, each
+// release admitting one held request.
+func drain(b *testing.B, r *Router, names []string) {
+	var out []Admitted
+	for n := 0; r.Held() > 0; n++ {
+		out, _ = r.ReleaseAdmit(names[n%len(names)], out[:0])
+		if len(out) != 1 {
+			b.Fatalf("release %d admitted %d", n, len(out))
 		}
 	}
 }
@@ -89,13 +95,7 @@ func BenchmarkAdmissionHeld60kDrainLongestFirst(b *testing.B) {
 		b.StopTimer()
 		r, names := heldRouterWith(b, cfg, teach)
 		b.StartTimer()
-		var out []Admitted
-		for n := 0; r.Held() > 0; n++ {
-			out, _ = r.ReleaseAdmit(names[n%len(names)], out[:0])
-			if len(out) != 1 {
-				b.Fatalf("release %d admitted %d", n, len(out))
-			}
-		}
+		drain(b, r, names)
 		if c := r.LengthCounters(); c.LongestPicks+c.StarvedPicks != benchHeld {
 			b.Fatalf("%d of %d picks longest-first", c.LongestPicks+c.StarvedPicks, benchHeld)
 		}

@@ -91,7 +91,8 @@ type lenState struct {
 	// them), waiting each prompt's held requests (re-ranked when a
 	// release teaches their prompt). Rebuilt at a step boundary, when
 	// predictions switch from durations to counts, and when stale entries
-	// outnumber live ones.
+	// outnumber live ones; a held prompt the tracker evicts (more prompts
+	// than lengths.max_prompts) keeps its last rank until then.
 	lpt      []lptEntry
 	unknown  []*held
 	waiting  map[lengths.Key][]*held
