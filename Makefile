@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -282,6 +282,14 @@ arena-rl: venv build $(PYLIB) peers-venv ## the arena on RL-shaped steps in verl
 # `make arena-rl-queue-tuned` tunes it without the hold (grid and reported
 # rows both against verl_default+nohold) -> build/arena-rl-queue-tuned.
 ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
+# The opt-in longest-first admission (admission and lengths on) in the arena,
+# beside verl_default, kvc_aware and kvc_aware+admit, without the burst hold
+# (admission holds requests itself); docs/results/arena-admit-lengths-details.json
+# renders into docs/rl-workloads.md. ~10 min.
+ARENA_ADMIT_LENGTHS_WORKLOADS ?= grpo_recur,grpo_rho05,grpo_rho08
+arena-admit-lengths: venv build $(PYLIB) ## the arena's recurring-prompt and rho 0.5 / 0.8 steps: kvc_aware+admit+lengths beside verl_default, kvc_aware and kvc_aware+admit, no hold, seeds ARENA_RL_SEEDS -> build/arena-admit-lengths/ (docs/rl-workloads.md)
+	$(PYH) testbed/scripts/arena.py --workloads $(ARENA_ADMIT_LENGTHS_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --repeat verl_default --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths --no-hold --out build/arena-admit-lengths $(ARENA_ARGS)
+
 arena-rl-tuned: venv build $(PYLIB) peers-venv ## the arena's peers tuned for step time on the RL workloads (seeds 101-102), run on ARENA_RL_SEEDS (~95 min measured on a busy 2-core host)
 	KVR_PEERS_PYTHON=$(CURDIR)/$(VENV_PEERS)/bin/python $(PYH) testbed/scripts/arena.py --workloads $(ARENA_RL_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --tune-peers $(ARENA_RL_TUNE_PEERS) --tune-objective step --out build/arena-rl-tuned $(ARENA_ARGS)
 
@@ -397,6 +405,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -f build/arena-rl/arena-details.json ]; then cp build/arena-rl/arena-details.json docs/results/arena-rl-details.json; fi
 	@if [ -f build/arena-rl-tuned/arena-details.json ]; then cp build/arena-rl-tuned/arena-details.json docs/results/arena-rl-tuned-details.json; fi
 	@if [ -f build/arena-rl-queue-tuned/arena-details.json ]; then cp build/arena-rl-queue-tuned/arena-details.json docs/results/arena-rl-queue-tuned-details.json; fi
+	@if [ -f build/arena-admit-lengths/arena-details.json ]; then cp build/arena-admit-lengths/arena-details.json docs/results/arena-admit-lengths-details.json; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi
