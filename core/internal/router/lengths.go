@@ -1,6 +1,7 @@
 package router
 
 import (
+	"container/heap"
 	"time"
 
 	"github.com/kvc-router/kvc-router/core/internal/lengths"
@@ -93,12 +94,11 @@ type lenState struct {
 	// predictions switch from durations to counts, and when stale entries
 	// outnumber live ones; a held prompt the tracker evicts (more prompts
 	// than lengths.max_prompts) keeps its last rank until then.
-	lpt      []lptEntry
+	lpt      lptHeap
 	unknown  []*held
 	waiting  map[lengths.Key][]*held
 	picks    uint64 // longest-first picks so far (starvation clock)
 	lptStale bool
-	tokSeen  bool // tok has observed a count: predictions come from it
 	// work is each server's predicted output in flight (the strategy's
 	// work_weight reads it as Candidate.PredictedTokens): every tracked
 	// request adds its prediction when placed and takes exactly that back
@@ -441,9 +441,10 @@ func (l *lenState) mean() float64 {
 // requests; the first count switches every prediction from durations to
 // counts, so the order is rebuilt.
 func (l *lenState) observeTokens(k lengths.Key, n int) {
+	first := l.tok.Mean() == 0
 	l.tok.Observe(k, n)
-	if !l.tokSeen {
-		l.tokSeen, l.lptStale = true, true
+	if first {
+		l.lptStale = true
 		return
 	}
 	l.repredict(k)
@@ -498,7 +499,7 @@ func (r *Router) lenForget(h *held) {
 func (l *lenState) rank(h *held, hl *heldLen) {
 	hl.pred, hl.known = l.predicted(hl)
 	if hl.known {
-		l.lptPush(lptEntry{h: h, pred: hl.pred})
+		heap.Push(&l.lpt, lptEntry{h: h, pred: hl.pred})
 	} else {
 		l.unknown = append(l.unknown, h)
 	}
@@ -516,7 +517,7 @@ func (l *lenState) repredict(k lengths.Key) {
 		}
 		if p, known := l.predicted(hl); known && (!hl.known || p != hl.pred) {
 			hl.pred, hl.known = p, true
-			l.lptPush(lptEntry{h: h, pred: p})
+			heap.Push(&l.lpt, lptEntry{h: h, pred: p})
 		}
 	}
 }
@@ -537,9 +538,7 @@ func (l *lenState) rebuild(q *heldQueue) {
 			}
 		}
 	}
-	for i := len(l.lpt)/2 - 1; i >= 0; i-- {
-		l.lptDown(i)
-	}
+	heap.Init(&l.lpt)
 	l.lptStale = false
 }
 
@@ -568,7 +567,7 @@ func (r *Router) pickLongest(q *heldQueue) (*held, bool) {
 		l.rebuild(q)
 	}
 	for len(l.lpt) > 0 && !l.live(l.lpt[0], q) {
-		l.lptPop()
+		heap.Pop(&l.lpt)
 	}
 	if len(l.lpt) == 0 {
 		return nil, false // nothing known of any held request
@@ -595,55 +594,31 @@ func (r *Router) pickLongest(q *heldQueue) (*held, bool) {
 		}
 	}
 	if pick == top.h {
-		l.lptPop()
+		heap.Pop(&l.lpt)
 	}
 	l.picks++
 	l.counts.LongestPicks++
 	return pick, true
 }
 
-// lptBefore orders the heap: longer first, then older.
-func lptBefore(a, b lptEntry) bool {
-	if a.pred != b.pred {
-		return a.pred > b.pred
-	}
-	return a.h.seq < b.h.seq
-}
+// lptHeap is container/heap's view of the longest-first entries: longer
+// first, then older.
+type lptHeap []lptEntry
 
-func (l *lenState) lptPush(e lptEntry) {
-	l.lpt = append(l.lpt, e)
-	for i := len(l.lpt) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !lptBefore(l.lpt[i], l.lpt[p]) {
-			break
-		}
-		l.lpt[i], l.lpt[p] = l.lpt[p], l.lpt[i]
-		i = p
+func (x lptHeap) Len() int { return len(x) }
+func (x lptHeap) Less(i, j int) bool {
+	if x[i].pred != x[j].pred {
+		return x[i].pred > x[j].pred
 	}
+	return x[i].h.seq < x[j].h.seq
 }
-
-func (l *lenState) lptPop() {
-	n := len(l.lpt) - 1
-	l.lpt[0] = l.lpt[n]
-	l.lpt[n] = lptEntry{}
-	l.lpt = l.lpt[:n]
-	l.lptDown(0)
-}
-
-func (l *lenState) lptDown(i int) {
-	n := len(l.lpt)
-	for {
-		c := 2*i + 1
-		if c >= n {
-			return
-		}
-		if c+1 < n && lptBefore(l.lpt[c+1], l.lpt[c]) {
-			c++
-		}
-		if !lptBefore(l.lpt[c], l.lpt[i]) {
-			return
-		}
-		l.lpt[i], l.lpt[c] = l.lpt[c], l.lpt[i]
-		i = c
-	}
+func (x lptHeap) Swap(i, j int) { x[i], x[j] = x[j], x[i] }
+func (x *lptHeap) Push(v any)   { *x = append(*x, v.(lptEntry)) }
+func (x *lptHeap) Pop() any {
+	old := *x
+	n := len(old) - 1
+	v := old[n]
+	old[n] = lptEntry{} // drop the *held for the collector
+	*x = old[:n]
+	return v
 }
