@@ -49,11 +49,24 @@ type LengthsSpec struct {
 	// goes next (default 4096). When to change: lower when short requests
 	// must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
+	// MinCorr closes longest-first while the last measured step's
+	// within-prompt correlation of response lengths (length_corr in
+	// status) is below it (default 0.25; 0 = never closes); until a step is
+	// measured it stays open. Where a prompt's samples are no more alike
+	// than any two, neither its history nor its finished siblings predict
+	// a sample, and ranking by them only breaks up the siblings-first order
+	// that shares a group's prefill. A caller's hint still ranks. When to
+	// change: 0 when hints or histories are known to predict lengths that
+	// the step's own samples do not show.
+	MinCorr *float64 `json:"min_corr,omitempty"`
 }
 
 // Defaults of LengthsSpec.
 const (
 	DefaultLengthsMaxSkips = 4096
+	// DefaultLengthsMinCorr is group_spread_min_corr's default: both
+	// gates ask the same question of the same measurement.
+	DefaultLengthsMinCorr = 0.25
 	// maxLengthFlights bounds the in-flight requests remembered for
 	// ReleaseDone: callers that release without request ids would
 	// otherwise grow the table forever.
@@ -73,6 +86,13 @@ func (l *LengthsSpec) normalise() error {
 	if l.MaxSkips < 0 {
 		return configErr("lengths.max_skips", "must be positive, got %d", l.MaxSkips)
 	}
+	if l.MinCorr == nil {
+		v := DefaultLengthsMinCorr
+		l.MinCorr = &v
+	}
+	if !(*l.MinCorr >= 0 && *l.MinCorr <= 1) {
+		return configErr("lengths.min_corr", "must be in [0, 1] (0 = never closes), got %v", *l.MinCorr)
+	}
 	return nil
 }
 
@@ -81,10 +101,14 @@ type lenState struct {
 	tok, dur *lengths.Tracker
 	longest  bool
 	maxSkips int
-	flights  map[string]lenFlight
-	held     map[uint64]*heldLen // by admission ticket (free queue only)
-	prog     *progress           // output blocks followed through KV events
-	counts   LengthCounters
+	minCorr  float64
+	// gated: longest-first is closed for this step (minCorr above the
+	// last measured correlation); only hints rank.
+	gated   bool
+	flights map[string]lenFlight
+	held    map[uint64]*heldLen // by admission ticket (free queue only)
+	prog    *progress           // output blocks followed through KV events
+	counts  LengthCounters
 	// Longest-first admission over every free held request: lpt is a
 	// max-heap of those with a prediction that rests on something learnt
 	// (stale entries are dropped when they surface), unknown the others in
@@ -165,7 +189,10 @@ type LengthCounters struct {
 	Unmatched      uint64 `json:"unmatched_releases"`
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
-	Prompts        int    `json:"prompts"`
+	// LongestGated: the last measured step's length correlation is below
+	// lengths.min_corr, so longest-first ranks only hinted requests.
+	LongestGated bool `json:"longest_first_gated"`
+	Prompts      int  `json:"prompts"`
 	// CorrOnly: lengths.enabled is false and the learner runs only to
 	// measure LengthCorr and TaskCorr for kvc_aware's group_spread_min_corr
 	// and task_spread_min_corr; it orders and charges nothing.
@@ -221,8 +248,12 @@ func newCorrLearner() *lenState {
 
 func newLearner(spec LengthsSpec) *lenState {
 	cfg := lengths.Config{Weight: spec.Weight, MaxPrompts: spec.MaxPrompts}
+	minCorr := DefaultLengthsMinCorr
+	if spec.MinCorr != nil {
+		minCorr = *spec.MinCorr
+	}
 	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
-		maxSkips: spec.MaxSkips, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
+		maxSkips: spec.MaxSkips, minCorr: minCorr, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
 		waiting: map[lengths.Key][]*held{}, prog: newProgress(), tasks: lengths.NewTasks(maxTrajectories)}
 }
 
@@ -411,15 +442,21 @@ func (r *Router) lenNextStep() {
 		l.dur.NextStep()
 		l.lptStale = true // every held prompt's history moved
 		l.corr, l.corrKnown = l.tok.Corr()
+		l.gated = l.corrKnown && l.corr < l.minCorr
+		l.counts.LongestGated = l.gated
 		l.tasks.NextStep()
 	}
 }
 
 // predicted is a held request's predicted length and whether it rests on
-// anything learnt (a caller's hint, history or finished siblings).
+// anything learnt (a caller's hint, history or finished siblings;
+// with longest-first gated, a hint alone).
 func (l *lenState) predicted(h *heldLen) (float64, bool) {
 	if h.hint > 0 {
 		return h.hint, true
+	}
+	if l.gated {
+		return l.mean(), false
 	}
 	if e := l.tok.Predict(h.key); e.Tokens > 0 {
 		return e.Tokens, e.History || e.Siblings > 0

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 )
@@ -121,6 +122,12 @@ func TestLengthsTimedAndFallback(t *testing.T) {
 	}
 	if err := (&Config{Mode: ModeKVCAware, Lengths: LengthsSpec{Weight: 2}}).Normalise(); err == nil {
 		t.Fatal("lengths.weight 2 accepted")
+	}
+	for _, bad := range []float64{-0.1, 1.5} {
+		err := (&Config{Mode: ModeKVCAware, Lengths: LengthsSpec{MinCorr: &bad}}).Normalise()
+		if err == nil || !strings.Contains(err.Error(), "lengths.min_corr") {
+			t.Fatalf("lengths.min_corr %v: %v", bad, err)
+		}
 	}
 	// Nothing known about any held prompt: siblings first, as without lengths.
 	// A frozen clock: a1's acquire-to-release time is 0 ms and teaches
@@ -461,4 +468,68 @@ func scanRank(r *Router, s heldSnap) (uint64, bool) {
 		return s.items[0].ticket, true
 	}
 	return s.items[best].ticket, true
+}
+
+// lengths.min_corr: once a finished step measured that a prompt's samples
+// are no more alike than any two, longest-first stops ranking by prompt
+// (its history predicts nothing) and admission keeps its own order; a
+// step whose samples follow their prompt keeps it open, as does min_corr 0.
+func TestLengthsLongestFirstGatedByCorr(t *testing.T) {
+	zero := 0.0
+	for _, tc := range []struct {
+		name       string
+		minCorr    *float64
+		correlated bool
+		wantGated  bool
+		wantFirst  uint64
+	}{
+		{"independent lengths close it", nil, false, true, 10},
+		{"correlated lengths keep it open", nil, true, false, 14},
+		{"min_corr 0 never closes", &zero, false, false, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := lengthsConfig(1, 1000)
+			c.Lengths.MinCorr = tc.minCorr
+			r := mustNew(t, c, "s0")
+			// Step 1: 12 prompts x 4 samples. Correlated: each prompt's
+			// samples are alike. Independent: every prompt mixes short and
+			// long samples; the last prompt (long) has one more long one,
+			// so its history still ranks it first.
+			prompts := make([][]int32, 12)
+			for i := range prompts {
+				prompts[i] = prompt(64, int32(1000*(i+1)))
+				for j := 0; j < 4; j++ {
+					n := 40 + 10*j + 5*i
+					if tc.correlated {
+						n = 30*(i+1) + j
+					} else if j%2 == 1 || (i == 11 && j == 0) {
+						n = 900 + 10*j + i
+					}
+					id := fmt.Sprint("x", i, "-", j)
+					submit(t, r, id, 0, prompts[i])
+					r.ReleaseDone("s0", id, n, nil)
+				}
+			}
+			r.ResetCache()
+			lc := r.LengthCounters()
+			if !lc.LengthCorrKnown || lc.LongestGated != tc.wantGated {
+				t.Fatalf("after step 1: corr %v known %v gated %v, want gated %v",
+					lc.LengthCorr, lc.LengthCorrKnown, lc.LongestGated, tc.wantGated)
+			}
+			short, long := prompts[0], prompts[11]
+			submit(t, r, "occupy", 1, prompt(64, 50000))
+			for i, tk := range [][]int32{short, short, short, short, long} {
+				if _, q := submit(t, r, fmt.Sprint("h", i), uint64(10+i), tk); !q {
+					t.Fatalf("h%d not held at the cap", i)
+				}
+			}
+			got, _ := r.ReleaseDone("s0", "occupy", 10, nil)
+			if len(got) != 1 || got[0].Ticket != tc.wantFirst {
+				t.Fatalf("admitted %+v, want ticket %d first", got, tc.wantFirst)
+			}
+			if picks := r.LengthCounters().LongestPicks; (picks == 0) != tc.wantGated {
+				t.Fatalf("longest-first picks %d with gated %v", picks, tc.wantGated)
+			}
+		})
+	}
 }
