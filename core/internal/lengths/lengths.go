@@ -223,6 +223,26 @@ func (t *Tracker) NextStep() {
 	t.mu.Unlock()
 }
 
+// StepCorr is Corr's estimate over this step's responses so far, given at
+// least minPrompts prompts and minWithin responses beyond one per prompt
+// (ok false before).
+func (t *Tracker) StepCorr(minPrompts, minWithin int) (float64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a := t.anova
+	if a.k < float64(minPrompts) || a.n-a.k < float64(minWithin) {
+		return 0, false
+	}
+	return a.icc()
+}
+
+// StepResponses is how many responses this step has observed.
+func (t *Tracker) StepResponses() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return int(t.anova.n)
+}
+
 // Corr is the within-prompt correlation of log response lengths measured
 // over the last step that gave enough evidence (the intra-class
 // correlation of its finished responses grouped by prompt: 0 when a

@@ -362,3 +362,37 @@ func TestTasksProperties(t *testing.T) {
 		}
 	}
 }
+
+// StepCorr reads this step's responses so far, behind its own evidence bar,
+// and forgets them at the step boundary (Corr then holds the step's figure).
+func TestStepCorr(t *testing.T) {
+	tr := New(Config{})
+	if _, ok := tr.StepCorr(1, 1); ok {
+		t.Fatal("a correlation with no responses")
+	}
+	for i := 0; i < 10; i++ {
+		for j := 0; j < 3; j++ {
+			tr.Observe(KeyOf([]int32{int32(i)}), 10*(i+1)+j)
+		}
+	}
+	if n := tr.StepResponses(); n != 30 {
+		t.Fatalf("StepResponses %d, want 30", n)
+	}
+	if _, ok := tr.StepCorr(11, 1); ok {
+		t.Fatal("10 prompts passed a bar of 11")
+	}
+	if _, ok := tr.StepCorr(10, 21); ok {
+		t.Fatal("20 within-prompt responses passed a bar of 21")
+	}
+	c, ok := tr.StepCorr(10, 20)
+	if !ok || c < 0.9 {
+		t.Fatalf("StepCorr %v %v, want a strong correlation", c, ok)
+	}
+	tr.NextStep()
+	if got, known := tr.Corr(); !known || got != c {
+		t.Fatalf("Corr after the step %v %v, want %v", got, known, c)
+	}
+	if _, ok := tr.StepCorr(1, 1); ok || tr.StepResponses() != 0 {
+		t.Fatal("the finished step's responses still counted")
+	}
+}

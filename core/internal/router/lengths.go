@@ -49,10 +49,11 @@ type LengthsSpec struct {
 	// goes next (default 4096). When to change: lower when short requests
 	// must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
-	// MinCorr closes longest-first while the last measured step's
-	// within-prompt correlation of response lengths (length_corr in
-	// status) is below it (default 0.25; 0 = never closes); until a step is
-	// measured it stays open. Where a prompt's samples are no more alike
+	// MinCorr closes longest-first while the within-prompt correlation of
+	// response lengths is below it (default 0.25; 0 = never closes): the
+	// last finished step's (length_corr in status), and within a step, once
+	// its finished responses span 64 prompts with 256 beyond one per prompt,
+	// theirs; until either is measured it stays open. Where a prompt's samples are no more alike
 	// than any two, neither its history nor its finished siblings predict
 	// a sample, and ranking by them only breaks up the siblings-first order
 	// that shares a group's prefill. A caller's hint still ranks. When to
@@ -102,8 +103,9 @@ type lenState struct {
 	longest  bool
 	maxSkips int
 	minCorr  float64
-	// gated: longest-first is closed for this step (minCorr above the
-	// last measured correlation); only hints rank.
+	// gated: longest-first is closed (minCorr above the correlation last
+	// measured, over the last step or this one's finishers); only hints
+	// rank.
 	gated   bool
 	flights map[string]lenFlight
 	held    map[uint64]*heldLen // by admission ticket (free queue only)
@@ -189,8 +191,9 @@ type LengthCounters struct {
 	Unmatched      uint64 `json:"unmatched_releases"`
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
-	// LongestGated: the last measured step's length correlation is below
-	// lengths.min_corr, so longest-first ranks only hinted requests.
+	// LongestGated: the length correlation last measured (over the last
+	// step, or this step's finished responses once there are enough) is
+	// below lengths.min_corr, so longest-first ranks only hinted requests.
 	LongestGated bool `json:"longest_first_gated"`
 	Prompts      int  `json:"prompts"`
 	// CorrOnly: lengths.enabled is false and the learner runs only to
@@ -474,12 +477,34 @@ func (l *lenState) mean() float64 {
 	return l.dur.Mean()
 }
 
+// The within-step gate (LengthsSpec.MinCorr): every liveEvery responses,
+// once this step's finished responses span livePrompts prompts and
+// liveWithin responses beyond one per prompt, their own correlation
+// decides instead of the last step's. A held step's early finishers are its
+// short responses, so the bar is higher than a finished step's (8, 16).
+// Not tuned: the first values tried (docs/rl-workloads.md).
+const (
+	liveEvery   = 64
+	livePrompts = 64
+	liveWithin  = 256
+)
+
 // observeTokens teaches prompt k an output count and re-ranks its held
 // requests; the first count switches every prediction from durations to
 // counts, so the order is rebuilt.
 func (l *lenState) observeTokens(k lengths.Key, n int) {
 	first := l.tok.Mean() == 0
 	l.tok.Observe(k, n)
+	if l.longest && l.tok.StepResponses()%liveEvery == 0 {
+		if c, ok := l.tok.StepCorr(livePrompts, liveWithin); ok {
+			if g := c < l.minCorr; g != l.gated {
+				l.gated = g
+				l.counts.LongestGated = g
+				l.lptStale = true
+				return
+			}
+		}
+	}
 	if first {
 		l.lptStale = true
 		return

@@ -533,3 +533,54 @@ func TestLengthsLongestFirstGatedByCorr(t *testing.T) {
 		})
 	}
 }
+
+// Within a step: once the step's own finished responses span enough
+// prompts, their correlation closes (or reopens) longest-first without
+// waiting for the step to end.
+func TestLengthsLongestFirstGatedWithinStep(t *testing.T) {
+	for _, correlated := range []bool{false, true} {
+		t.Run(fmt.Sprint("correlated=", correlated), func(t *testing.T) {
+			r := mustNew(t, lengthsConfig(1, 1000), "s0")
+			prompts := make([][]int32, livePrompts+1)
+			for i := range prompts {
+				prompts[i] = prompt(64, int32(1000*(i+1)))
+			}
+			// 65 prompts x 6 samples = 390 responses (the gate is read
+			// every 64: at 384, 65 prompts and 319 beyond one per prompt).
+			for j := 0; j < 6; j++ {
+				for i, p := range prompts {
+					n := 40 + 7*i + j
+					if !correlated {
+						n = 40 + j + i%3
+						if j%2 == 1 {
+							n = 900 + j + i%5
+						}
+					}
+					id := fmt.Sprint("x", i, "-", j)
+					submit(t, r, id, 0, p)
+					r.ReleaseDone("s0", id, n, nil)
+				}
+			}
+			lc := r.LengthCounters()
+			if lc.LengthCorrKnown {
+				t.Fatal("a step boundary measured a correlation; none happened")
+			}
+			if lc.LongestGated == correlated {
+				t.Fatalf("within the step: gated %v with correlated lengths %v", lc.LongestGated, correlated)
+			}
+			submit(t, r, "occupy", 1, prompt(64, 1<<20))
+			for i, p := range [][]int32{prompts[0], prompts[0], prompts[livePrompts]} {
+				if _, q := submit(t, r, fmt.Sprint("h", i), uint64(10+i), p); !q {
+					t.Fatalf("h%d not held", i)
+				}
+			}
+			want := uint64(12) // the longest prompt's sibling, held last
+			if !correlated {
+				want = 10 // gated: admission's own order
+			}
+			if got, _ := r.ReleaseDone("s0", "occupy", 10, nil); len(got) != 1 || got[0].Ticket != want {
+				t.Fatalf("admitted %+v, want ticket %d", got, want)
+			}
+		})
+	}
+}
