@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: arena-admit-lengths kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -206,6 +206,18 @@ kvbench-heldout-defaults: ## the held-out workloads' kvc_aware rows at today's d
 	$(GO) run ./cmd/kvbench --heldout --workload agent_long $(HELDOUT_NOW) --json build/heldout-defaults/kvbench-agent_long.json
 	$(GO) run ./cmd/kvbench --heldout --workload agent_long_few --engines 4 $(HELDOUT_NOW) --json build/heldout-defaults/kvbench-agent_long_few.json
 	$(GO) run ./cmd/kvbench --heldout --workload mooncake --trace cmd/kvbench/testdata/conversation_trace_1000.jsonl $(HELDOUT_NOW) --json build/heldout-defaults/kvbench-mooncake.json
+
+# Admission's longest-first order (opt-in: admission and lengths on) on the
+# held-out GRPO workloads, whose prompts are fresh every step and whose
+# lengths are independent: lengths.min_corr's gate closes it there. The
+# published seeds; -> build/heldout-admit/ (docs/results/heldout-admit/
+# renders into docs/rl-workloads.md beside the same run before the gate,
+# docs/results/heldout-admit-234dd89/). ~15 min.
+HELDOUT_ADMIT = --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(RL_FROZEN) --policies verl_default,kvc_aware+admit,kvc_aware+admit+lengths --quiet
+kvbench-heldout-admit: ## admission+lengths (opt-in) on the held-out GRPO workloads, published seeds -> build/heldout-admit/ (docs/rl-workloads.md)
+	@mkdir -p build/heldout-admit
+	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(HELDOUT_ADMIT) --json build/heldout-admit/kvbench-grpo_sat.json
+	$(GO) run ./cmd/kvbench --heldout --workload grpo $(HELDOUT_ADMIT) --json build/heldout-admit/kvbench-grpo.json
 
 # The held-out evaluation behind docs/kvbench.md (tune on some seeds, report others).
 # The one peer set every held-out workload reports (issue 27): verl 0.9.1's
@@ -406,6 +418,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -f build/arena-rl-tuned/arena-details.json ]; then cp build/arena-rl-tuned/arena-details.json docs/results/arena-rl-tuned-details.json; fi
 	@if [ -f build/arena-rl-queue-tuned/arena-details.json ]; then cp build/arena-rl-queue-tuned/arena-details.json docs/results/arena-rl-queue-tuned-details.json; fi
 	@if [ -f build/arena-admit-lengths/arena-details.json ]; then cp build/arena-admit-lengths/arena-details.json docs/results/arena-admit-lengths-details.json; fi
+	@if [ -d build/heldout-admit ]; then mkdir -p docs/results/heldout-admit && cp build/heldout-admit/*.json docs/results/heldout-admit/; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

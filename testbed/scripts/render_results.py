@@ -1067,6 +1067,54 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
     return "\n".join(out)
 
 
+# Admission's opt-in longest-first order on the held-out GRPO workloads
+# (fresh prompts every step, independent lengths): `make
+# kvbench-heldout-admit` at the commit that gated it on the measured
+# correlation (lengths.min_corr), and the same command before the gate.
+HELDOUT_ADMIT = "heldout-admit"
+HELDOUT_ADMIT_BEFORE = ("heldout-admit-234dd89", "234dd89")
+HELDOUT_ADMIT_WORKLOADS = ("grpo_sat", "grpo")
+
+
+def render_heldout_admit(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for the opt-in order on the held-out GRPO
+    workloads: admission alone and with lengths over verl_default, the two
+    over each other, the same row before lengths.min_corr's gate, and the
+    gate's own effect (now over before), paired by seed."""
+    res = os.path.join(docs_root, "docs", "results")
+    before_dir, before_commit = HELDOUT_ADMIT_BEFORE
+    ours = OPT_IN_ORDER
+    out = [f"Rendered from `docs/results/{HELDOUT_ADMIT}/` (`make kvbench-heldout-admit`) and the same command at "
+           f"`{before_commit}`, before the gate (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
+           "kvbench row, admission and lengths on as named; paired by seed, mean ± 95% CI.", "",
+           f"| workload | seeds | kvc_aware+admit ÷ verl_default | {ours} ÷ verl_default | ÷ kvc_aware+admit "
+           f"| before the gate ÷ verl_default | the gate's effect (now ÷ before) | TTFT p99 ÷ verl_default "
+           "| hit rate, ours / admission's |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for w in HELDOUT_ADMIT_WORKLOADS:
+        now_p = os.path.join(res, HELDOUT_ADMIT, f"kvbench-{w}.json")
+        then_p = os.path.join(res, before_dir, f"kvbench-{w}.json")
+        if not (os.path.isfile(now_p) and os.path.isfile(then_p)):
+            continue
+        now, then = _heldout_runs(now_p), _heldout_runs(then_p)
+        per = dict(now)
+        per.update({("before", sd): v for (p, sd), v in then.items() if p == ours})
+        seeds = sorted(sd for p, sd in now if p == ours)
+        cells = []
+        for a, b, m in (("kvc_aware+admit", "verl_default", "step"), (ours, "verl_default", "step"),
+                        (ours, "kvc_aware+admit", "step"), ("before", "verl_default", "step"),
+                        (ours, "before", "step"), (ours, "verl_default", "ttft_p99")):
+            ci = paired(per, a, b, m)
+            words = {1: "longer", -1: "shorter", 0: "a tie"} if m == "step" else {1: "higher", -1: "lower", 0: "a tie"}
+            cells.append(f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–")
+        hit = (mean_ci([now[(ours, sd)]["hit"] for sd in seeds]),
+               mean_ci([now[("kvc_aware+admit", sd)]["hit"] for sd in seeds]))
+        out.append(f"| `{w}` | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
+                   + f" | {hit[0].fmt(1, 100)}% / {hit[1].fmt(1, 100)}% |")
+        rows += 1
+    return "\n".join(out) if rows else None
+
+
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 # The opt-in configuration that ranks admission by learnt lengths (admission
@@ -1525,6 +1573,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         work = render_work(a.docs)
         if "<!-- BEGIN RENDERED: rl-work -->" in rl_text and work:
             targets.setdefault(rl_doc, {})["rl-work"] = work
+        heldout_admit = render_heldout_admit(a.docs)
+        if "<!-- BEGIN RENDERED: rl-heldout-admit -->" in rl_text and heldout_admit:
+            targets.setdefault(rl_doc, {})["rl-heldout-admit"] = heldout_admit
         admit_lengths = render_admit_lengths(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-lengths -->" in rl_text and admit_lengths:
             targets.setdefault(rl_doc, {})["rl-admit-lengths"] = admit_lengths

@@ -839,3 +839,32 @@ def test_cap_block_pairs_cap_and_no_cap_by_seed(tmp_path):
     rows = [ln for ln in render().splitlines() if ln.startswith("| 0")]
     assert rows == ["| 0.5 | 401–402 | 1.200 ± 0.000 (longer) | 0.900 ± 0.000 (shorter) | 0.750 ± 0.000 (shorter) "
                     "| 0.500 ± 0.000 | 60.0 ± 0.0% → 80.0 ± 0.0% |"], rows
+
+
+def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path):
+    """`make kvbench-heldout-admit`'s block: the opt-in order over verl_default
+    and admission alone, the same row before lengths.min_corr's gate (its own
+    folder) and the gate's effect, each paired seed by seed; a workload
+    without the run from before has no row."""
+    res = tmp_path / "docs" / "results"
+    now, before = res / _const("HELDOUT_ADMIT"), res / "heldout-admit-234dd89"
+    now.mkdir(parents=True)
+    before.mkdir()
+
+    def doc(rows: dict) -> str:
+        return json.dumps({"rows": [
+            {"policy": p, "tuned": False, "per_seed": [
+                {"seed": sd, "makespan_s": mk * verl, "ttft_p99_s": 3.0 * mk * mk, "hit_rate": 0.8}
+                for sd, verl in ((311, 100.0), (312, 200.0))]}
+            for p, mk in rows.items()]})
+
+    now_rows = {"verl_default": 1.0, "kvc_aware+admit": 0.9, "kvc_aware+admit+lengths": 0.9}
+    (now / "kvbench-grpo_sat.json").write_text(doc(now_rows))
+    (now / "kvbench-grpo.json").write_text(doc(now_rows))  # nothing from before: no row
+    (before / "kvbench-grpo_sat.json").write_text(doc({"verl_default": 1.0, "kvc_aware+admit": 0.9,
+                                                        "kvc_aware+admit+lengths": 1.2}))
+    render = _rl_block_renderer(tmp_path, "rl-heldout-admit")
+    rows = [ln for ln in render().splitlines() if ln.startswith("| `")]
+    assert rows == ["| `grpo_sat` | 311–312 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) "
+                    "| 1.200 ± 0.000 (longer) | 0.750 ± 0.000 (shorter) | 0.810 ± 0.000 (lower) "
+                    "| 80.0 ± 0.0% / 80.0 ± 0.0% |"], rows
