@@ -865,6 +865,6 @@ def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path):
                                                         "kvc_aware+admit+lengths": 1.2}))
     render = _rl_block_renderer(tmp_path, "rl-heldout-admit")
     rows = [ln for ln in render().splitlines() if ln.startswith("| `")]
-    assert rows == ["| `grpo_sat` | 311–312 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) "
-                    "| 1.200 ± 0.000 (longer) | 0.750 ± 0.000 (shorter) | 0.810 ± 0.000 (lower) "
-                    "| 80.0 ± 0.0% / 80.0 ± 0.0% |"], rows
+    assert rows == ["| `grpo_sat` | 311–312 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) "
+                    "| 1.000 ± 0.000 (a tie) | 1.200 ± 0.000 (longer) | 0.750 ± 0.000 (shorter) "
+                    "| 0.810 ± 0.000 (lower) | 80.0 ± 0.0% / 80.0 ± 0.0% |"], rows
