@@ -49,16 +49,18 @@ type LengthsSpec struct {
 	// goes next (default 4096). When to change: lower when short requests
 	// must not wait.
 	MaxSkips int `json:"max_skips,omitempty"`
-	// MinCorr closes longest-first while the within-prompt correlation of
-	// response lengths is below it (default 0.25; 0 = never closes): the
-	// last finished step's (length_corr in status), and within a step, once
-	// its finished responses span 64 prompts with 256 beyond one per prompt,
-	// theirs; until either is measured it stays open. Where a prompt's samples are no more alike
-	// than any two, neither its history nor its finished siblings predict
-	// a sample, and ranking by them only breaks up the siblings-first order
+	// MinCorr opens longest-first only where the within-prompt
+	// correlation of response lengths is measured at or above it (default
+	// 0.25; 0 = always open): the last finished step's (length_corr in
+	// status), and within a step, once its finished responses span 64
+	// prompts with 256 beyond one per prompt, theirs. Until either is
+	// measured it stays closed. Where a prompt's samples are no more alike
+	// than any two, neither its history nor its finished siblings predict a
+	// sample, and ranking by them only breaks up the siblings-first order
 	// that shares a group's prefill. A caller's hint still ranks. When to
 	// change: 0 when hints or histories are known to predict lengths that
-	// the step's own samples do not show.
+	// the step's own samples do not show, or steps too small to measure
+	// (fewer than 8 prompts with 16 responses beyond one per prompt).
 	MinCorr *float64 `json:"min_corr,omitempty"`
 }
 
@@ -103,9 +105,9 @@ type lenState struct {
 	longest  bool
 	maxSkips int
 	minCorr  float64
-	// gated: longest-first is closed (minCorr above the correlation last
-	// measured, over the last step or this one's finishers); only hints
-	// rank.
+	// gated: longest-first is closed (no correlation measured yet, or
+	// the last one, over the last step or this one's finishers, below
+	// minCorr); only hints rank.
 	gated   bool
 	flights map[string]lenFlight
 	held    map[uint64]*heldLen // by admission ticket (free queue only)
@@ -255,9 +257,11 @@ func newLearner(spec LengthsSpec) *lenState {
 	if spec.MinCorr != nil {
 		minCorr = *spec.MinCorr
 	}
-	return &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
+	l := &lenState{tok: lengths.New(cfg), dur: lengths.New(cfg), longest: boolOr(spec.LongestFirst, true),
 		maxSkips: spec.MaxSkips, minCorr: minCorr, flights: map[string]lenFlight{}, held: map[uint64]*heldLen{},
 		waiting: map[lengths.Key][]*held{}, prog: newProgress(), tasks: lengths.NewTasks(maxTrajectories)}
+	l.regate(false) // closed until a correlation is measured
+	return l
 }
 
 // maxTrajectories bounds the trajectories one step follows for the
@@ -340,6 +344,9 @@ func (r *Router) ReleaseDone(server, requestID string, outputTokens int, out []A
 				// learner has none to feed.
 			} else if ms := int(r.now().Sub(f.at) / time.Millisecond); ms > 0 {
 				l.dur.Observe(f.key, ms)
+				if l.dur.StepResponses()%liveEvery == 0 {
+					l.regate(true)
+				}
 				l.repredict(f.key)
 				l.counts.ObservedTimed++
 			}
@@ -445,8 +452,7 @@ func (r *Router) lenNextStep() {
 		l.dur.NextStep()
 		l.lptStale = true // every held prompt's history moved
 		l.corr, l.corrKnown = l.tok.Corr()
-		l.gated = l.corrKnown && l.corr < l.minCorr
-		l.counts.LongestGated = l.gated
+		l.regate(false)
 		l.tasks.NextStep()
 	}
 }
@@ -489,21 +495,40 @@ const (
 	liveWithin  = 256
 )
 
+// regate re-reads MinCorr's gate from the tracker predictions come from
+// (counts once any arrived, else durations): this step's finishers when
+// live and they are evidence enough, else the last finished step; closed
+// while neither is measured. A change re-ranks every held request.
+func (l *lenState) regate(live bool) {
+	if !l.longest {
+		return
+	}
+	tr := l.tok
+	if tr.Mean() == 0 {
+		tr = l.dur
+	}
+	c, ok := 0.0, false
+	if live {
+		c, ok = tr.StepCorr(livePrompts, liveWithin)
+	}
+	if !ok {
+		c, ok = tr.Corr()
+	}
+	if g := l.minCorr > 0 && (!ok || c < l.minCorr); g != l.gated {
+		l.gated = g
+		l.lptStale = true
+	}
+	l.counts.LongestGated = l.gated
+}
+
 // observeTokens teaches prompt k an output count and re-ranks its held
 // requests; the first count switches every prediction from durations to
 // counts, so the order is rebuilt.
 func (l *lenState) observeTokens(k lengths.Key, n int) {
 	first := l.tok.Mean() == 0
 	l.tok.Observe(k, n)
-	if l.longest && l.tok.StepResponses()%liveEvery == 0 {
-		if c, ok := l.tok.StepCorr(livePrompts, liveWithin); ok {
-			if g := c < l.minCorr; g != l.gated {
-				l.gated = g
-				l.counts.LongestGated = g
-				l.lptStale = true
-				return
-			}
-		}
+	if first || l.tok.StepResponses()%liveEvery == 0 {
+		l.regate(true) // the first count also switches the tracker read
 	}
 	if first {
 		l.lptStale = true

@@ -8,9 +8,12 @@ import (
 	"time"
 )
 
+// lengthsConfig: admission with longest-first always open (min_corr 0);
+// the gate's own tests set min_corr.
 func lengthsConfig(maxInflight, maxSkips int) Config {
 	c := admitConfig(maxInflight)
-	c.Lengths = LengthsSpec{Enabled: true, MaxSkips: maxSkips}
+	open := 0.0
+	c.Lengths = LengthsSpec{Enabled: true, MaxSkips: maxSkips, MinCorr: &open}
 	return c
 }
 
@@ -470,34 +473,40 @@ func scanRank(r *Router, s heldSnap) (uint64, bool) {
 	return s.items[best].ticket, true
 }
 
-// lengths.min_corr: once a finished step measured that a prompt's samples
-// are no more alike than any two, longest-first stops ranking by prompt
-// (its history predicts nothing) and admission keeps its own order; a
-// step whose samples follow their prompt keeps it open, as does min_corr 0.
+// lengths.min_corr: longest-first ranks by prompt only once a finished
+// step measured that a prompt's samples are alike; where they are no more
+// alike than any two (its history predicts nothing), or nothing could be
+// measured, admission keeps its own order; min_corr 0 never closes it.
 func TestLengthsLongestFirstGatedByCorr(t *testing.T) {
 	zero := 0.0
 	for _, tc := range []struct {
 		name       string
 		minCorr    *float64
 		correlated bool
+		prompts    int
 		wantGated  bool
 		wantFirst  uint64
 	}{
-		{"independent lengths close it", nil, false, true, 10},
-		{"correlated lengths keep it open", nil, true, false, 14},
-		{"min_corr 0 never closes", &zero, false, false, 14},
+		{"independent lengths keep it closed", nil, false, 12, true, 10},
+		{"correlated lengths open it", nil, true, 12, false, 14},
+		{"too few prompts to measure keep it closed", nil, true, 4, true, 10},
+		{"min_corr 0 never closes", &zero, false, 12, false, 14},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := lengthsConfig(1, 1000)
 			c.Lengths.MinCorr = tc.minCorr
 			r := mustNew(t, c, "s0")
-			// Step 1: 12 prompts x 4 samples. Correlated: each prompt's
-			// samples are alike. Independent: every prompt mixes short and
-			// long samples; the last prompt (long) has one more long one,
-			// so its history still ranks it first.
+			// Step 1: 12 prompts x 4 samples (or too few to measure).
+			// Correlated: each prompt's samples are alike. Independent:
+			// every prompt mixes short and long samples; the last prompt
+			// (long) has one more long one, so its history still ranks it
+			// first.
 			prompts := make([][]int32, 12)
 			for i := range prompts {
 				prompts[i] = prompt(64, int32(1000*(i+1)))
+				if i < 12-tc.prompts {
+					continue
+				}
 				for j := 0; j < 4; j++ {
 					n := 40 + 10*j + 5*i
 					if tc.correlated {
@@ -512,11 +521,11 @@ func TestLengthsLongestFirstGatedByCorr(t *testing.T) {
 			}
 			r.ResetCache()
 			lc := r.LengthCounters()
-			if !lc.LengthCorrKnown || lc.LongestGated != tc.wantGated {
+			if lc.LengthCorrKnown != (tc.prompts >= 8) || lc.LongestGated != tc.wantGated {
 				t.Fatalf("after step 1: corr %v known %v gated %v, want gated %v",
 					lc.LengthCorr, lc.LengthCorrKnown, lc.LongestGated, tc.wantGated)
 			}
-			short, long := prompts[0], prompts[11]
+			short, long := prompts[12-tc.prompts], prompts[11]
 			submit(t, r, "occupy", 1, prompt(64, 50000))
 			for i, tk := range [][]int32{short, short, short, short, long} {
 				if _, q := submit(t, r, fmt.Sprint("h", i), uint64(10+i), tk); !q {
@@ -535,15 +544,20 @@ func TestLengthsLongestFirstGatedByCorr(t *testing.T) {
 }
 
 // Within a step: once the step's own finished responses span enough
-// prompts, their correlation closes (or reopens) longest-first without
-// waiting for the step to end.
+// prompts, their correlation opens longest-first (or keeps it closed)
+// without waiting for the step to end.
 func TestLengthsLongestFirstGatedWithinStep(t *testing.T) {
 	for _, correlated := range []bool{false, true} {
 		t.Run(fmt.Sprint("correlated=", correlated), func(t *testing.T) {
-			r := mustNew(t, lengthsConfig(1, 1000), "s0")
+			c := lengthsConfig(1, 1000)
+			c.Lengths.MinCorr = nil // the default
+			r := mustNew(t, c, "s0")
 			prompts := make([][]int32, livePrompts+1)
 			for i := range prompts {
 				prompts[i] = prompt(64, int32(1000*(i+1)))
+			}
+			if !r.LengthCounters().LongestGated {
+				t.Fatal("longest-first open before any correlation was measured")
 			}
 			// 65 prompts x 6 samples = 390 responses (the gate is read
 			// every 64: at 384, 65 prompts and 319 beyond one per prompt).
@@ -582,5 +596,33 @@ func TestLengthsLongestFirstGatedWithinStep(t *testing.T) {
 				t.Fatalf("admitted %+v, want ticket %d", got, want)
 			}
 		})
+	}
+}
+
+// Without counts the gate reads the acquire-to-release times the order
+// ranks by: prompts whose samples take alike times open it.
+func TestLengthsGateReadsDurationsWithoutCounts(t *testing.T) {
+	for _, correlated := range []bool{false, true} {
+		now := time.Unix(0, 0)
+		c := lengthsConfig(1, 1000)
+		c.Lengths.MinCorr = nil
+		c.Now = func() time.Time { return now }
+		r := mustNew(t, c, "s0")
+		for i := 0; i < 12; i++ {
+			for j := 0; j < 4; j++ {
+				ms := 100*(i+1) + j
+				if !correlated {
+					ms = 50 + j%2*900 + i%3
+				}
+				id := fmt.Sprint("x", i, "-", j)
+				submit(t, r, id, 0, prompt(64, int32(1000*(i+1))))
+				now = now.Add(time.Duration(ms) * time.Millisecond)
+				r.ReleaseDone("s0", id, 0, nil)
+			}
+		}
+		r.ResetCache()
+		if lc := r.LengthCounters(); lc.ObservedTimed != 48 || lc.LongestGated == correlated {
+			t.Fatalf("correlated durations %v: %+v", correlated, lc)
+		}
 	}
 }
