@@ -199,9 +199,10 @@ func TestAdmissionOffSubmitRoutes(t *testing.T) {
 // TestReleaseDoneTeachesLengths: kvr_release_done names the finished
 // request and its output count; the learnt length reorders admission
 // (longest first), status reports it, and bad arguments are refused
-// before anything is released.
+// before anything is released. min_corr 0: longest-first ranks on what
+// one release taught (no step to measure a correlation on).
 func TestReleaseDoneTeachesLengths(t *testing.T) {
-	cfg := []byte(`{"router":{"mode":"kvc_aware","admission":{"enabled":true,"max_inflight":1},"lengths":{"enabled":true}}}`)
+	cfg := []byte(`{"router":{"mode":"kvc_aware","admission":{"enabled":true,"max_inflight":1},"lengths":{"enabled":true,"min_corr":0}}}`)
 	h, res := abiNew(cfg, int64(len(cfg)), false)
 	if res.Code != codeOK {
 		t.Fatalf("new: %+v", res)

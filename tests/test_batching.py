@@ -439,10 +439,15 @@ def test_work_weight_without_lengths_is_refused_by_name():
 def test_status_shows_the_measured_length_correlation():
     """A weight sync ends a step: the router reports how alike a prompt's
     samples were (the intra-class correlation of their log lengths) in the
-    status and as a gauge; before any step ends there is none."""
+    status and as a gauge; before any step ends there is none, and
+    longest-first stays closed (lengths.min_corr) until there is."""
+    def gated(st: dict) -> list:
+        return [v for n, _, v in km.samples(st) if n == "lengths_longest_first_gated"]
+
     with KVCAwareBalancer(dict(SERVERS), router_config=KVC_LENGTHS) as lb:
         assert not lb.get_status()["router"]["lengths"]["length_corr_known"]
         assert not [n for n, _, _ in km.samples(lb.get_status()) if n == "lengths_corr"]
+        assert lb.get_status()["router"]["lengths"]["longest_first_gated"] and gated(lb.get_status()) == [1]
         for k in range(10):
             for j in range(4):
                 rid = f"p{k}-{j}"
@@ -453,6 +458,7 @@ def test_status_shows_the_measured_length_correlation():
         lens = st["router"]["lengths"]
         assert lens["length_corr_known"] and 0.99 < lens["length_corr"] <= 1.0, lens
         assert [v for n, _, v in km.samples(st) if n == "lengths_corr"] == [lens["length_corr"]]
+        assert not lens["longest_first_gated"] and gated(st) == [0]
 
 
 def test_status_shows_the_measured_task_correlation():

@@ -156,6 +156,9 @@ SPECS: Dict[str, Spec] = {
     "lengths_unmatched_releases_total": Spec("counter", "releases naming a request the router did not route"),
     "lengths_prompts": Spec("gauge", "prompts with a learnt response length"),
     "lengths_corr": Spec("gauge", "within-prompt correlation of log response lengths over the last measured step"),
+    "lengths_longest_first_gated": Spec(
+        "gauge", "1 while lengths.min_corr keeps longest-first admission closed (no alike samples measured)"
+    ),
     "lengths_predicted_tokens": Spec(
         "gauge", "output predicted for the requests in flight per server (kvc_aware's work_weight)", ("server",)
     ),
@@ -271,6 +274,7 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
         add("lengths_prompts", lens.get("prompts", 0))
         if lens.get("length_corr_known"):
             add("lengths_corr", lens.get("length_corr", 0.0))
+        add("lengths_longest_first_gated", 1 if lens.get("longest_first_gated") else 0)
         if lens.get("task_corr_known"):
             add("lengths_task_corr", lens.get("task_corr", 0.0))
         for sid, v in (lens.get("predicted_tokens") or {}).items():

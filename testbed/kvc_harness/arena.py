@@ -1687,6 +1687,8 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         details["lengths_observed_tokens"] = lens.get("observed_tokens", 0)
         # Admission's longest-first picks (kvc_aware+admit+lengths; 0 otherwise).
         details["longest_first_picks"] = lens.get("longest_first_picks", 0)
+        # lengths.min_corr's gate at the end of the run (None without lengths).
+        details["longest_first_gated"] = lens.get("longest_first_gated")
         details["length_corr"] = lens.get("length_corr") if lens.get("length_corr_known") else None
         details["task_corr"] = lens.get("task_corr") if lens.get("task_corr_known") else None
     return {"row": row, "details": details}

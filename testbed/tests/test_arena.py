@@ -527,11 +527,13 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     runs it) on an oversubscribed step: requests are held in the router and
     admitted as others finish, every request completes, and the run records
     the admission waits; its held rows are refused like a router queue's.
-    kvc_aware+admit+lengths learns from the releases' output counts, and its
-    admission starts held requests longest predicted first."""
+    kvc_aware+admit+lengths learns from the releases' output counts, measures
+    that the first step's samples follow their prompt (grpo_recur: rho 0.6),
+    and in the second step (epoch 2) its admission starts held requests
+    longest predicted first."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "testbed"))
     cmd = [sys.executable, os.path.join(REPO, "testbed", "scripts", "arena.py"), "--short", "--workloads",
-           "grpo_sat", "--seeds", "1", "--policies", "kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths",
+           "grpo_recur", "--seeds", "1", "--policies", "kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths",
            "--nohold-only", "--out", str(tmp_path)]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -551,6 +553,7 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     assert learnt["row"]["errors"] == 0 and learnt["details"]["requests"] == plain["details"]["requests"]
     assert learnt["details"]["router_config"]["config"]["lengths"] == {"enabled": True}
     assert learnt["details"]["lengths_observed_tokens"] > 0 and learnt["details"]["longest_first_picks"] > 0
+    assert learnt["details"]["length_corr"] >= 0.25 and learnt["details"]["longest_first_gated"] is False
     assert admit["details"]["longest_first_picks"] == 0
 
 
