@@ -1026,6 +1026,14 @@ def render_work(docs_root: str) -> Optional[str]:
 ARENA_ADMIT_LENGTHS = "arena-admit-lengths-details.json"
 
 
+def _paired_cell(per: Dict[Tuple[str, int], Dict[str, float]], a: str, b: str, m: str) -> str:
+    """A's M over B's paired by seed, with the one rule's word (step time: shorter/longer;
+    anything else: lower/higher), or a dash when they share no seed."""
+    ci = paired(per, a, b, m)
+    words = {1: "longer", -1: "shorter", 0: "a tie"} if m == "step" else {1: "higher", -1: "lower", 0: "a tie"}
+    return f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–"
+
+
 def render_admit_lengths(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's arena block for the opt-in longest-first order:
     per workload, its step time paired by seed with verl_default's, the
@@ -1054,12 +1062,9 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
         seeds = sorted(sd for p, sd in per if p == ours)
         if not seeds:
             continue
-        cells = []
-        for b, m in (("verl_default", "step"), ("kvc_aware", "step"), ("kvc_aware+admit", "step"),
-                     ("verl_default", "ttft_acq_p99")):
-            ci = paired(per, ours, b, m)
-            words = {1: "longer", -1: "shorter", 0: "a tie"} if m == "step" else {1: "higher", -1: "lower", 0: "a tie"}
-            cells.append(f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–")
+        cells = [_paired_cell(per, ours, b, m) for b, m in (
+            ("verl_default", "step"), ("kvc_aware", "step"), ("kvc_aware+admit", "step"),
+            ("verl_default", "ttft_acq_p99"))]
         hit = (mean_ci([per[(ours, sd)]["hit"] for sd in seeds]),
                mean_ci([per[("verl_default", sd)]["hit"] for sd in seeds]))
         out.append(f"| `{w}` | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
@@ -1100,13 +1105,10 @@ def render_heldout_admit(docs_root: str) -> Optional[str]:
         per = dict(now)
         per.update({("before", sd): v for (p, sd), v in then.items() if p == ours})
         seeds = sorted(sd for p, sd in now if p == ours)
-        cells = []
-        for a, b, m in (("kvc_aware+admit", "verl_default", "step"), (ours, "verl_default", "step"),
-                        (ours, "kvc_aware+admit", "step"), ("before", "verl_default", "step"),
-                        (ours, "before", "step"), (ours, "verl_default", "ttft_p99")):
-            ci = paired(per, a, b, m)
-            words = {1: "longer", -1: "shorter", 0: "a tie"} if m == "step" else {1: "higher", -1: "lower", 0: "a tie"}
-            cells.append(f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–")
+        cells = [_paired_cell(per, a, b, m) for a, b, m in (
+            ("kvc_aware+admit", "verl_default", "step"), (ours, "verl_default", "step"),
+            (ours, "kvc_aware+admit", "step"), ("before", "verl_default", "step"),
+            (ours, "before", "step"), (ours, "verl_default", "ttft_p99"))]
         hit = (mean_ci([now[(ours, sd)]["hit"] for sd in seeds]),
                mean_ci([now[("kvc_aware+admit", sd)]["hit"] for sd in seeds]))
         out.append(f"| `{w}` | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
