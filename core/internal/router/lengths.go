@@ -94,7 +94,7 @@ func (l *LengthsSpec) normalise() error {
 		l.MinCorr = &v
 	}
 	if !(*l.MinCorr >= 0 && *l.MinCorr <= 1) {
-		return configErr("lengths.min_corr", "must be in [0, 1] (0 = never closes), got %v", *l.MinCorr)
+		return configErr("lengths.min_corr", "must be in [0, 1] (0 = always open), got %v", *l.MinCorr)
 	}
 	return nil
 }
@@ -193,9 +193,10 @@ type LengthCounters struct {
 	Unmatched      uint64 `json:"unmatched_releases"`
 	LongestPicks   uint64 `json:"longest_first_picks"`
 	StarvedPicks   uint64 `json:"starved_picks"`
-	// LongestGated: the length correlation last measured (over the last
-	// step, or this step's finished responses once there are enough) is
-	// below lengths.min_corr, so longest-first ranks only hinted requests.
+	// LongestGated: no length correlation is measured yet (over the last
+	// step, or this step's finished responses once there are enough), or
+	// the last one is below lengths.min_corr, so longest-first ranks only
+	// hinted requests.
 	LongestGated bool `json:"longest_first_gated"`
 	Prompts      int  `json:"prompts"`
 	// CorrOnly: lengths.enabled is false and the learner runs only to
