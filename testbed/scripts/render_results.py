@@ -1052,7 +1052,8 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
            "microseconds).", "",
            f"| workload | seeds | {ours} ÷ verl_default | ÷ kvc_aware | ÷ kvc_aware+admit "
            "| TTFT p99 with the wait ÷ verl_default's | hit rate, ours / verl_default's "
-           "| verl_default's second run ÷ its first |", "|---|---|---|---|---|---|---|---|"]
+           "| longest-first picks per run, mean | verl_default's second run ÷ its first |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for w in dict.fromkeys(r["row"]["workload"] for r in runs):
         per = arena_per_seed(runs, w)
         rep = {r["row"]["seed"]: r["details"].get("engine_makespan_s", float("nan")) for r in runs
@@ -1067,8 +1068,11 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
             ("verl_default", "ttft_acq_p99"))]
         hit = (mean_ci([per[(ours, sd)]["hit"] for sd in seeds]),
                mean_ci([per[("verl_default", sd)]["hit"] for sd in seeds]))
+        picks = [r["details"].get("longest_first_picks") for r in runs
+                 if r["row"]["workload"] == w and r["row"]["policy"].partition("+nohold")[0] == ours]
+        picks_cell = f"{sum(picks) / len(picks):.0f}" if picks and None not in picks else "–"
         out.append(f"| `{w}` | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
-                   + f" | {hit[0].mean:.2f} / {hit[1].mean:.2f} | {noise.fmt(3)} |")
+                   + f" | {hit[0].mean:.2f} / {hit[1].mean:.2f} | {picks_cell} | {noise.fmt(3)} |")
     return "\n".join(out)
 
 

@@ -868,3 +868,26 @@ def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path):
     assert rows == ["| `grpo_sat` | 311–312 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) "
                     "| 1.000 ± 0.000 (a tie) | 1.200 ± 0.000 (longer) | 0.750 ± 0.000 (shorter) "
                     "| 0.810 ± 0.000 (lower) | 80.0 ± 0.0% / 80.0 ± 0.0% |"], rows
+
+
+def test_admit_lengths_block_renders_longest_first_picks(tmp_path):
+    """The arena's opt-in order block: each ratio paired by seed, and the
+    longest-first picks are the mean of the row's recorded picks (0 where the
+    gate never opened), not typed."""
+    runs = []
+    for seed, picks in ((351, 400), (352, 500)):
+        for p, mk in (("verl_default", 100.0), ("verl_default#repeat", 101.0), ("kvc_aware", 100.0),
+                      ("kvc_aware+admit", 95.0), ("kvc_aware+admit+lengths", 90.0)):
+            r = _arena_run("grpo_rho05", p, seed, mk, 0.5)
+            r["details"]["ttft_with_acquire_p99_s"] = 0.2 if "admit" in p else 0.1
+            if "admit" in p:
+                r["details"]["longest_first_picks"] = picks if p.endswith("lengths") else 0
+            runs.append(r)
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    (res / "arena-admit-lengths-details.json").write_text(json.dumps({"runs": runs}))
+    render = _rl_block_renderer(tmp_path, "rl-admit-lengths")
+    rows = [ln for ln in render().splitlines() if ln.startswith("| `")]
+    assert rows == ["| `grpo_rho05` | 351–352 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) "
+                    "| 0.947 ± 0.000 (shorter) | 2.000 ± 0.000 (higher) | 0.50 / 0.50 | 450 "
+                    "| 1.010 ± 0.000 |"], rows

@@ -433,6 +433,7 @@ func (r *Router) LengthCounters() LengthCounters {
 // snapshot is the learner's counters with the prompts it remembers.
 func (l *lenState) snapshot() LengthCounters {
 	c := l.counts
+	c.LongestGated = l.gated
 	c.Prompts, _ = l.tok.Len()
 	c.LengthCorr, c.LengthCorrKnown = l.tok.Corr()
 	c.TaskCorr, c.TaskCorrKnown = l.tasks.Corr()
@@ -519,7 +520,6 @@ func (l *lenState) regate(live bool) {
 		l.gated = g
 		l.lptStale = true
 	}
-	l.counts.LongestGated = l.gated
 }
 
 // observeTokens teaches prompt k an output count and re-ranks its held
