@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -377,6 +377,21 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 	  for r in 0 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
+
+# Admission's group spread (kvc_aware's group_spread read by admission once a
+# step's samples are measured alike): issue 26's RL settings, verl_default, the
+# defaults, admission alone and admission with lengths, fresh seeds
+# ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/results/admit-spread/; the same
+# command at edcef9e, before it, is docs/results/admit-spread-edcef9e/; both
+# render into docs/rl-workloads.md). ~5 min.
+ADMIT_SPREAD_SEEDS ?= 421 422 423 424 425
+ADMIT_SPREAD_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths
+kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.5 / 0.8, recurring prompts), fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/rl-workloads.md)
+	@mkdir -p build/admit-spread
+	@for s in $(ADMIT_SPREAD_SEEDS); do \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # The group spread's server cap (group_spread_max_servers; opt-in: the default
 # is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,

@@ -149,6 +149,9 @@ SPECS: Dict[str, Spec] = {
     "admission_admitted_total": Spec("counter", "held requests admitted to a server"),
     "admission_cancelled_total": Spec("counter", "held requests cancelled by their caller"),
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
+    "admission_group_spread_total": Spec(
+        "counter", "held siblings passed over because their group had more on the freed server than on another"
+    ),
     # response-length learning (router.lengths; only when it is on)
     "lengths_observed_tokens_total": Spec("counter", "releases that taught a response length (output tokens)"),
     "lengths_observed_from_events_total": Spec("counter", "releases without a count that read it off KV events"),

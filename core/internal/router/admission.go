@@ -23,7 +23,10 @@ import (
 // release frees to the held request that fits that server best — a sticky
 // session bound there, a sibling of a prompt it already holds, a prompt no
 // server holds yet, in that order — so siblings stay together (shared
-// prefill and KV) while no engine idles with work held elsewhere.
+// prefill and KV) while no engine idles with work held elsewhere. Where
+// kvc_aware's group_spread applies and the step's samples are measured
+// alike within a prompt, a group's siblings go where it has the fewest
+// instead (groupFull): a long group kept on one server straggles.
 type AdmissionSpec struct {
 	// Enabled turns admission on (kvc_aware mode only).
 	// When to change: true when a step sends more requests than the fleet runs
@@ -301,6 +304,11 @@ type AdmissionStatus struct {
 	Reconciled uint64 `json:"reconciled_total"`
 	// HeldBytes is the memory of the held prompts.
 	HeldBytes int64 `json:"held_bytes"`
+	// GroupSpread counts held siblings passed over for a freed slot
+	// because their group already had more on that server than on
+	// another (kvc_aware's group_spread, once the step's samples are
+	// measured alike).
+	GroupSpread uint64 `json:"group_spread_total"`
 }
 
 // capOf is s's in-flight cap (0 = unlimited).
@@ -751,8 +759,9 @@ type admissionOrder interface {
 }
 
 // siblingsFirst is the default order: a sibling of a prompt s holds (it
-// shares prefill and KV there), else a prompt no server holds yet (it
-// starts a new group without splitting one), else the oldest.
+// shares prefill and KV there) unless its group spreads (groupFull), else
+// a prompt no server holds yet (it starts a new group without splitting
+// one), else the oldest.
 type siblingsFirst struct{}
 
 func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held {
@@ -775,6 +784,9 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 			r.scratch = r.ix.MatchPrefix(key[:], one[:], m[:], r.scratch)
 			if m[0].Blocks > 0 {
 				st = 1 // held on s
+				if r.groupFull(h, s) {
+					st = 3 // held on s, but its group spreads elsewhere first
+				}
 			} else if fresh == nil {
 				r.ids = r.ids[:0]
 				for _, p := range r.pool {
@@ -804,6 +816,52 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 		}
 	}
 	return fresh
+}
+
+// groupFull reports whether held sibling h should not join its group on
+// s: the strategy spreads h's group (kvc_aware's group_spread, read with
+// the correlation measured so far: this step's finishers, else the last
+// step's; see strategy.GroupSpreader) and s already has more of it placed
+// this step than the pool server with the fewest. Without it, a freed
+// slot keeps taking the siblings of the prompts its server holds, so a
+// group runs on one server, and where a prompt's samples are alike a
+// long group makes that server the step's straggler; r.mu held.
+func (r *Router) groupFull(h *held, s *server) bool {
+	if r.groups == nil || h.last == 0 {
+		return false
+	}
+	r.sreq = strategy.Request{ResponseTokens: r.respToks, SessionsBound: r.bound,
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns}
+	if l := r.lens; l != nil {
+		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.measured, l.measuredOK
+		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
+	}
+	if !strategy.SpreadsGroup(r.strat, &r.sreq, len(h.req.Tokens)) {
+		return false
+	}
+	placed, _ := r.groups.Peek(h.last)
+	on, fewest := 0, math.MaxInt
+	for _, p := range r.pool {
+		if !r.eligible(p) {
+			continue // an unhealthy server gets no slot to take its share
+		}
+		n := 0
+		for _, c := range placed {
+			if c.s == p {
+				n = c.n
+				break
+			}
+		}
+		if p == s {
+			on = n
+		}
+		fewest = min(fewest, n)
+	}
+	if on > fewest {
+		r.aq.st.GroupSpread++
+		return true
+	}
+	return false
 }
 
 // admitOn routes req to s (a held request given s's slot); r.mu held.

@@ -249,3 +249,115 @@ func TestAdmissionOffKeepsAcquire(t *testing.T) {
 		t.Fatalf("in flight %d", r.Inflight("s0"))
 	}
 }
+
+// teachStep runs prompts x samples one-request sessions through r one
+// at a time (never held: every release comes before the next submit),
+// each releasing with an output count alike within its prompt or not.
+func teachStep(t *testing.T, r *Router, base int32, prompts, samples int, alike bool) {
+	t.Helper()
+	for j := 0; j < samples; j++ {
+		for i := 0; i < prompts; i++ {
+			n := 40 + 7*i + j
+			if !alike {
+				n = 40 + j + i%3
+				if j%2 == 1 {
+					n = 900 + j + i%5
+				}
+			}
+			id := fmt.Sprint("t", base, "-", i, "-", j)
+			s, held := submit(t, r, id, 0, prompt(64, base+int32(1000*i)))
+			if held {
+				t.Fatalf("%s held with the pool idle", id)
+			}
+			r.ReleaseDone(s, id, n, nil)
+		}
+	}
+}
+
+// Admission spreads a GRPO group once its samples are measured alike: a
+// slot freed on the server that holds a group's first sample goes to a
+// fresh prompt, not the group's next sample, when kvc_aware's
+// group_spread applies (the rollout's responses may reach more than 4 x
+// the prompt) and a measured within-prompt correlation is at least
+// group_spread_min_corr, over the last step or this step's finishers.
+// Unmeasured or unalike, siblings go first (shared prefill and KV), and
+// group_spread_min_corr 0 spreads without measuring.
+func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		params string
+		resp   int
+		teach  func(t *testing.T, r *Router)
+		spread bool
+	}{
+		{"alike last step", `{}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 12, 4, true)
+			r.ResetCache()
+		}, true},
+		{"unalike last step", `{}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 12, 4, false)
+			r.ResetCache()
+		}, false},
+		{"too few prompts to measure", `{}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 4, 12, true)
+			r.ResetCache()
+		}, false},
+		// 65 prompts x 6 finished in this step (read every 64 responses).
+		{"alike within this step", `{}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, livePrompts+1, 6, true)
+		}, true},
+		{"unalike within this step", `{}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, livePrompts+1, 6, false)
+		}, false},
+		{"responses under 4 x the prompt", `{}`, 256, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 12, 4, true)
+			r.ResetCache()
+		}, false},
+		{"group_spread 0", `{"group_spread":0}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 12, 4, true)
+			r.ResetCache()
+		}, false},
+		{"group_spread_min_corr 0: nothing to measure", `{"group_spread_min_corr":0}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 4, 12, false)
+			r.ResetCache()
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := admitConfig(1)
+			c.ResponseTokens = tc.resp
+			c.Strategies = []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}
+			r := mustNew(t, c, "s0", "s1")
+			tc.teach(t, r)
+			a, b, fresh := prompt(64, 1), prompt(64, 5000), prompt(64, 9000)
+			sa, _ := submit(t, r, "a1", 1, a)
+			sb, _ := submit(t, r, "b1", 2, b)
+			if sa == sb {
+				t.Fatalf("a1 and b1 both on %s with cap 1", sa)
+			}
+			for i, p := range [][]int32{a, fresh} {
+				if _, held := submit(t, r, fmt.Sprint("h", i), uint64(10+i), p); !held {
+					t.Fatalf("h%d not held at the cap", i)
+				}
+			}
+			want := uint64(10) // a's sibling, on the server holding a
+			if tc.spread {
+				want = 11 // a has one on sa, none on sb: the fresh prompt
+			}
+			got, _ := r.ReleaseAdmit(sa, nil)
+			if len(got) != 1 || got[0].Ticket != want {
+				t.Fatalf("admitted %+v on %s, want ticket %d", got, sa, want)
+			}
+			if n := r.Status().Admission.GroupSpread; (n > 0) != tc.spread {
+				t.Fatalf("group_spread_total %d with spread %v", n, tc.spread)
+			}
+			// The group's share is even again (one on each server once b
+			// frees for the sibling): nothing is passed over.
+			if tc.spread {
+				got, _ = r.ReleaseAdmit(sb, nil)
+				if len(got) != 1 || got[0].Ticket != 10 {
+					t.Fatalf("admitted %+v on %s, want a's sibling (ticket 10)", got, sb)
+				}
+			}
+		})
+	}
+}

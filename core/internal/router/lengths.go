@@ -137,6 +137,12 @@ type lenState struct {
 	// kept here so a decision reads it without the tracker's lock.
 	corr      float64
 	corrKnown bool
+	// measured is the correlation regate last read (this step's finishers
+	// once they are evidence enough, else the last step's; measuredOK
+	// false: neither measured): longest-first's gate and admission's group
+	// spread read it.
+	measured   float64
+	measuredOK bool
 	// tasks sums each trajectory's output over its turns for the
 	// within-task correlation (no lock of its own: it lives under r.mu,
 	// so a decision reads its figure directly).
@@ -497,14 +503,12 @@ const (
 	liveWithin  = 256
 )
 
-// regate re-reads MinCorr's gate from the tracker predictions come from
-// (counts once any arrived, else durations): this step's finishers when
-// live and they are evidence enough, else the last finished step; closed
-// while neither is measured. A change re-ranks every held request.
+// regate re-reads the measured correlation from the tracker predictions
+// come from (counts once any arrived, else durations): this step's
+// finishers when live and they are evidence enough, else the last
+// finished step; and MinCorr's gate from it, closed while neither is
+// measured. A change of the gate re-ranks every held request.
 func (l *lenState) regate(live bool) {
-	if !l.longest {
-		return
-	}
 	tr := l.tok
 	if tr.Mean() == 0 {
 		tr = l.dur
@@ -515,6 +519,10 @@ func (l *lenState) regate(live bool) {
 	}
 	if !ok {
 		c, ok = tr.Corr()
+	}
+	l.measured, l.measuredOK = c, ok
+	if !l.longest {
+		return
 	}
 	if g := l.minCorr > 0 && (!ok || c < l.minCorr); g != l.gated {
 		l.gated = g

@@ -111,7 +111,9 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     the balance worth those prefills; and, once the router has measured
 //     a step, only while its samples' lengths correlate within a prompt
 //     (group_spread_min_corr). Multi-turn siblings (an agent task's
-//     trajectories) are task_spread's.
+//     trajectories) are task_spread's. Router-side admission reads
+//     the same gates (SpreadsGroup), with a correlation not yet
+//     measured read as closed.
 //   - Task spread (task_spread, 0.1 by default): the same count for
 //     multi-turn siblings, weighed by task_spread * multi_turn. An agent
 //     task's difficulty sets all its trajectories' turn counts and lengths
@@ -173,7 +175,13 @@ type KVCAware struct {
 	// placed on a server (beyond the fewest on any candidate) adds there
 	// when a sibling is placed; 0 keeps a group on the server holding its
 	// prompt.
-	// It applies only where group_spread_min_ratio's gate is open.
+	// It applies only where group_spread_min_ratio's gate is open. Under
+	// router-side admission (which gives a freed slot to a held request
+	// instead of scoring) it passes over a held sibling whose group has
+	// more on the freed server than on another, and only once a
+	// correlation is measured at or above group_spread_min_corr (the last
+	// step's, or this step's finishers'): admission places a step as its
+	// first requests finish, so it can wait for one.
 	// When to change: 0 to keep every group whole (lengths known to be
 	// independent of the prompt, or a KV cache too small to hold a prompt
 	// on every server); higher when long groups still straggle.
@@ -342,6 +350,23 @@ func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 // task_spread_min_corr's gates do, where there is a spread to gate.
 func (k *KVCAware) ReadsLengthCorr() bool {
 	return (k.GroupSpread > 0 && k.GroupSpreadMinCorr > 0) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
+}
+
+// SpreadsGroup implements GroupSpreader: group_spread's gates are open for
+// req and its weight on one-request siblings outweighs task_spread's on
+// multi-turn ones. Where group_spread_min_corr is set, a correlation not
+// measured yet reads as closed, unlike in Score: a placement made at
+// arrival cannot wait for one, but admission places a step's requests as
+// its first ones finish, so it measures before it spreads, and where a
+// prompt's samples are not alike, whole groups share prefill and KV
+// (docs/rl-workloads.md, "Admission spreads a group once its samples
+// are measured alike").
+func (k *KVCAware) SpreadsGroup(req *Request, promptTokens int) bool {
+	if k.GroupSpreadMinCorr > 0 && !req.LengthCorrKnown {
+		return false
+	}
+	gs := k.groupSpread(req, promptTokens) * (1 - multiTurn(req))
+	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req)
 }
 
 // Score implements Strategy.

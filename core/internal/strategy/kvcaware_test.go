@@ -503,3 +503,47 @@ func TestKVCAwareWorkWeight(t *testing.T) {
 		t.Fatal("a weighted combination with work_weight does not read the prediction")
 	}
 }
+
+// SpreadsGroup is admission's reading of group_spread: its gates with an
+// unmeasured correlation read as closed (where group_spread_min_corr is
+// set), and only while one-request siblings outweigh multi-turn ones.
+func TestKVCAwareSpreadsGroup(t *testing.T) {
+	grpo := func(corr float64, known bool) *Request { // 200 sessions, no later turn
+		return &Request{SessionsBound: 200, ResponseTokens: 8192, LengthCorr: corr, LengthCorrKnown: known}
+	}
+	for _, tc := range []struct {
+		name   string
+		params string
+		req    *Request
+		prompt int
+		want   bool
+	}{
+		{"measured alike", `{}`, grpo(0.6, true), 1000, true},
+		{"measured unalike", `{}`, grpo(0.1, true), 1000, false},
+		{"not measured", `{}`, grpo(0, false), 1000, false},
+		{"not measured, group_spread_min_corr 0", `{"group_spread_min_corr":0}`, grpo(0, false), 1000, true},
+		{"responses at 4 x the prompt", `{}`, grpo(0.6, true), 2048, false},
+		{"group_spread 0", `{"group_spread":0}`, grpo(0.6, true), 1000, false},
+		{"a fresh router presumes multi-turn", `{}`, &Request{ResponseTokens: 8192, LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false},
+		{"multi-turn sessions (agent tasks)", `{}`, &Request{SessionsBound: 200, LaterTurns: 800, ResponseTokens: 8192,
+			LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := DefaultKVCAware()
+			if err := json.Unmarshal([]byte(tc.params), &kv); err != nil {
+				t.Fatal(err)
+			}
+			k := &kv
+			if got := SpreadsGroup(k, tc.req, tc.prompt); got != tc.want {
+				t.Fatalf("SpreadsGroup = %v, want %v", got, tc.want)
+			}
+			w := &Weighted{Parts: []Strategy{&LeastInflight{}, k}, Weights: []float64{0.5, 0.5}}
+			if got := SpreadsGroup(w, tc.req, tc.prompt); got != tc.want {
+				t.Fatalf("weighted: SpreadsGroup = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if SpreadsGroup(&LeastInflight{}, grpo(0.6, true), 1000) {
+		t.Fatal("least_inflight spreads a group: it has no group_spread")
+	}
+}

@@ -158,6 +158,22 @@ func ReadsLengthCorr(s Strategy) bool {
 	return ok && m.ReadsLengthCorr()
 }
 
+// GroupSpreader is implemented by strategies that spread a prompt's
+// one-request samples (a GRPO group) over servers. Admission, which
+// places a held request on whichever server freed a slot instead of
+// scoring, asks it whether a held sibling may join its group on a server
+// that already holds more of the group than some other server does.
+type GroupSpreader interface {
+	SpreadsGroup(req *Request, promptTokens int) bool
+}
+
+// SpreadsGroup reports whether s spreads req's group (false when s does
+// not implement GroupSpreader).
+func SpreadsGroup(s Strategy, req *Request, promptTokens int) bool {
+	m, ok := s.(GroupSpreader)
+	return ok && m.SpreadsGroup(req, promptTokens)
+}
+
 // Factory builds a strategy from its JSON parameters.
 type Factory func(params json.RawMessage) (Strategy, error)
 
@@ -242,6 +258,16 @@ func (w *Weighted) ReadsWork() bool {
 func (w *Weighted) ReadsLengthCorr() bool {
 	for _, p := range w.Parts {
 		if ReadsLengthCorr(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// SpreadsGroup implements GroupSpreader: any part spreads it.
+func (w *Weighted) SpreadsGroup(req *Request, promptTokens int) bool {
+	for _, p := range w.Parts {
+		if SpreadsGroup(p, req, promptTokens) {
 			return true
 		}
 	}
