@@ -1121,6 +1121,51 @@ def render_heldout_admit(docs_root: str) -> Optional[str]:
     return "\n".join(out) if rows else None
 
 
+# Admission's group spread (kvc_aware's group_spread read by admission once a
+# step's samples are measured alike): `make kvbench-admit-spread` at the commit
+# that added it, and the same command before it.
+ADMIT_SPREAD = "admit-spread"
+ADMIT_SPREAD_BEFORE = ("admit-spread-edcef9e", "edcef9e")
+ADMIT_SPREAD_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
+                         ("rl-r8", "first epoch, ρ 0.8", None),
+                         ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1))
+
+
+def render_admit_spread(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for admission's group spread: per RL
+    setting, the defaults, admission alone and admission with lengths over
+    verl_default now and before the change, the change's own effect (now over
+    before), and admission's TTFT p99, paired by seed."""
+    res = os.path.join(docs_root, "docs", "results")
+    before_dir, before_commit = ADMIT_SPREAD_BEFORE
+    ours = OPT_IN_ORDER
+    out = [f"Rendered from `docs/results/{ADMIT_SPREAD}/` (`make kvbench-admit-spread`) and the same command at "
+           f"`{before_commit}`, before the change (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
+           "kvbench row, admission and lengths on as named; each cell a paired ratio by seed, mean ± 95% CI.", "",
+           "| setting | seeds | kvc_aware ÷ verl_default | kvc_aware+admit ÷ verl_default | before | "
+           f"admission's change (now ÷ before) | {ours} ÷ verl_default | before | its change (now ÷ before) "
+           "| kvc_aware+admit's TTFT p99 (from arrival: the wait in admission counted) ÷ verl_default's |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for prefix, label, step in ADMIT_SPREAD_SETTINGS:
+        now = _kvb_runs(os.path.join(res, ADMIT_SPREAD), prefix, step)
+        then = _kvb_runs(os.path.join(res, before_dir), prefix, step)
+        if not now or not then:
+            continue
+        per = dict(now)
+        per.update({(p + " before", sd): v for (p, sd), v in then.items()})
+        seeds = sorted(sd for p, sd in now if p == ours)
+        cells = [_paired_cell(per, a, b, m) for a, b, m in (
+            ("kvc_aware", "verl_default", "step"),
+            ("kvc_aware+admit", "verl_default", "step"), ("kvc_aware+admit before", "verl_default before", "step"),
+            ("kvc_aware+admit", "kvc_aware+admit before", "step"),
+            (ours, "verl_default", "step"), (ours + " before", "verl_default before", "step"),
+            (ours, ours + " before", "step"), ("kvc_aware+admit", "verl_default", "ttft_p99"))]
+        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells) + " |")
+        rows += 1
+    return "\n".join(out) if rows else None
+
+
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 # The opt-in configuration that ranks admission by learnt lengths (admission
@@ -1582,6 +1627,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         heldout_admit = render_heldout_admit(a.docs)
         if "<!-- BEGIN RENDERED: rl-heldout-admit -->" in rl_text and heldout_admit:
             targets.setdefault(rl_doc, {})["rl-heldout-admit"] = heldout_admit
+        admit_spread = render_admit_spread(a.docs)
+        if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
+            targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread
         admit_lengths = render_admit_lengths(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-lengths -->" in rl_text and admit_lengths:
             targets.setdefault(rl_doc, {})["rl-admit-lengths"] = admit_lengths

@@ -891,3 +891,38 @@ def test_admit_lengths_block_renders_longest_first_picks(tmp_path):
     assert rows == ["| `grpo_rho05` | 351–352 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) "
                     "| 0.947 ± 0.000 (shorter) | 2.000 ± 0.000 (higher) | 0.50 / 0.50 | 450 "
                     "| 1.010 ± 0.000 |"], rows
+
+
+def test_admit_spread_block_pairs_now_and_before(tmp_path):
+    """`make kvbench-admit-spread`'s block: per RL setting, the defaults,
+    admission alone and with lengths over verl_default now and before the
+    change (its own folder), and the change's effect, each paired seed by
+    seed; the recurring setting reads its second step; a setting without
+    the run from before has no row."""
+    res = tmp_path / "docs" / "results"
+    now, before = res / _const("ADMIT_SPREAD"), res / "admit-spread-edcef9e"
+    now.mkdir(parents=True)
+    before.mkdir()
+
+    def doc(rows: dict, verl: float) -> str:
+        return json.dumps({
+            "policies": {p: {"makespan_s": mk * verl, "ttft_p99_s": 2.0 * mk} for p, mk in rows.items()},
+            "makespan_steps_s": {p: [5.0 * mk * verl, mk * verl] for p, mk in rows.items()}})
+
+    for seed, verl in ((421, 100.0), (422, 200.0)):
+        rows = {"verl_default": 1.0, "kvc_aware": 1.0, "kvc_aware+admit": 0.9, "kvc_aware+admit+lengths": 0.8}
+        (now / f"rl-r8-{seed}.json").write_text(doc(rows, verl))
+        (now / f"rl-r5-{seed}.json").write_text(doc(rows, verl))  # nothing from before: no row
+        (before / f"rl-r8-{seed}.json").write_text(doc({**rows, "kvc_aware+admit": 1.2}, verl))
+        # The recurring run's first step is 5 x longer; its second decides.
+        (now / f"rl-rec-{seed}.json").write_text(doc(rows, verl))
+        (before / f"rl-rec-{seed}.json").write_text(doc(rows, verl))
+    render = _rl_block_renderer(tmp_path, "rl-admit-spread")
+    rows = [ln for ln in render().splitlines() if ln.startswith("| first") or ln.startswith("| recurring")]
+    assert rows == [
+        "| first epoch, ρ 0.8 | 421–422 | 1.000 ± 0.000 (a tie) | 0.900 ± 0.000 (shorter) | 1.200 ± 0.000 (longer) "
+        "| 0.750 ± 0.000 (shorter) | 0.800 ± 0.000 (shorter) | 0.800 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) "
+        "| 0.900 ± 0.000 (lower) |",
+        "| recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8) | 421–422 | 1.000 ± 0.000 (a tie) "
+        "| 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) | 0.800 ± 0.000 (shorter) "
+        "| 0.800 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) | 0.900 ± 0.000 (lower) |"], rows
