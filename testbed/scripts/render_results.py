@@ -1085,17 +1085,25 @@ HELDOUT_ADMIT_BEFORE = ("heldout-admit-234dd89", "234dd89")
 HELDOUT_ADMIT_WORKLOADS = ("grpo_sat", "grpo")
 
 
+def _now_and_before(folder: str, target: str, before: Tuple[str, str], what: str) -> str:
+    """The opening of a block that pairs `make TARGET`'s runs in FOLDER with
+    the same command at an earlier commit (BEFORE: its folder and commit)."""
+    before_dir, before_commit = before
+    return (f"Rendered from `docs/results/{folder}/` (`make {target}`) and the same command at "
+            f"`{before_commit}`, before {what} (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
+            "kvbench row, admission and lengths on as named; ")
+
+
 def render_heldout_admit(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's block for the opt-in order on the held-out GRPO
     workloads: admission alone and with lengths over verl_default, the two
     over each other, the same row before lengths.min_corr's gate, and the
     gate's own effect (now over before), paired by seed."""
     res = os.path.join(docs_root, "docs", "results")
-    before_dir, before_commit = HELDOUT_ADMIT_BEFORE
+    before_dir, _ = HELDOUT_ADMIT_BEFORE
     ours = OPT_IN_ORDER
-    out = [f"Rendered from `docs/results/{HELDOUT_ADMIT}/` (`make kvbench-heldout-admit`) and the same command at "
-           f"`{before_commit}`, before the gate (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
-           "kvbench row, admission and lengths on as named; paired by seed, mean ± 95% CI.", "",
+    out = [_now_and_before(HELDOUT_ADMIT, "kvbench-heldout-admit", HELDOUT_ADMIT_BEFORE, "the gate")
+           + "paired by seed, mean ± 95% CI.", "",
            f"| workload | seeds | kvc_aware+admit ÷ verl_default | {ours} ÷ verl_default | ÷ kvc_aware+admit "
            f"| before the gate ÷ verl_default | the gate's effect (now ÷ before) | TTFT p99 ÷ verl_default "
            "| hit rate, ours / admission's |", "|---|---|---|---|---|---|---|---|---|"]
@@ -1137,11 +1145,10 @@ def render_admit_spread(docs_root: str) -> Optional[str]:
     verl_default now and before the change, the change's own effect (now over
     before), and admission's TTFT p99, paired by seed."""
     res = os.path.join(docs_root, "docs", "results")
-    before_dir, before_commit = ADMIT_SPREAD_BEFORE
+    before_dir, _ = ADMIT_SPREAD_BEFORE
     ours = OPT_IN_ORDER
-    out = [f"Rendered from `docs/results/{ADMIT_SPREAD}/` (`make kvbench-admit-spread`) and the same command at "
-           f"`{before_commit}`, before the change (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
-           "kvbench row, admission and lengths on as named; each cell a paired ratio by seed, mean ± 95% CI.", "",
+    out = [_now_and_before(ADMIT_SPREAD, "kvbench-admit-spread", ADMIT_SPREAD_BEFORE, "the change")
+           + "each cell a paired ratio by seed, mean ± 95% CI.", "",
            "| setting | seeds | kvc_aware ÷ verl_default | kvc_aware+admit ÷ verl_default | before | "
            f"admission's change (now ÷ before) | {ours} ÷ verl_default | before | its change (now ÷ before) "
            "| kvc_aware+admit's TTFT p99 (from arrival: the wait in admission counted) ÷ verl_default's |",
