@@ -439,3 +439,42 @@ def test_oversubscribed_step_through_the_ray_path(ray_cluster, tmp_path):
     assert adm["enabled"] and adm["queued_total"] > 0 and adm["admitted_total"] == adm["queued_total"]
     assert adm["held"] == 0 and adm["waiting_callers"] == 0 and adm["unclaimed"] == 0
     assert run["router"]["counters"]["acquires"] == len(reqs)
+
+
+def test_a_step_measured_alike_spreads_held_groups(ray_cluster, admission_actor):
+    """kvc_aware's group_spread under admission, through the actor verl runs:
+    once a step's releases (their output counts, as the verl hook sends them)
+    show a prompt's samples alike, a slot freed on the server holding a
+    group's first sample goes to a fresh prompt before the group's next one;
+    status and the Prometheus export count the sibling passed over."""
+    from kvc_router import metrics as km
+
+    ray = ray_cluster
+    srv = servers(2)
+    block = config(max_inflight=1)
+    block["config"]["response_tokens"] = 8192  # 128 x the prompt: group_spread's gate is open
+    lb = admission_actor(srv, block)
+    for k in range(12):  # one at a time: never held
+        for j in range(4):
+            rid = f"s{k}-{j}"
+            sid, _ = ray.get(lb.acquire_server.remote(rid, prompt(100 + k)))
+            ray.get(lb.release_server.remote(sid, request_id=rid, output_tokens=100 * (k + 1) + j))
+    ray.get(lb.reset_prefix_index.remote())  # a weight sync ends the step
+    lens = status(ray, lb)["router"]["lengths"]
+    assert lens["length_corr_known"] and lens["length_corr"] > 0.9, lens
+    sa, _ = ray.get(lb.acquire_server.remote("a1", prompt(0)))
+    sb, _ = ray.get(lb.acquire_server.remote("b1", prompt(1)))
+    assert sa != sb
+    sibling = lb.acquire_server.remote("a2", prompt(0))
+    assert wait_until(lambda: status(ray, lb)["router"]["admission"]["held"] == 1)
+    fresh = lb.acquire_server.remote("c1", prompt(2))
+    assert wait_until(lambda: status(ray, lb)["router"]["admission"]["held"] == 2)
+    ray.get(lb.release_server.remote(sa))
+    assert ray.get(fresh, timeout=20)[0] == sa, "the freed slot took a's sibling onto a's server"
+    assert not ray.wait([sibling], timeout=0.3)[0]
+    ray.get(lb.release_server.remote(sb))
+    assert ray.get(sibling, timeout=20)[0] == sb
+    st = status(ray, lb)
+    n = st["router"]["admission"]["group_spread_total"]
+    assert n >= 1
+    assert [v for name, _, v in km.samples(st) if name == "admission_group_spread_total"] == [n]
