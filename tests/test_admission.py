@@ -446,7 +446,7 @@ def test_a_step_measured_alike_spreads_held_groups(ray_cluster, admission_actor)
     once a step's releases (their output counts, as the verl hook sends them)
     show a prompt's samples alike, a slot freed on the server holding a
     group's first sample goes to a fresh prompt before the group's next one;
-    status and the Prometheus export count the sibling passed over."""
+    status and the Prometheus export count the group passed over."""
     from kvc_router import metrics as km
 
     ray = ray_cluster

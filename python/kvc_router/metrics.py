@@ -150,7 +150,7 @@ SPECS: Dict[str, Spec] = {
     "admission_cancelled_total": Spec("counter", "held requests cancelled by their caller"),
     "admission_rejected_total": Spec("counter", "requests refused because the admission queue was full"),
     "admission_group_spread_total": Spec(
-        "counter", "held siblings passed over because their group had more on the freed server than on another"
+        "counter", "held groups a freed slot passed over: the group had more on that server than on another"
     ),
     # response-length learning (router.lengths; only when it is on)
     "lengths_observed_tokens_total": Spec("counter", "releases that taught a response length (output tokens)"),

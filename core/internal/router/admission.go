@@ -304,10 +304,10 @@ type AdmissionStatus struct {
 	Reconciled uint64 `json:"reconciled_total"`
 	// HeldBytes is the memory of the held prompts.
 	HeldBytes int64 `json:"held_bytes"`
-	// GroupSpread counts held siblings passed over for a freed slot
-	// because their group already had more on that server than on
-	// another (kvc_aware's group_spread, once the step's samples are
-	// measured alike).
+	// GroupSpread counts the groups a freed slot passed over (once per
+	// group and slot, however many of its siblings were held) because the
+	// group already had more on that server than on another (kvc_aware's
+	// group_spread, once the step's samples are measured alike).
 	GroupSpread uint64 `json:"group_spread_total"`
 }
 
