@@ -822,7 +822,9 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 // s: the strategy spreads h's group (kvc_aware's group_spread, read with
 // the correlation measured so far: this step's finishers, else the last
 // step's; see strategy.GroupSpreader) and s already has more of it placed
-// this step than the pool server with the fewest. Without it, a freed
+// this step than the pool server with the fewest (than the fewest of the
+// servers holding it, once it is on group_spread_max_servers of them: a
+// server outside that cap takes none). Without it, a freed
 // slot keeps taking the siblings of the prompts its server holds, so a
 // group runs on one server, and where a prompt's samples are alike a
 // long group makes that server the step's straggler; r.mu held.
@@ -836,11 +838,13 @@ func (r *Router) groupFull(h *held, s *server) bool {
 		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.measured, l.measuredOK
 		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
 	}
-	if !strategy.SpreadsGroup(r.strat, &r.sreq, len(h.req.Tokens)) {
+	spread, maxServers := strategy.SpreadsGroup(r.strat, &r.sreq, len(h.req.Tokens))
+	if !spread {
 		return false
 	}
 	placed, _ := r.groups.Peek(h.last)
 	on, fewest := 0, math.MaxInt
+	holders, fewestHeld := 0, math.MaxInt
 	for _, p := range r.pool {
 		if !r.eligible(p) {
 			continue // an unhealthy server gets no slot to take its share
@@ -856,6 +860,18 @@ func (r *Router) groupFull(h *held, s *server) bool {
 			on = n
 		}
 		fewest = min(fewest, n)
+		if n > 0 {
+			holders++
+			fewestHeld = min(fewestHeld, n)
+		}
+	}
+	// group_spread_max_servers: once the group is on that many servers it
+	// grows only on them, evenly (placement's cap, read the same way).
+	if maxServers > 0 && holders >= maxServers {
+		fewest = fewestHeld
+		if on == 0 {
+			fewest = -1 // a server outside the cap takes none of it
+		}
 	}
 	if on > fewest {
 		r.aq.st.GroupSpread++

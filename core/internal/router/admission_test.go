@@ -361,3 +361,43 @@ func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
 		})
 	}
 }
+
+// groupFull's rule on one group's placements this step (2 on s0, 1 on
+// s1, none on s2), once its samples are measured alike: a server holding
+// more than the fewest passes the sibling over; group_spread_max_servers
+// takes the fewest over the servers already holding the group once it is
+// on that many, and a server outside them takes none.
+func TestGroupFullRule(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		params string
+		full   map[string]bool
+	}{
+		{"no cap: even over the pool", `{}`, map[string]bool{"s0": true, "s1": true, "s2": false}},
+		{"cap 2: even over its two servers", `{"group_spread_max_servers":2}`, map[string]bool{"s0": true, "s1": false, "s2": true}},
+		{"cap 3: not reached", `{"group_spread_max_servers":3}`, map[string]bool{"s0": true, "s1": true, "s2": false}},
+		{"group_spread 0: never", `{"group_spread":0}`, map[string]bool{"s0": false, "s1": false, "s2": false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := admitConfig(4)
+			c.ResponseTokens = 8192
+			c.Strategies = []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}
+			r := mustNew(t, c, "s0", "s1", "s2")
+			h := &held{req: Request{Tokens: prompt(64, 7)}, last: 42}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.bound = 200 // one-request sessions: a GRPO step
+			if r.lens != nil {
+				r.lens.measured, r.lens.measuredOK = 0.9, true
+			}
+			for _, id := range []string{"s0", "s0", "s1"} {
+				r.placed(h.last, r.byID[id])
+			}
+			for id, want := range tc.full {
+				if got := r.groupFull(h, r.byID[id]); got != want {
+					t.Fatalf("groupFull on %s = %v, want %v", id, got, want)
+				}
+			}
+		})
+	}
+}

@@ -221,6 +221,9 @@ type KVCAware struct {
 	// decode, while each server past the first re-pays the prompt's
 	// prefill: the gain shrinks as K grows and the price does not
 	// (docs/rl-workloads.md, "The cap"). 0 (the default): no cap.
+	// Admission reads it too: once a group is on this many servers, a
+	// freed slot elsewhere passes its held siblings over, and its holders
+	// take them evenly.
 	// When to change: 4 on fleets of more than 4 servers when TTFT
 	// matters more than about 2% of step time, or lengths are known to
 	// be independent of the prompt: on 8 engines it lowered TTFT p99 by
@@ -354,19 +357,20 @@ func (k *KVCAware) ReadsLengthCorr() bool {
 
 // SpreadsGroup implements GroupSpreader: group_spread's gates are open for
 // req and its weight on one-request siblings outweighs task_spread's on
-// multi-turn ones. Where group_spread_min_corr is set, a correlation not
+// multi-turn ones; its cap is group_spread_max_servers. Where
+// group_spread_min_corr is set, a correlation not
 // measured yet reads as closed, unlike in Score: a placement made at
 // arrival cannot wait for one, but admission places a step's requests as
 // its first ones finish, so it measures before it spreads, and where a
 // prompt's samples are not alike, whole groups share prefill and KV
 // (docs/rl-workloads.md, "Admission spreads a group once its samples
 // are measured alike").
-func (k *KVCAware) SpreadsGroup(req *Request, promptTokens int) bool {
+func (k *KVCAware) SpreadsGroup(req *Request, promptTokens int) (bool, int) {
 	if k.GroupSpreadMinCorr > 0 && !req.LengthCorrKnown {
-		return false
+		return false, 0
 	}
 	gs := k.groupSpread(req, promptTokens) * (1 - multiTurn(req))
-	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req)
+	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req), k.GroupSpreadMaxServers
 }
 
 // Score implements Strategy.

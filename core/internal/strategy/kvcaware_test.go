@@ -519,6 +519,7 @@ func TestKVCAwareSpreadsGroup(t *testing.T) {
 		want   bool
 	}{
 		{"measured alike", `{}`, grpo(0.6, true), 1000, true},
+		{"measured alike, capped at 3 servers", `{"group_spread_max_servers":3}`, grpo(0.6, true), 1000, true},
 		{"measured unalike", `{}`, grpo(0.1, true), 1000, false},
 		{"not measured", `{}`, grpo(0, false), 1000, false},
 		{"not measured, group_spread_min_corr 0", `{"group_spread_min_corr":0}`, grpo(0, false), 1000, true},
@@ -534,16 +535,16 @@ func TestKVCAwareSpreadsGroup(t *testing.T) {
 				t.Fatal(err)
 			}
 			k := &kv
-			if got := SpreadsGroup(k, tc.req, tc.prompt); got != tc.want {
-				t.Fatalf("SpreadsGroup = %v, want %v", got, tc.want)
+			if got, capped := SpreadsGroup(k, tc.req, tc.prompt); got != tc.want || capped != kv.GroupSpreadMaxServers {
+				t.Fatalf("SpreadsGroup = %v, %d; want %v, %d", got, capped, tc.want, kv.GroupSpreadMaxServers)
 			}
 			w := &Weighted{Parts: []Strategy{&LeastInflight{}, k}, Weights: []float64{0.5, 0.5}}
-			if got := SpreadsGroup(w, tc.req, tc.prompt); got != tc.want {
+			if got, _ := SpreadsGroup(w, tc.req, tc.prompt); got != tc.want {
 				t.Fatalf("weighted: SpreadsGroup = %v, want %v", got, tc.want)
 			}
 		})
 	}
-	if SpreadsGroup(&LeastInflight{}, grpo(0.6, true), 1000) {
+	if ok, _ := SpreadsGroup(&LeastInflight{}, grpo(0.6, true), 1000); ok {
 		t.Fatal("least_inflight spreads a group: it has no group_spread")
 	}
 }

@@ -162,16 +162,19 @@ func ReadsLengthCorr(s Strategy) bool {
 // one-request samples (a GRPO group) over servers. Admission, which
 // places a held request on whichever server freed a slot instead of
 // scoring, asks it whether a held sibling may join its group on a server
-// that already holds more of the group than some other server does.
+// that already holds more of the group than some other server does, and
+// over how many servers at most (0: no cap).
 type GroupSpreader interface {
-	SpreadsGroup(req *Request, promptTokens int) bool
+	SpreadsGroup(req *Request, promptTokens int) (spread bool, maxServers int)
 }
 
-// SpreadsGroup reports whether s spreads req's group (false when s does
-// not implement GroupSpreader).
-func SpreadsGroup(s Strategy, req *Request, promptTokens int) bool {
-	m, ok := s.(GroupSpreader)
-	return ok && m.SpreadsGroup(req, promptTokens)
+// SpreadsGroup reports whether s spreads req's group and over how many
+// servers at most (false when s does not implement GroupSpreader).
+func SpreadsGroup(s Strategy, req *Request, promptTokens int) (bool, int) {
+	if m, ok := s.(GroupSpreader); ok {
+		return m.SpreadsGroup(req, promptTokens)
+	}
+	return false, 0
 }
 
 // Factory builds a strategy from its JSON parameters.
@@ -264,14 +267,15 @@ func (w *Weighted) ReadsLengthCorr() bool {
 	return false
 }
 
-// SpreadsGroup implements GroupSpreader: any part spreads it.
-func (w *Weighted) SpreadsGroup(req *Request, promptTokens int) bool {
+// SpreadsGroup implements GroupSpreader: the first part that spreads it
+// decides (its cap included).
+func (w *Weighted) SpreadsGroup(req *Request, promptTokens int) (bool, int) {
 	for _, p := range w.Parts {
-		if SpreadsGroup(p, req, promptTokens) {
-			return true
+		if ok, capped := SpreadsGroup(p, req, promptTokens); ok {
+			return true, capped
 		}
 	}
-	return false
+	return false, 0
 }
 
 // EffectiveLoad implements LoadMeasure: the highest load any part measures
