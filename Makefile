@@ -379,11 +379,12 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(WORK_POLICIES) --json build/kvbench-work/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # Admission's group spread (kvc_aware's group_spread read by admission once a
-# step's samples are measured alike): issue 26's RL settings, verl_default, the
-# defaults, admission alone and admission with lengths, fresh seeds
-# ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/results/admit-spread/; the same
-# command at edcef9e, before it, is docs/results/admit-spread-edcef9e/; both
-# render into docs/rl-workloads.md). ~5 min.
+# step's samples are measured alike): issue 26's RL settings (4 engines), and the
+# correlated first epochs at full size (grpo_sat's 512 prompts x 16 on 8 engines,
+# kvbench-cap's shape: rl8-*), verl_default, the defaults, admission alone and
+# admission with lengths, fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/
+# (docs/results/admit-spread/; the same command at edcef9e, before it, is
+# docs/results/admit-spread-edcef9e/; both render into docs/rl-workloads.md). ~12 min.
 ADMIT_SPREAD_SEEDS ?= 421 422 423 424 425
 ADMIT_SPREAD_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths
 kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.5 / 0.8, recurring prompts), fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/rl-workloads.md)
@@ -391,7 +392,9 @@ kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.
 	@for s in $(ADMIT_SPREAD_SEEDS); do \
 	  for r in 0 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
-	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-rec-$$s.json >/dev/null || exit 1; done
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-rec-$$s.json >/dev/null && \
+	  for r in 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench $(CAP_SHAPE) --kvc-frozen $(RL_FROZEN) --length-corr $$r --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl8-r$$t-$$s.json >/dev/null || exit 1; done || exit 1; done
 
 # The group spread's server cap (group_spread_max_servers; opt-in: the default
 # is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,

@@ -1136,7 +1136,9 @@ ADMIT_SPREAD = "admit-spread"
 ADMIT_SPREAD_BEFORE = ("admit-spread-edcef9e", "edcef9e")
 ADMIT_SPREAD_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                          ("rl-r8", "first epoch, ρ 0.8", None),
-                         ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1))
+                         ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1),
+                         ("rl8-r5", "first epoch, ρ 0.5, 8 engines (512 prompts × 16)", None),
+                         ("rl8-r8", "first epoch, ρ 0.8, 8 engines (512 prompts × 16)", None))
 
 
 def render_admit_spread(docs_root: str) -> Optional[str]:
