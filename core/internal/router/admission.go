@@ -273,6 +273,9 @@ type admissionState struct {
 	recon      map[string]*reconState
 	order      admissionOrder
 	pickMemo   map[uint64]uint8
+	// pickElig is each pool server's eligibility (by pool position) for
+	// the pick under way, read once per pick by groupFull; nil until then.
+	pickElig []bool
 }
 
 // reconState tracks one server's excess of router in-flight count over
@@ -770,6 +773,7 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 	var m [1]index.Match
 	seen := r.aq.pickMemo
 	clear(seen)
+	r.aq.pickElig = r.aq.pickElig[:0:cap(r.aq.pickElig)]
 	i := 0
 	for h := q.head; h != nil && i < window; h, i = h.next, i+1 {
 		if h.last == 0 {
@@ -843,10 +847,16 @@ func (r *Router) groupFull(h *held, s *server) bool {
 		return false
 	}
 	placed, _ := r.groups.Peek(h.last)
+	if len(r.aq.pickElig) != len(r.pool) { // once per pick: health holds within one
+		r.aq.pickElig = r.aq.pickElig[:0]
+		for _, p := range r.pool {
+			r.aq.pickElig = append(r.aq.pickElig, r.eligible(p))
+		}
+	}
 	on, fewest := 0, math.MaxInt
 	holders, fewestHeld := 0, math.MaxInt
-	for _, p := range r.pool {
-		if !r.eligible(p) {
+	for i, p := range r.pool {
+		if !r.aq.pickElig[i] {
 			continue // an unhealthy server gets no slot to take its share
 		}
 		n := 0
