@@ -836,11 +836,9 @@ func (r *Router) groupFull(h *held, s *server) bool {
 	if r.groups == nil || h.last == 0 {
 		return false
 	}
-	r.sreq = strategy.Request{ResponseTokens: r.respToks, SessionsBound: r.bound,
-		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns}
-	if l := r.lens; l != nil {
+	r.setSreq("", nil)
+	if l := r.lens; l != nil { // what is measured so far, this step's finishers included
 		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.measured, l.measuredOK
-		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
 	}
 	spread, maxServers := strategy.SpreadsGroup(r.strat, &r.sreq, len(h.req.Tokens))
 	if !spread {

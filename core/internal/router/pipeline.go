@@ -132,12 +132,7 @@ func (r *Router) decide(req *Request) (Decision, error) {
 	// Scorers.
 	// r.sreq, not a local: a pointer passed to an interface method
 	// escapes, and the decision path allocates nothing.
-	r.sreq = strategy.Request{ID: req.ID, Tokens: req.Tokens, SessionsBound: r.bound,
-		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
-	if l := r.lens; l != nil {
-		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.corr, l.corrKnown
-		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
-	}
+	r.setSreq(req.ID, req.Tokens)
 	r.strat.Score(&r.sreq, r.cands[:n], r.scores[:n])
 	r.sreq.Tokens = nil // the caller's buffer, borrowed for this call only
 	tr.scoredWith(&r.sreq, len(req.Tokens))
@@ -412,6 +407,18 @@ func (r *Router) matchPrefix(req *Request, n int) {
 	}
 	for i := 0; i < n; i++ {
 		r.bsizes[i] = -r.bsizes[i]
+	}
+}
+
+// setSreq sets r.sreq to what the strategy reads of a request and of the
+// router's evidence (sessions, turns, the last step's correlations);
+// r.mu held.
+func (r *Router) setSreq(id string, tokens []int32) {
+	r.sreq = strategy.Request{ID: id, Tokens: tokens, SessionsBound: r.bound,
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
+	if l := r.lens; l != nil {
+		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.corr, l.corrKnown
+		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
 	}
 }
 
