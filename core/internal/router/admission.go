@@ -469,6 +469,7 @@ func (r *Router) Submit(req Request, ticket uint64) (d Decision, queued bool, er
 		return Decision{}, false, fmt.Errorf("%w: %d bytes of prompts held, %d more would pass admission.max_held_bytes = %d",
 			ErrQueueFull, r.aq.bytes, size, r.cfg.Admission.MaxHeldBytes)
 	}
+	r.notePrompt(len(req.Tokens))
 	h := &held{ticket: ticket, req: req, affinity: target, pin: req.Pin, bytes: size, seq: r.aq.seq}
 	r.aq.seq++
 	h.req.Tokens = append([]int32(nil), req.Tokens...)

@@ -172,8 +172,9 @@ type Config struct {
 	// tokens (0 = not said). The verl hook sets it from
 	// actor_rollout_ref.rollout.response_length. The kvc_aware strategy
 	// spreads a single-turn group over servers (group_spread) only when it
-	// is more than group_spread_min_ratio times the prompt: long responses
-	// make a group kept whole its server's straggler.
+	// is more than group_spread_min_ratio times the rollout's mean prompt
+	// (status prompt_tokens_mean): long responses make a group kept whole
+	// its server's straggler.
 	// When to change: set it to the sampling max_tokens outside verl's hook.
 	ResponseTokens int `json:"response_tokens,omitempty"`
 	// Admission holds requests while every server is full (admission.go).

@@ -194,7 +194,7 @@ func (t *trace) candidates(c []strategy.Candidate, scores []float64, masked []bo
 // scored records the scorers' request (without its tokens).
 func (t *trace) scoredWith(req *strategy.Request, prompt int) {
 	t.scored = true
-	t.sreq = strategy.Request{ID: req.ID, SessionsBound: req.SessionsBound, LaterTurns: req.LaterTurns, Turns: req.Turns, ResponseTokens: req.ResponseTokens,
+	t.sreq = strategy.Request{ID: req.ID, SessionsBound: req.SessionsBound, LaterTurns: req.LaterTurns, Turns: req.Turns, ResponseTokens: req.ResponseTokens, PromptTokensMean: req.PromptTokensMean,
 		LengthCorr: req.LengthCorr, LengthCorrKnown: req.LengthCorrKnown, TaskCorr: req.TaskCorr, TaskCorrKnown: req.TaskCorrKnown}
 	t.prompt = prompt
 }

@@ -14,11 +14,19 @@ import (
 
 // warmGRPO gives r a history of n one-request sessions (a GRPO step's
 // samples, each released): the group spread applies to one-request
-// siblings, and a fresh router presumes multi-turn sessions.
+// siblings, and a fresh router presumes multi-turn sessions. Their prompts
+// are 1,024 tokens, the groups' below, so the router's mean prompt (which
+// group_spread_min_ratio reads) is theirs.
 func warmGRPO(t *testing.T, r *Router, n int) {
 	t.Helper()
+	warmPrompts(t, r, n, 1024)
+}
+
+// warmPrompts is warmGRPO with prompts of the given length.
+func warmPrompts(t *testing.T, r *Router, n, tokens int) {
+	t.Helper()
 	for i := 0; i < n; i++ {
-		r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(64, int32(10_000_000+1000*i))...))
+		r.Release(acq(t, r, fmt.Sprint("warm", i), prompt(tokens, int32(10_000_000+10_000*i))...))
 	}
 }
 
@@ -355,5 +363,79 @@ func TestTaskSpreadClosesOnMeasuredCorr(t *testing.T) {
 				t.Fatalf("task_corr %.2f: group_load terms sum to %v, want task_spread open=%v (%+v)", l.TaskCorr, load, tc.open, e.Candidates)
 			}
 		})
+	}
+}
+
+// TestGroupSpreadGateReadsTheMeanPrompt: group_spread_min_ratio compares
+// response_tokens with the rollout's mean prompt, not the request's own,
+// so one rollout's groups get one answer. A long-prompt group among short
+// ones spreads (kept whole where lengths are alike, it straggles: held-out
+// grpo at rho 0.8), and a short-prompt group among long ones stays whole.
+// Both fail when the gate reads the request's own prompt.
+func TestGroupSpreadGateReadsTheMeanPrompt(t *testing.T) {
+	cases := []struct {
+		name          string
+		warm, group   int // prompt tokens: the earlier requests', the group's
+		wantWhole     bool
+		wantMeanAbove int
+	}{
+		// 8,192-token responses: the gate opens below a 2,048-token mean.
+		{"a 4,096-token prompt among 1,024-token ones spreads", 1024, 4096, false, 1024},
+		{"a 1,024-token prompt among 4,096-token ones stays whole", 4096, 1024, true, 3900},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: 8192}, "s0", "s1", "s2", "s3")
+			warmPrompts(t, r, 400, tc.warm)
+			p := prompt(tc.group, 7)
+			got := map[string]int{}
+			for i := 0; i < 16; i++ {
+				got[acq(t, r, fmt.Sprint("g0-", i), p...)]++
+			}
+			if whole := len(got) == 1; whole != tc.wantWhole {
+				t.Fatalf("samples per server %v, want whole %v", got, tc.wantWhole)
+			}
+			if !tc.wantWhole && slices.Max(slices.Collect(maps.Values(got))) > 6 {
+				t.Fatalf("samples per server %v: the group spread unevenly", got)
+			}
+			if m := r.Status().PromptTokensMean; m <= tc.wantMeanAbove || m > max(tc.warm, tc.group) {
+				t.Fatalf("status prompt_tokens_mean %d, want in (%d, %d]", m, tc.wantMeanAbove, max(tc.warm, tc.group))
+			}
+		})
+	}
+}
+
+// TestPromptMeanCountsEachRequestOnce: the mean counts a held request when
+// it arrives and not again when admission places it, and weighs the latest
+// promptMeanWindow prompts once more have been seen.
+func TestPromptMeanCountsEachRequestOnce(t *testing.T) {
+	r := mustNew(t, admitConfig(1), "s0")
+	if m := r.Status().PromptTokensMean; m != 0 {
+		t.Fatalf("fresh router's prompt_tokens_mean %d, want 0", m)
+	}
+	submit(t, r, "a", 1, prompt(1000, 1))
+	if _, q := submit(t, r, "b", 2, prompt(3000, 100_000)); !q {
+		t.Fatal("b not held behind a full server")
+	}
+	if m := r.Status().PromptTokensMean; m != 2000 {
+		t.Fatalf("mean %d with a held request, want 2000", m)
+	}
+	if got, _ := r.ReleaseAdmit("s0", nil); len(got) != 1 {
+		t.Fatalf("admitted %+v, want b", got)
+	}
+	if m := r.Status().PromptTokensMean; m != 2000 {
+		t.Fatalf("mean %d after b was admitted, want 2000 (counted once)", m)
+	}
+	// A rollout whose prompts change: the mean follows the latest ones.
+	r = mustNew(t, Config{Mode: ModeKVCAware}, "s0")
+	for i := 0; i < 3*promptMeanWindow; i++ {
+		n := 100
+		if i >= promptMeanWindow {
+			n = 2000
+		}
+		r.Release(acq(t, r, fmt.Sprint("x", i), prompt(n, int32(i%8))...))
+	}
+	if m := r.Status().PromptTokensMean; m < 1700 || m > 2000 {
+		t.Fatalf("mean %d after %d prompts of 2,000 tokens, want near 2,000", m, 2*promptMeanWindow)
 	}
 }

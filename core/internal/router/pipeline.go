@@ -415,12 +415,25 @@ func (r *Router) matchPrefix(req *Request, n int) {
 // r.mu held.
 func (r *Router) setSreq(id string, tokens []int32) {
 	r.sreq = strategy.Request{ID: id, Tokens: tokens, SessionsBound: r.bound,
-		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks}
+		LaterTurns: r.counters.StickyHits + r.counters.StickyBroken, Turns: r.turns, ResponseTokens: r.respToks,
+		PromptTokensMean: int(math.Round(r.promptMean))}
 	if l := r.lens; l != nil {
 		r.sreq.LengthCorr, r.sreq.LengthCorrKnown = l.corr, l.corrKnown
 		r.sreq.TaskCorr, r.sreq.TaskCorrKnown = l.tasks.Corr()
 	}
 }
+
+// notePrompt adds a prompt the router was asked to place to its running
+// mean (every request once: at acquire, or when it is held); r.mu held.
+// The mean's weight floor (promptMeanWindow requests) lets a rollout whose
+// prompts change follow them.
+func (r *Router) notePrompt(tokens int) {
+	r.promptN++
+	r.promptMean += (float64(tokens) - r.promptMean) / float64(min(r.promptN, promptMeanWindow))
+}
+
+// promptMeanWindow: the mean weighs about this many of the latest prompts.
+const promptMeanWindow = 4096
 
 // fillCandidates is candidates, matchPrefix and the group counts
 // (admission's slot path); it returns the candidates and the group key.

@@ -113,10 +113,14 @@ type Router struct {
 	bound    uint64 // new bindings made (sessions started)
 	turns    strategy.Turns
 	respToks int
-	pool     []*server
-	byID     map[string]*server
-	seq      int
-	now      func() time.Time
+	// promptMean is the running mean of the prompts placed (notePrompt),
+	// over promptN of them.
+	promptMean float64
+	promptN    uint64
+	pool       []*server
+	byID       map[string]*server
+	seq        int
+	now        func() time.Time
 
 	// Per-decision buffers, reused under mu.
 	names   []string
@@ -491,6 +495,7 @@ func (r *Router) Acquire(req Request) (Decision, error) {
 func (r *Router) acquireLocked(req *Request) (Decision, error) {
 	start := time.Now()
 	r.counters.Acquires++
+	r.notePrompt(len(req.Tokens))
 	d, err := r.decide(req)
 	if err != nil {
 		r.latency.observe(time.Since(start))

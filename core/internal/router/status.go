@@ -1,6 +1,8 @@
 package router
 
 import (
+	"math"
+
 	"github.com/kvc-router/kvc-router/core/internal/index"
 	"github.com/kvc-router/kvc-router/core/internal/load"
 )
@@ -30,12 +32,17 @@ type Status struct {
 	StickyMax     int     `json:"sticky_max_size"`
 	// MaxPrompt is max_prompt_tokens: callers check a prompt's length
 	// against it before they pack the tokens.
-	MaxPrompt     int             `json:"max_prompt_tokens"`
-	TotalInflight int             `json:"total_inflight"`
-	Servers       []ServerStatus  `json:"servers"`
-	Counters      Counters        `json:"counters"`
-	Index         index.Status    `json:"index"`
-	Admission     AdmissionStatus `json:"admission"`
+	MaxPrompt int `json:"max_prompt_tokens"`
+	// PromptTokensMean is the running mean prompt length of the requests
+	// placed (the latest few thousand weigh most; held requests count when
+	// they arrive): the rollout's typical prompt, against which
+	// group_spread_min_ratio reads response_tokens (0 before any request).
+	PromptTokensMean int             `json:"prompt_tokens_mean"`
+	TotalInflight    int             `json:"total_inflight"`
+	Servers          []ServerStatus  `json:"servers"`
+	Counters         Counters        `json:"counters"`
+	Index            index.Status    `json:"index"`
+	Admission        AdmissionStatus `json:"admission"`
 	// Lengths is the length learner's statistics (null when lengths is
 	// off): observed_tokens grows only when releases report output counts.
 	Lengths *LengthCounters `json:"lengths"`
@@ -55,6 +62,7 @@ func (r *Router) Status() Status {
 		StickyOverld: r.overload, Speculate: r.speculate, StickySize: r.sticky.Len(),
 		StickyMax: r.cfg.StickyMaxSize, MaxPrompt: r.cfg.MaxPromptTokens, Counters: r.counters, Admission: r.aq.st,
 		DecisionSeconds: r.latency.status(), LastDecision: r.explainLocked(),
+		PromptTokensMean: int(math.Round(r.promptMean)),
 	}
 	st.Admission.Enabled, st.Admission.Held, st.Admission.HeldBytes = r.admit, len(r.aq.tickets), r.aq.bytes
 	if r.lens != nil {

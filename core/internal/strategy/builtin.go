@@ -107,10 +107,10 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     group over E servers costs E-1 extra prefills of one prompt
 //     (docs/rl-workloads.md, issue 26). It applies only when the rollout's
 //     longest response (response_tokens) is more than
-//     group_spread_min_ratio times the prompt: only long responses make
-//     the balance worth those prefills; and, once the router has measured
-//     a step, only while its samples' lengths correlate within a prompt
-//     (group_spread_min_corr). Multi-turn siblings (an agent task's
+//     group_spread_min_ratio times the rollout's mean prompt: only long
+//     responses make the balance worth those prefills; and, once the
+//     router has measured a step, only while its samples' lengths
+//     correlate within a prompt (group_spread_min_corr). Multi-turn siblings (an agent task's
 //     trajectories) are task_spread's. Router-side admission reads
 //     the same gates (SpreadsGroup), with a correlation not yet
 //     measured read as closed.
@@ -189,8 +189,11 @@ type KVCAware struct {
 	// GroupSpreadMinRatio gates group_spread: it applies only when the
 	// rollout's longest response (the router's response_tokens, which the
 	// verl hook sets from rollout.response_length) is more than this many
-	// times the request's prompt; 0 applies it whatever the lengths, and
-	// an unknown response length (response_tokens 0) closes the gate.
+	// times the rollout's mean prompt (the router's running mean of the
+	// prompts it has placed, status prompt_tokens_mean; the request's own
+	// before there is one), so one rollout's groups all spread or all stay
+	// whole; 0 applies it whatever the lengths, and an unknown response
+	// length (response_tokens 0) closes the gate.
 	// Spreading a group over E servers re-pays E-1 prefills of its prompt
 	// to balance decode work that only long responses make large: on
 	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
@@ -476,9 +479,19 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 	if k.GroupSpreadMinRatio == 0 {
 		return k.GroupSpread
 	}
-	// Strictly longer: a prompt exactly at the ratio keeps its group (the
-	// arena's GRPO prompts reach 512 tokens against 2,048-token responses).
-	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) <= k.GroupSpreadMinRatio*float64(max(promptTokens, 1)) {
+	// The rollout's mean prompt, not this one: a group whose prompt is
+	// long decodes as long as any other, and kept whole where a prompt's
+	// samples are alike it straggles (held-out grpo at rho 0.8: 1.14x
+	// verl_default with the request's own prompt, 1.01x with the mean;
+	// docs/rl-workloads.md). The request's own prompt stands in before the
+	// router has a mean. Strictly longer: a prompt exactly at the ratio
+	// keeps its group (the arena's GRPO prompts reach 512 tokens against
+	// 2,048-token responses).
+	typical := promptTokens
+	if req.PromptTokensMean > 0 {
+		typical = req.PromptTokensMean
+	}
+	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) <= k.GroupSpreadMinRatio*float64(max(typical, 1)) {
 		return 0
 	}
 	return k.GroupSpread
@@ -605,7 +618,8 @@ const DefaultSessionWeight = 0.5
 const DefaultGroupSpread = 0.1
 
 // DefaultGroupSpreadMinRatio is group_spread_min_ratio's default: spread a
-// group when its responses may be longer than 4x its prompt. The demo's
+// group when its responses may be longer than 4x the rollout's mean
+// prompt. The demo's
 // shape (ratio at most 4, about 2 for a typical prompt) ran shorter with
 // groups whole, kvbench's grpo_sat (about 12) with groups spread; not tuned
 // finer.

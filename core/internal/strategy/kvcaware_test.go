@@ -264,6 +264,26 @@ func TestKVCAwareGroupSpread(t *testing.T) {
 			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
 		})
 	}
+	// The ratio gate reads the rollout's mean prompt when the router has
+	// one (PromptTokensMean), else the request's own.
+	for _, g := range []struct {
+		name         string
+		tokens, mean int
+		want         string
+		groupLoad    float64
+	}{
+		{"a 4,096-token prompt, rollout mean 1,024: b", 4096, 1024, "b", 0.3},
+		{"a 1,024-token prompt, rollout mean 4,096: a keeps the group", 1024, 4096, "a", 0},
+		{"a 4,096-token prompt, no mean yet: its own ratio (2) keeps the group", 4096, 0, "a", 0},
+	} {
+		t.Run(g.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", `{}`)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = 3
+			req := &Request{Tokens: make([]int32, g.tokens), SessionsBound: 1 << 20, ResponseTokens: 8192, PromptTokensMean: g.mean}
+			checkGroupPick(t, k, req, c, g.want, 0, g.groupLoad)
+		})
+	}
 	k := build(t, "kvc_aware", `{"group_spread":5}`)
 	c := Candidate{InflightTokens: 48_000, Siblings: 100}
 	if got := EffectiveLoad(k, &c); got != 0.1 {

@@ -69,6 +69,12 @@ type Request struct {
 	// router's "response_tokens"; verl's rollout.response_length), 0 when
 	// not said.
 	ResponseTokens int
+	// PromptTokensMean is the mean prompt length, in tokens, of the
+	// requests the router has placed so far (0 when none): the rollout's
+	// typical prompt, which group_spread_min_ratio compares
+	// ResponseTokens with, so every group of one rollout gets the same
+	// answer.
+	PromptTokensMean int
 	// LengthCorr is the within-prompt correlation of log response lengths
 	// the router's learner measured over its last finished step;
 	// LengthCorrKnown false before any step gave enough evidence (or when
