@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread kvbench-mean-prompt docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -395,6 +395,27 @@ kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl-rec-$$s.json >/dev/null && \
 	  for r in 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(CAP_SHAPE) --kvc-frozen $(RL_FROZEN) --length-corr $$r --seed $$s --policies $(ADMIT_SPREAD_POLICIES) --json build/admit-spread/rl8-r$$t-$$s.json >/dev/null || exit 1; done || exit 1; done
+
+# group_spread_min_ratio reading the rollout's mean prompt instead of each
+# request's own (0f7a66a): the held-out grpo shape (64 prompts x 16 on 8 engines,
+# not oversubscribed) with a prompt's samples' lengths correlated at rho 0 / 0.5 /
+# 0.8, one step, with the peers at their launcher defaults (grpo-*); issue 26's
+# 4-engine RL settings (rl-*) and the correlated first epochs at full size
+# (rl8-*), verl_default and kvc_aware. Fresh seeds MEAN_PROMPT_SEEDS ->
+# build/mean-prompt/ (docs/results/mean-prompt/; the same command at 662c078,
+# before it, is docs/results/mean-prompt-662c078/; both render into
+# docs/rl-workloads.md). ~10 min.
+MEAN_PROMPT_SEEDS ?= 431 432 433 434 435
+MEAN_PROMPT_PEERS = verl_default,kvc_aware,vllm_router_sticky_least_loaded,sglang_cache_aware,dynamo_cost+ttl,llmd_precise
+kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: held-out grpo at rho 0 / 0.5 / 0.8 and the RL settings, fresh seeds MEAN_PROMPT_SEEDS -> build/mean-prompt/ (docs/rl-workloads.md)
+	@mkdir -p build/mean-prompt
+	@for s in $(MEAN_PROMPT_SEEDS); do \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench --workload grpo --steps 1 --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2 --length-corr $$r --seed $$s --policies $(MEAN_PROMPT_PEERS) --json build/mean-prompt/grpo-r$$t-$$s.json >/dev/null && \
+	    $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies verl_default,kvc_aware --json build/mean-prompt/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware --json build/mean-prompt/rl-rec-$$s.json >/dev/null && \
+	  for r in 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench $(CAP_SHAPE) --kvc-frozen $(RL_FROZEN) --length-corr $$r --seed $$s --policies verl_default,kvc_aware --json build/mean-prompt/rl8-r$$t-$$s.json >/dev/null || exit 1; done || exit 1; done
 
 # The group spread's server cap (group_spread_max_servers; opt-in: the default
 # is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,
