@@ -459,6 +459,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -f build/arena-admit-lengths/arena-details.json ]; then cp build/arena-admit-lengths/arena-details.json docs/results/arena-admit-lengths-details.json; fi
 	@if [ -d build/heldout-admit ]; then mkdir -p docs/results/heldout-admit && cp build/heldout-admit/*.json docs/results/heldout-admit/; fi
 	@if [ -d build/admit-spread ]; then mkdir -p docs/results/admit-spread && cp build/admit-spread/*.json docs/results/admit-spread/; fi
+	@if [ -d build/mean-prompt ]; then mkdir -p docs/results/mean-prompt && cp build/mean-prompt/*.json docs/results/mean-prompt/; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

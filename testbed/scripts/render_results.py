@@ -1085,13 +1085,13 @@ HELDOUT_ADMIT_BEFORE = ("heldout-admit-234dd89", "234dd89")
 HELDOUT_ADMIT_WORKLOADS = ("grpo_sat", "grpo")
 
 
-def _now_and_before(folder: str, target: str, before: Tuple[str, str], what: str) -> str:
+def _now_and_before(folder: str, target: str, before: Tuple[str, str], what: str,
+                    how: str = "kvc_aware frozen as in every kvbench row, admission and lengths on as named") -> str:
     """The opening of a block that pairs `make TARGET`'s runs in FOLDER with
     the same command at an earlier commit (BEFORE: its folder and commit)."""
     before_dir, before_commit = before
     return (f"Rendered from `docs/results/{folder}/` (`make {target}`) and the same command at "
-            f"`{before_commit}`, before {what} (`docs/results/{before_dir}/`); kvc_aware frozen as in every "
-            "kvbench row, admission and lengths on as named; ")
+            f"`{before_commit}`, before {what} (`docs/results/{before_dir}/`); {how}; ")
 
 
 def render_heldout_admit(docs_root: str) -> Optional[str]:
@@ -1175,6 +1175,62 @@ def render_admit_spread(docs_root: str) -> Optional[str]:
     return "\n".join(out) if rows else None
 
 
+MEAN_PROMPT = "mean-prompt"
+MEAN_PROMPT_BEFORE = ("mean-prompt-662c078", "662c078")
+MEAN_PROMPT_SETTINGS = (("grpo-r0", "held-out `grpo` shape (64 prompts × 16, 8 engines, not oversubscribed), ρ 0",
+                         None),
+                        ("grpo-r5", "held-out `grpo` shape, ρ 0.5", None),
+                        ("grpo-r8", "held-out `grpo` shape, ρ 0.8", None),
+                        ("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
+                        ("rl-r8", "first epoch, ρ 0.8", None),
+                        ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1),
+                        ("rl8-r5", "first epoch, ρ 0.5, 8 engines (512 prompts × 16)", None),
+                        ("rl8-r8", "first epoch, ρ 0.8, 8 engines (512 prompts × 16)", None))
+
+
+def render_mean_prompt(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for group_spread_min_ratio reading the
+    rollout's mean prompt: per setting, kvc_aware over verl_default now and
+    before, the change's own effect on step time and TTFT p99, the hit rate,
+    and on the held-out grpo shape kvc_aware over each peer, paired by seed."""
+    res = os.path.join(docs_root, "docs", "results")
+    before_dir, _ = MEAN_PROMPT_BEFORE
+    out = [_now_and_before(MEAN_PROMPT, "kvbench-mean-prompt", MEAN_PROMPT_BEFORE, "the change",
+                           "kvc_aware at the library defaults, peers at their launcher defaults")
+           + "each cell a paired ratio by seed, mean ± 95% CI (the hit rate: mean over seeds).", "",
+           "| setting | seeds | kvc_aware ÷ verl_default | before | the change (now ÷ before): step | TTFT p99 "
+           "| hit rate, before → now | worst seed, before → now |", "|---|---|---|---|---|---|---|---|"]
+    peers: List[str] = []
+    rows = 0
+    for prefix, label, step in MEAN_PROMPT_SETTINGS:
+        now = _kvb_runs(os.path.join(res, MEAN_PROMPT), prefix, step)
+        then = _kvb_runs(os.path.join(res, before_dir), prefix, step)
+        if not now or not then:
+            continue
+        per = dict(now)
+        per.update({(p + " before", sd): v for (p, sd), v in then.items()})
+        seeds = sorted(sd for p, sd in now if p == "kvc_aware")
+        cells = [_paired_cell(per, a, b, m) for a, b, m in (
+            ("kvc_aware", "verl_default", "step"), ("kvc_aware before", "verl_default before", "step"),
+            ("kvc_aware", "kvc_aware before", "step"), ("kvc_aware", "kvc_aware before", "ttft_p99"))]
+        hit = [sum(per[(p, sd)]["hit"] for sd in seeds) / len(seeds) for p in ("kvc_aware before", "kvc_aware")]
+        worst = [max(per[(p, sd)]["step"] / per[(b, sd)]["step"] for sd in seeds)
+                 for p, b in (("kvc_aware before", "verl_default before"), ("kvc_aware", "verl_default"))]
+        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells)
+                   + f" | {100 * hit[0]:.1f}% → {100 * hit[1]:.1f}% | {worst[0]:.3f} → {worst[1]:.3f} |")
+        rows += 1
+        if prefix.startswith("grpo-"):
+            others = [p for p in dict.fromkeys(p for p, _ in now) if p not in ("kvc_aware", "verl_default")]
+            peers.append(f"- {label}: " + "; ".join(
+                f"{p} ÷ verl_default {_paired_cell(per, p, 'verl_default', 'step')}, kvc_aware ÷ {p} "
+                f"{_paired_cell(per, 'kvc_aware', p, 'step')}" for p in others))
+    if not rows:
+        return None
+    if peers:
+        out += ["", "The peers on the held-out `grpo` shape (the same runs; step time, paired by seed):", *peers]
+    return "\n".join(out)
+
+
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 # The opt-in configuration that ranks admission by learnt lengths (admission
@@ -1197,7 +1253,7 @@ def _kvb_runs(d: str, prefix: str, step: Optional[int]) -> PerSeed:
             rep = json.load(f)
         for p, r in rep["policies"].items():
             mk = r["makespan_s"] if step is None else rep["makespan_steps_s"][p][step]
-            out[(p, seed)] = {"step": mk, "ttft_p99": r["ttft_p99_s"]}
+            out[(p, seed)] = {"step": mk, "ttft_p99": r["ttft_p99_s"], "hit": r.get("hit_rate", math.nan)}
     return out
 
 
@@ -1279,8 +1335,11 @@ def render_targets(docs_root: str) -> Optional[str]:
     src_cur = f"`{RL_DEFAULTS}/` (`make kvbench-rl`)"
     src_t = "`rl-tuned/` (`make kvbench-rl-tuned`)"
     src_w = f"`{RL_WORK}/` (`make kvbench-work`)"
+    mp = os.path.join(res, MEAN_PROMPT)
+    src_mp = f"`{MEAN_PROMPT}/` (`make kvbench-mean-prompt`)"
     out = ["Rendered from the committed runs named in each row (under `docs/results/`); kvc_aware at the library "
-           f"defaults in every row but the one marked opt-in (frozen at `{RL_DEFAULTS[3:]}`); each cell is "
+           f"defaults in every row but the one marked opt-in (frozen at `{RL_DEFAULTS[3:]}`; the `{MEAN_PROMPT}/` "
+           "rows at the defaults of 0f7a66a, whose response-length gate reads the rollout's mean prompt); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1293,9 +1352,16 @@ def render_targets(docs_root: str) -> Optional[str]:
         runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None)), (src_t, t[key])]
         if glob.glob(os.path.join(work, f"rl-{key}-*.json")):
             runs.append((src_w, _kvb_runs(work, f"rl-{key}", None)))
+        if glob.glob(os.path.join(mp, f"rl-{key}-*.json")):
+            runs.append((src_mp, _kvb_runs(mp, f"rl-{key}", None)))
         for src, r in runs:
             ci = vs(r, "kvc_aware", "verl_default")
             row("≤ 0.98 × verl_default", setting, src, r, ci, _at_most(ci, 0.98))
+        if glob.glob(os.path.join(mp, f"rl8-{key}-*.json")):
+            r = _kvb_runs(mp, f"rl8-{key}", None)
+            ci = vs(r, "kvc_aware", "verl_default")
+            row("≤ 0.98 × verl_default", setting + ", full size (512 prompts × 16, 8 engines)", src_mp, r, ci,
+                _at_most(ci, 0.98))
         for peer in TARGET_PEERS:
             best = _at_best(t[key], peer)
             if best:
@@ -1308,7 +1374,8 @@ def render_targets(docs_root: str) -> Optional[str]:
         + src_cur, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
         ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
     rec = [(src_cur, _kvb_runs(cur, "rl-rec", 1)), (src_t, t["rec"]), (src_w, _kvb_runs(work, "rl-rec", 1))]
-    for src, r in rec:
+    rec_rows = rec + ([(src_mp, _kvb_runs(mp, "rl-rec", 1))] if glob.glob(os.path.join(mp, "rl-rec-*.json")) else [])
+    for src, r in rec_rows:
         ci = vs(r, "kvc_aware", "verl_default")
         row("≤ 0.90 × verl_default", "recurring prompts, epoch 2", src, r, ci, _at_most(ci, 0.90))
     for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(t["rec"])} - {"verl_default"}):
@@ -1636,6 +1703,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         heldout_admit = render_heldout_admit(a.docs)
         if "<!-- BEGIN RENDERED: rl-heldout-admit -->" in rl_text and heldout_admit:
             targets.setdefault(rl_doc, {})["rl-heldout-admit"] = heldout_admit
+        mean_prompt = render_mean_prompt(a.docs)
+        if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
+            targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt
         admit_spread = render_admit_spread(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
             targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread

@@ -926,3 +926,35 @@ def test_admit_spread_block_pairs_now_and_before(tmp_path):
         "| recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8) | 421–422 | 1.000 ± 0.000 (a tie) "
         "| 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) | 0.800 ± 0.000 (shorter) "
         "| 0.800 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) | 0.900 ± 0.000 (lower) |"], rows
+
+
+def test_mean_prompt_block_pairs_now_and_before(tmp_path):
+    """`make kvbench-mean-prompt`'s block: per setting, kvc_aware over
+    verl_default now and before the change (its own folder), the change's
+    effect on step time and TTFT p99, the hit rates and the worst seed, each
+    from the same files; the held-out grpo shape also lists kvc_aware over
+    each peer; a setting without the run from before has no row."""
+    res = tmp_path / "docs" / "results"
+    now, before = res / _const("MEAN_PROMPT"), res / "mean-prompt-662c078"
+    now.mkdir(parents=True)
+    before.mkdir()
+
+    def doc(rows: dict, verl: float, hit: float) -> str:
+        return json.dumps({
+            "policies": {p: {"makespan_s": mk * verl, "ttft_p99_s": 2.0 * mk, "hit_rate": hit}
+                         for p, mk in rows.items()},
+            "makespan_steps_s": {p: [5.0 * mk * verl, mk * verl] for p, mk in rows.items()}})
+
+    for seed, verl, worst in ((431, 100.0, 1.5), (432, 200.0, 1.1)):
+        rows = {"verl_default": 1.0, "kvc_aware": 1.0, "sglang_cache_aware": 1.25}
+        (now / f"grpo-r8-{seed}.json").write_text(doc(rows, verl, 0.6))
+        (before / f"grpo-r8-{seed}.json").write_text(doc({**rows, "kvc_aware": worst}, verl, 0.75))
+        (now / f"rl-r5-{seed}.json").write_text(doc(rows, verl, 0.6))  # nothing from before: no row
+    render = _rl_block_renderer(tmp_path, "rl-mean-prompt")
+    page = render()
+    rows = [ln for ln in page.splitlines() if ln.startswith("| held-out") or ln.startswith("| first")]
+    assert rows == [
+        "| held-out `grpo` shape, ρ 0.8 | 431–432 | 1.000 ± 0.000 (a tie) | 1.300 ± 2.541 (a tie) "
+        "| 0.788 ± 1.540 (a tie) | 0.788 ± 1.540 (a tie) | 75.0% → 60.0% | 1.500 → 1.000 |"], rows
+    assert ("- held-out `grpo` shape, ρ 0.8: sglang_cache_aware ÷ verl_default 1.250 ± 0.000 (longer), "
+            "kvc_aware ÷ sglang_cache_aware 0.800 ± 0.000 (shorter)") in page, page
