@@ -95,6 +95,9 @@ def test_samples_match_status_and_names_follow_conventions():
     for sid, n in st["servers"].items():
         assert got[("server_inflight", (("server", sid),))] == n
     assert got[("index_entries", ())] == st["router"]["index"]["entries"] > 0
+    # The running mean of the prompts placed, which group_spread_min_ratio reads.
+    mean = round((4 * len(PROMPT) + 3 * len(PROMPT_B)) / 7)
+    assert got[("prompt_tokens_mean", ())] == st["router"]["prompt_tokens_mean"] == mean, (mean, st["router"])
     for name, spec in km.SPECS.items():
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name)
         # Counters end in _total; base units (seconds, bytes, ratio) in the name.

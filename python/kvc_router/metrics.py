@@ -114,6 +114,9 @@ SPECS: Dict[str, Spec] = {
     # pool and load
     "servers": Spec("gauge", "servers in the pool"),
     "inflight": Spec("gauge", "requests in flight over all servers"),
+    "prompt_tokens_mean": Spec(
+        "gauge", "running mean prompt length of the requests placed: the rollout's typical prompt, "
+        "which group_spread_min_ratio compares response_tokens with"),
     "server_inflight": Spec("gauge", "requests in flight per server", ("server",)),
     "server_inflight_tokens": Spec("gauge", "prompt tokens in flight per server", ("server",)),
     "server_load": Spec("gauge", "the router's load estimate per server (0..1 of capacity)", ("server",)),
@@ -217,6 +220,7 @@ def samples(status: Mapping[str, Any], server_label: Callable[[str], str] = str)
 
     add("servers", status.get("active_servers", 0))
     add("inflight", status.get("total_inflight", 0))
+    add("prompt_tokens_mean", r.get("prompt_tokens_mean", 0))
     for s in r.get("servers") or ():
         sid = server_label(s["id"])
         ld = s.get("load") or {}
