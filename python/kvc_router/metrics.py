@@ -115,8 +115,10 @@ SPECS: Dict[str, Spec] = {
     "servers": Spec("gauge", "servers in the pool"),
     "inflight": Spec("gauge", "requests in flight over all servers"),
     "prompt_tokens_mean": Spec(
-        "gauge", "running mean prompt length of the requests placed: the rollout's typical prompt, "
-        "which group_spread_min_ratio compares response_tokens with"),
+        "gauge",
+        "running mean prompt length of the requests placed: the rollout's typical prompt, "
+        "which group_spread_min_ratio compares response_tokens with",
+    ),
     "server_inflight": Spec("gauge", "requests in flight per server", ("server",)),
     "server_inflight_tokens": Spec("gauge", "prompt tokens in flight per server", ("server",)),
     "server_load": Spec("gauge", "the router's load estimate per server (0..1 of capacity)", ("server",)),
