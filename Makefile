@@ -188,10 +188,11 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 373c8bc
-# freeze: docs/results/heldout-373c8bc/; the 583ebbd, 81ebcf0
+# workloads above re-run at the library defaults (RL_FROZEN, the 8ef0422
+# freeze: docs/results/heldout-8ef0422/; the 373c8bc, 583ebbd, 81ebcf0
 # (group_spread_max_servers 4), 8df1902 and 668a343 freezes' are in
-# heldout-583ebbd/, heldout-81ebcf0/, heldout-8df1902/ and heldout-668a343/) on the same reported seeds, verl_default beside it (its
+# heldout-373c8bc/, heldout-583ebbd/, heldout-81ebcf0/, heldout-8df1902/ and
+# heldout-668a343/) on the same reported seeds, verl_default beside it (its
 # rows must match the published ones seed for seed), paired in
 # docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
 # before issue 26).

@@ -977,11 +977,12 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-373c8bc"
+HELDOUT_NOW = "heldout-8ef0422"
 # The same runs at earlier freezes, each gate's effect seed by seed: 668a343
 # (before group_spread_min_corr) and 583ebbd (before task_spread_min_corr).
 # The opt-in cap of 4 is in docs/results/heldout-81ebcf0/.
-HELDOUT_EARLIER = (("heldout-668a343", "`group_spread_min_corr`"), ("heldout-583ebbd", "`task_spread_min_corr`"))
+HELDOUT_EARLIER = (("heldout-668a343", "`group_spread_min_corr`"), ("heldout-583ebbd", "`task_spread_min_corr`"),
+                   ("heldout-373c8bc", "`group_spread_min_ratio` read the rollout's mean prompt"))
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.
@@ -1339,7 +1340,8 @@ def render_targets(docs_root: str) -> Optional[str]:
     src_mp = f"`{MEAN_PROMPT}/` (`make kvbench-mean-prompt`)"
     out = ["Rendered from the committed runs named in each row (under `docs/results/`); kvc_aware at the library "
            f"defaults in every row but the one marked opt-in (frozen at `{RL_DEFAULTS[3:]}`; the `{MEAN_PROMPT}/` "
-           "rows at the defaults of 0f7a66a, whose response-length gate reads the rollout's mean prompt); each cell is "
+           f"and `{HELDOUT_NOW}/` rows at `{HELDOUT_NOW[8:]}`, whose response-length gate reads the rollout's mean "
+           "prompt); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1443,11 +1445,11 @@ def render_targets(docs_root: str) -> Optional[str]:
             ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
     if held:
         out += ["", "The workloads that existed before issue 26 (docs/kvbench.md's held-out set, seeds 311–320), "
-                f"kvc_aware at today's defaults (`{RL_DEFAULTS[3:]}`) paired seed by seed with its rows at "
+                f"kvc_aware at today's defaults (`{HELDOUT_NOW[8:]}`) paired seed by seed with its rows at "
                 f"`{RL_PREV[3:]}` (the published tables); ratios today ÷ before, mean ± 95% CI. The last "
-                "columns pair today's rows with the same runs at earlier freezes, each before one measured gate: "
+                "columns pair today's rows with the same runs at earlier freezes, each before one change to the gates: "
                 + "; ".join(f"`{d[8:]}` (`docs/results/{d}/`), before {gate}" for d, gate in HELDOUT_EARLIER)
-                + ". Each pair of columns is today's rows ÷ that freeze's, so the later pair is the later gate's "
+                + ". Each pair of columns is today's rows ÷ that freeze's, so the last pair is the last change's "
                 "own effect.", "",
                 "| workload | step time | TTFT p99 | hit rate | today's step ÷ verl_default's "
                 "| verl_default's rows identical | "
