@@ -627,7 +627,8 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd")
+    subs = ("rl-tuned", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd",
+            "heldout-373c8bc")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
@@ -676,10 +677,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     ratios = [kvc_now[k]["ttft_p99_s"] / kvc_then[k]["ttft_p99_s"] for k in kvc_now]
     line = next(ln for ln in text.splitlines() if "held-out `grpo`" in ln and ln.startswith("| TTFT p99"))
     assert f"| {sum(ratios) / len(ratios):.3f} ±" in line
-    # The last columns pair today's rows with the 668a343 freeze's (before the within-prompt gate), then
-    # with the 583ebbd freeze's (before the within-task gate).
+    # The last columns pair today's rows with the 668a343 freeze's (before the within-prompt gate), the
+    # 583ebbd freeze's (before the within-task gate) and the 373c8bc freeze's (before the mean prompt).
     cells = held[0].split(" | ")
-    for d, at in (("heldout-668a343", -4), ("heldout-583ebbd", -2)):
+    for d, at in (("heldout-668a343", -6), ("heldout-583ebbd", -4), ("heldout-373c8bc", -2)):
         earlier = json.loads((res / d / "kvbench-grpo.json").read_text())
         kvc_e = {x["seed"]: x for r in earlier["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
         step = [kvc_now[k]["makespan_s"] / kvc_e[k]["makespan_s"] for k in kvc_now]
