@@ -35,7 +35,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 try:
     from kvc_harness.stats import MeanCI, mean_ci, verdict
@@ -1095,6 +1095,20 @@ def _now_and_before(folder: str, target: str, before: Tuple[str, str], what: str
             f"`{before_commit}`, before {what} (`docs/results/{before_dir}/`); {how}; ")
 
 
+def _paired_settings(res: str, folder: str, before_dir: str,
+                     settings: Sequence[Tuple[str, str, Optional[int]]]) -> Iterator[Tuple[str, str, PerSeed, PerSeed]]:
+    """Each (prefix, label, step) setting run both in FOLDER and BEFORE_DIR:
+    its prefix, label, the runs now, and now's runs with before's beside them
+    as "ROW before"."""
+    for prefix, label, step in settings:
+        now = _kvb_runs(os.path.join(res, folder), prefix, step)
+        then = _kvb_runs(os.path.join(res, before_dir), prefix, step)
+        if now and then:
+            per = dict(now)
+            per.update({(p + " before", sd): v for (p, sd), v in then.items()})
+            yield prefix, label, now, per
+
+
 def render_heldout_admit(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's block for the opt-in order on the held-out GRPO
     workloads: admission alone and with lengths over verl_default, the two
@@ -1157,13 +1171,7 @@ def render_admit_spread(docs_root: str) -> Optional[str]:
            "| kvc_aware+admit's TTFT p99 (from arrival: the wait in admission counted) ÷ verl_default's |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     rows = 0
-    for prefix, label, step in ADMIT_SPREAD_SETTINGS:
-        now = _kvb_runs(os.path.join(res, ADMIT_SPREAD), prefix, step)
-        then = _kvb_runs(os.path.join(res, before_dir), prefix, step)
-        if not now or not then:
-            continue
-        per = dict(now)
-        per.update({(p + " before", sd): v for (p, sd), v in then.items()})
+    for _, label, now, per in _paired_settings(res, ADMIT_SPREAD, before_dir, ADMIT_SPREAD_SETTINGS):
         seeds = sorted(sd for p, sd in now if p == ours)
         cells = [_paired_cell(per, a, b, m) for a, b, m in (
             ("kvc_aware", "verl_default", "step"),
@@ -1203,13 +1211,7 @@ def render_mean_prompt(docs_root: str) -> Optional[str]:
            "| hit rate, before → now | worst seed, before → now |", "|---|---|---|---|---|---|---|---|"]
     peers: List[str] = []
     rows = 0
-    for prefix, label, step in MEAN_PROMPT_SETTINGS:
-        now = _kvb_runs(os.path.join(res, MEAN_PROMPT), prefix, step)
-        then = _kvb_runs(os.path.join(res, before_dir), prefix, step)
-        if not now or not then:
-            continue
-        per = dict(now)
-        per.update({(p + " before", sd): v for (p, sd), v in then.items()})
+    for prefix, label, now, per in _paired_settings(res, MEAN_PROMPT, before_dir, MEAN_PROMPT_SETTINGS):
         seeds = sorted(sd for p, sd in now if p == "kvc_aware")
         cells = [_paired_cell(per, a, b, m) for a, b, m in (
             ("kvc_aware", "verl_default", "step"), ("kvc_aware before", "verl_default before", "step"),
