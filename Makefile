@@ -385,7 +385,9 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 # kvbench-cap's shape: rl8-*), verl_default, the defaults, admission alone and
 # admission with lengths, fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/
 # (docs/results/admit-spread/; the same command at edcef9e, before it, is
-# docs/results/admit-spread-edcef9e/; both render into docs/rl-workloads.md). ~12 min.
+# docs/results/admit-spread-edcef9e/; both render into docs/rl-workloads.md; at the
+# 8ef0422 freeze it is docs/results/admit-spread-8ef0422/, whose kvc_aware rows the
+# targets table reads). ~12 min.
 ADMIT_SPREAD_SEEDS ?= 421 422 423 424 425
 ADMIT_SPREAD_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths
 kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.5 / 0.8, recurring prompts), fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/rl-workloads.md)
