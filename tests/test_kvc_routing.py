@@ -94,6 +94,34 @@ def test_grpo_group_spreads_with_group_spread(ray_cluster, make_actor):
     assert last["decision"]["server"] == "s0"  # all even again: ties go to the first added
 
 
+def test_group_with_a_long_prompt_spreads_like_the_rest(ray_cluster, make_actor):
+    """group_spread's response-length gate reads the rollout's mean prompt
+    (status prompt_tokens_mean), not each request's own: after a step of
+    1,024-token prompts (8,192-token responses are 8x them), a group whose
+    prompt is 4,096 tokens (2x its own) spreads like the others; kept whole,
+    its samples, alike in length, would make one server the straggler."""
+    ray = ray_cluster
+    cfg = {"type": "kvc_aware", "config": {"response_tokens": 8192, "turns": "single"}}
+    lb = make_actor(servers=dict(SERVERS), max_cache_size=10000, router_config=cfg)
+    push_idle_metrics(ray, lb, SERVERS)
+    for i in range(300):
+        sid, _ = ray.get(lb.acquire_server.remote(request_id=f"warm-{i}", prompt_ids=prompt(1000 + i, 1024)))
+        ray.get(lb.release_server.remote(sid))
+    mean = ray.get(lb.get_status.remote())["router"]["prompt_tokens_mean"]
+    assert mean == 1024, mean
+    p = prompt(11, 4096)
+    got = []
+    for i in range(12):
+        # Each released at once: no load tells the samples apart, only the
+        # group's placed count (which a release does not undo) and the cache.
+        sid, _ = ray.get(lb.acquire_server.remote(request_id=f"g-{i}", prompt_ids=p))
+        ray.get(lb.release_server.remote(sid))
+        got.append(sid)
+    counts = {s: got.count(s) for s in SERVERS}
+    assert max(counts.values()) <= 6 and min(counts.values()) >= 2, counts
+    assert 1024 < ray.get(lb.get_status.remote())["router"]["prompt_tokens_mean"] < 4096
+
+
 def test_agent_task_spreads_when_told_multi_turn(ray_cluster, make_actor):
     """At the defaults (task_spread 0.1) on a fresh router told the rollout
     is multi-turn (``turns: multi``, what verl's hook says for
