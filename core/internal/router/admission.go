@@ -774,7 +774,7 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 	var m [1]index.Match
 	seen := r.aq.pickMemo
 	clear(seen)
-	r.aq.pickElig = r.aq.pickElig[:0:cap(r.aq.pickElig)]
+	r.aq.pickElig = r.aq.pickElig[:0] // groupFull fills it once for this pick
 	i := 0
 	for h := q.head; h != nil && i < window; h, i = h.next, i+1 {
 		if h.last == 0 {

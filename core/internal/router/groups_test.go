@@ -50,9 +50,10 @@ func TestGroupSpread(t *testing.T) {
 		// a group.
 		{"task_spread 0.1 after 4,000 one-request sessions: the group stays whole", `{"task_spread":0.1}`, 4000, map[string]int{"s0": 16}, 0},
 		{"default on a fresh router: the group stays whole", `{}`, 0, map[string]int{"s0": 16}, 0},
-		// group_spread's gate (default 0.1, min ratio 4): the prompt is
-		// 1,024 tokens, so responses of more than 4,096 tokens spread the
-		// group, others (or an unsaid length) keep it whole.
+		// group_spread's gate (default 0.1, min ratio 4): every prompt is
+		// 1,024 tokens, so is the router's mean, and responses of more than
+		// 4,096 tokens spread the group, others (or an unsaid length) keep
+		// it whole.
 		{"default, response_tokens 8192: the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 8192},
 		{"default, response_tokens 4097: the group spreads", `{}`, 400, map[string]int{"s0": 4, "s1": 4, "s2": 4, "s3": 4}, 4097},
 		{"default, response_tokens 4096 (ratio exactly 4): the group stays whole", `{}`, 400, map[string]int{"s0": 16}, 4096},

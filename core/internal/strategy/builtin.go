@@ -110,10 +110,10 @@ func (LeastInflight) Explain(_ *Request, _ int, c []Candidate) [][]Term {
 //     group_spread_min_ratio times the rollout's mean prompt: only long
 //     responses make the balance worth those prefills; and, once the
 //     router has measured a step, only while its samples' lengths
-//     correlate within a prompt (group_spread_min_corr). Multi-turn siblings (an agent task's
-//     trajectories) are task_spread's. Router-side admission reads
-//     the same gates (SpreadsGroup), with a correlation not yet
-//     measured read as closed.
+//     correlate within a prompt (group_spread_min_corr). Multi-turn
+//     siblings (an agent task's trajectories) are task_spread's.
+//     Router-side admission reads the same gates (SpreadsGroup), with a
+//     correlation not yet measured read as closed.
 //   - Task spread (task_spread, 0.1 by default): the same count for
 //     multi-turn siblings, weighed by task_spread * multi_turn. An agent
 //     task's difficulty sets all its trajectories' turn counts and lengths
@@ -483,10 +483,9 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 	// long decodes as long as any other, and kept whole where a prompt's
 	// samples are alike it straggles (held-out grpo at rho 0.8: 1.14x
 	// verl_default with the request's own prompt, 1.01x with the mean;
-	// docs/rl-workloads.md). The request's own prompt stands in before the
-	// router has a mean. Strictly longer: a prompt exactly at the ratio
-	// keeps its group (the arena's GRPO prompts reach 512 tokens against
-	// 2,048-token responses).
+	// docs/rl-workloads.md). The request's own prompt stands in where no
+	// router supplies a mean (a strategy called on its own). Strictly
+	// longer: a rollout exactly at the ratio keeps its groups.
 	typical := promptTokens
 	if req.PromptTokensMean > 0 {
 		typical = req.PromptTokensMean
@@ -619,10 +618,8 @@ const DefaultGroupSpread = 0.1
 
 // DefaultGroupSpreadMinRatio is group_spread_min_ratio's default: spread a
 // group when its responses may be longer than 4x the rollout's mean
-// prompt. The demo's
-// shape (ratio at most 4, about 2 for a typical prompt) ran shorter with
-// groups whole, kvbench's grpo_sat (about 12) with groups spread; not tuned
-// finer.
+// prompt. The demo's shape (about 2) ran shorter with groups whole,
+// kvbench's grpo_sat (about 12) with groups spread; not tuned finer.
 const DefaultGroupSpreadMinRatio = 4.0
 
 // DefaultGroupSpreadMinCorr is group_spread_min_corr's default, chosen on
