@@ -141,4 +141,6 @@ def router_summary(status: dict) -> dict:
         "event_subscriptions": len(subs),
         "scrapes": sum(t.get("scrapes", 0) for t in cols.get("vllm_metrics") or []),
         "admission": r.get("admission"),
+        # What the router learnt of response lengths (None with lengths off).
+        "lengths": r.get("lengths"),
     }

@@ -23,12 +23,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kvc_harness import REPO, client, fleet, report, rollout, satstep
 from kvc_harness.procs import Reaper, start_ray
-from kvc_harness.workloads import WorkloadSpec, grpo_step
+from kvc_harness.workloads import WorkloadSpec
 
 POLICIES = ("default", "kvc_aware")
 # The oversubscribed step also runs kvc_aware with router-side admission
-# (opt-in: router.admission.enabled), where late binding pays off.
+# (opt-in: router.admission.enabled), where late binding pays off; on a step
+# whose prompts recur (a later epoch), with the length learning that ranks
+# admission by each prompt's earlier lengths (router.lengths.enabled), the
+# configuration docs/verl.md gives for recurring prompts.
 SAT_POLICIES = POLICIES + ("kvc_aware+admit",)
+SAT_POLICIES_RECURRING = POLICIES + ("kvc_aware+admit+lengths",)
 
 
 @dataclass
@@ -65,7 +69,7 @@ class DemoOptions:
     sat_max_num_seqs: Optional[int] = None
     # The arena workload whose shape the step takes: RL's (a prompt's samples'
     # lengths correlated, sent in verl's order); grpo_sat has independent ones.
-    sat_workload: str = "grpo_rho05"
+    sat_workload: str = "grpo_recur"
     # The rollout steps after the headline (False: the headline alone, as the
     # reproducibility test runs it).
     rollout: bool = True
@@ -91,8 +95,15 @@ def sat_spec(a: DemoOptions, o: satstep.SatOptions) -> WorkloadSpec:
     return spec
 
 
-def sat_workload(a: DemoOptions, o: satstep.SatOptions) -> List[dict]:
-    return grpo_step(sat_spec(a, o), 0)
+def sat_workload(a: DemoOptions, o: satstep.SatOptions) -> List[List[dict]]:
+    """Every step of the headline's rollout in order; the last is reported."""
+    return satstep.steps(sat_spec(a, o))
+
+
+def sat_policies(spec: WorkloadSpec) -> Tuple[str, ...]:
+    """The headline's rows: a step whose prompts ran in an earlier step (a
+    dataset's later epoch) gets the opt-in row that learns their lengths."""
+    return SAT_POLICIES_RECURRING if spec.steps > 1 and spec.dataset_prompts else SAT_POLICIES
 
 
 def commit() -> str:
@@ -254,7 +265,9 @@ def run(a: DemoOptions) -> int:
         raise SystemExit("--no-sat and --no-rollout together leave nothing to run")
     spec = workload(a)
     sat = sat_options(a) if a.sat else None
-    sat_reqs = sat_workload(a, sat) if sat is not None else []
+    sat_steps = sat_workload(a, sat) if sat is not None else []
+    sat_reqs = sat_steps[-1] if sat_steps else []
+    sat_pols = sat_policies(sat_spec(a, sat)) if sat is not None else ()
     os.makedirs(a.out, exist_ok=True)
     plot_path = a.plot or os.path.join(a.out, "demo.png")
     json_path = a.json or os.path.join(a.out, "demo.json")
@@ -300,7 +313,7 @@ def run(a: DemoOptions) -> int:
             if fleets:
                 log(f"vllm-sim fleets (pids {' '.join(str(p.pid) for p, _ in fleets.values())}): {' '.join(cmd[1:])}")
             if sat is not None:
-                for pol in SAT_POLICIES:
+                for pol in sat_pols:
                     p, sat_servers, sat_cmd = fleet.start_sim_fleet(
                         a.sim_binary, a.servers, cleanup, satstep.sim_flags(sat),
                         os.path.join(a.out, f"vllm-sim-sat-{pol}.log"),
@@ -356,7 +369,7 @@ def run(a: DemoOptions) -> int:
                 cleanup.stop_process(fleets[pol][0])
         sat_runs = []
         if sat is not None:
-            for pol in SAT_POLICIES:
+            for pol in sat_pols:
                 if attach:
                     client.reset_prefix_caches(fleet.urls(servers))  # cold start
                     srv = servers
@@ -368,6 +381,7 @@ def run(a: DemoOptions) -> int:
                     satstep.run_policy(
                         ray, pol, srv, sat_reqs, client.served_model(srv[0].url), workers=sat.workers,
                         max_num_seqs=0 if attach else sat.max_num_seqs, log=log, hold=not attach,
+                        warm=sat_steps[:-1],
                     )
                 )
                 if not attach:
@@ -409,7 +423,7 @@ def run(a: DemoOptions) -> int:
                 "requests": {r["policy"]: r["results"] for r in runs},
                 "sat": {
                     "description": sat_text,
-                    "workload_sha256": satstep.fingerprint(sat_reqs) if sat_reqs else None,
+                    "workload_sha256": satstep.fingerprint(sat_steps) if sat_steps else None,
                     "backend": sat_backend or None,
                     "options": sat,
                     "time_scale": sat_scale,
@@ -424,9 +438,10 @@ def run(a: DemoOptions) -> int:
         report.write_json(os.path.splitext(json_path)[0] + "-summary.json",
                           summary_doc(json.loads(json.dumps(full, default=report._jsonable))))
         log(f"results: {json_path}  (elapsed {time.time() - t_start:.0f}s)")
-        bad = [s for s in sums + sat_sums if s["errors"]]
+        bad = [s for s in sums + sat_sums if s["errors"] or s.get("steps_before_failed")]
         for s in bad:
-            log(f"{s['policy']}: {s['errors']} failed requests, first: {s['first_error']}")
+            log(f"{s['policy']}: {s['errors']} failed requests, first: {s['first_error']}"
+                + (f"; {s['steps_before_failed']} failed in the steps before" if s.get("steps_before_failed") else ""))
         return 1 if bad else 0
     except KeyboardInterrupt:
         print("\ninterrupted; cleaning up", file=sys.stderr, flush=True)

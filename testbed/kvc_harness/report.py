@@ -253,7 +253,8 @@ def plot(
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib); no plot written"
-    colors = {"default": "#8c8c8c", "kvc_aware": "#1f77b4", "kvc_aware+admit": "#2ca02c"}
+    colors = {"default": "#8c8c8c", "kvc_aware": "#1f77b4", "kvc_aware+admit": "#2ca02c",
+              "kvc_aware+admit+lengths": "#2ca02c"}
     # Every policy of either section, in run order: each panel shows all of
     # them (a policy a section did not run has no bar there).
     names: List[str] = []

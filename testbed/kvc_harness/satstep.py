@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kvc_harness.balancer import router_config, router_summary, wait_collectors
-from kvc_harness.client import COUNTERS, http_request, scrape_all
+from kvc_harness.client import COUNTERS, http_request, reset_prefix_caches, scrape_all
 from kvc_harness.fleet import Server
 from kvc_harness.report import HOST_NOTE, Row, comparison_table, losses_text, percentile, wrap
 from kvc_harness.workloads import WorkloadSpec
@@ -108,7 +108,9 @@ def workload(o: SatOptions) -> WorkloadSpec:
     sat = specs[o.workload]
     return WorkloadSpec(
         seed=o.seed,
-        steps=1,
+        # A recurring-prompt workload (grpo_recur) runs its steps in order,
+        # a weight sync between them; the last is the step reported.
+        steps=max(1, sat.steps),
         prompts=o.prompts,
         samples=o.samples,
         prompt_tokens=tuple(sat.prompt_words),
@@ -119,7 +121,20 @@ def workload(o: SatOptions) -> WorkloadSpec:
         # An RL-shaped arena workload (grpo_rho05, ...) brings its length
         # correlation and verl's order; grpo_sat keeps independent lengths.
         length_corr=sat.length_corr if sat.arrivals == "verl" else None,
+        # The dataset keeps its size in steps (grpo_recur: one step's prompts,
+        # so step 2 is epoch 2) at the demo's prompts per step.
+        dataset_prompts=o.prompts * (sat.dataset_prompts // sat.prompts) if sat.dataset_prompts else 0,
+        epoch_corr=sat.epoch_corr,
     )
+
+
+def steps(spec: WorkloadSpec) -> List[List[dict]]:
+    """Every step's requests in order; the last is the step reported, the
+    ones before it run first on the same balancer and fleet (a weight sync
+    after each), so the router has what a later step of a rollout has."""
+    from kvc_harness.workloads import grpo_step
+
+    return [grpo_step(spec, s) for s in range(spec.steps)]
 
 
 def scale_for_quick(spec: WorkloadSpec) -> WorkloadSpec:
@@ -135,21 +150,30 @@ def scale_for_quick(spec: WorkloadSpec) -> WorkloadSpec:
 def describe(o: SatOptions, spec: WorkloadSpec, backend: str) -> str:
     """The step in one line, from its options and workload (nothing fixed)."""
     lo, hi = spec.prompt_tokens
+    epoch = (spec.steps - 1) * o.prompts // max(1, spec.dataset_prompts) + 1
     return (f"one oversubscribed step of the {o.workload} workload, seed {o.seed}: {o.sequences} samples "
             f"({o.prompts} prompts x {o.samples}) submitted at once through the Ray balancer actor to {backend} "
             f"({o.sequences / o.slots:.0f}x oversubscribed); prompts {lo}-{hi} tokens, responses median "
             f"{spec.response_median}, max {spec.response_max} tokens"
             + (f"; a prompt's samples' lengths correlated (rho {spec.length_corr:g}), sent in verl's order"
-               if spec.length_corr is not None else ""))
+               if spec.length_corr is not None else "")
+            + (f"; the reported step is step {spec.steps} of a rollout over a dataset of {spec.dataset_prompts} "
+               f"prompts ({o.prompts} a step), i.e. epoch {epoch}: "
+               f"its prompts ran in an earlier step, their difficulty correlated {spec.epoch_corr:g} between epochs; "
+               f"a weight sync (the servers' prefix caches and the router's index reset) after each step"
+               if spec.steps > 1 and spec.dataset_prompts else "")
+            + (f"; the reported step is step {spec.steps} of a rollout of fresh prompts"
+               if spec.steps > 1 and not spec.dataset_prompts else ""))
 
 
-def fingerprint(reqs: List[dict]) -> str:
-    """sha256 of the step's requests (ids, prompts, lengths, sampling seeds):
-    equal for equal seeds and options, whatever the run's timing."""
+def fingerprint(steps: List[List[dict]]) -> str:
+    """sha256 of the rollout's requests, step after step (ids, prompts,
+    lengths, sampling seeds): equal for equal seeds and options, whatever the
+    run's timing; a one-step rollout hashes as its step alone always did."""
     import hashlib
 
     h = hashlib.sha256()
-    for r in reqs:
+    for r in (r for step in steps for r in step):
         h.update(json.dumps([r["rid"], r["prompt"], r["max_tokens"], r["seed"]]).encode())
     return h.hexdigest()
 
@@ -361,6 +385,7 @@ def run_policy(
     max_num_seqs: int = 0,
     log: Callable[[str], Any] = print,
     hold: bool = False,
+    warm: Sequence[List[dict]] = (),
 ) -> dict:
     """The step under one policy: the balancer created as verl creates it,
     ``workers`` SatWorker actors each submitting its share at once. Returns the
@@ -373,16 +398,29 @@ def run_policy(
     (X-Sim-Order); without router-side admission the workers acquire one
     after another, so the balancer decides every sample in one order, before
     any is sent. With admission, which held sample gets a freed slot depends
-    on when this host delivers the completions: its figures stay host-timed."""
+    on when this host delivers the completions: its figures stay host-timed.
+
+    ``warm``: the rollout's earlier steps, run first on the same balancer and
+    fleet, each followed by verl's weight sync (every server's prefix cache
+    reset, then the balancer's ``reset_prefix_index``); the figures are the
+    last step's alone. ``+lengths`` turns the router's length learning on
+    (``lengths.enabled``), which the releases teach (the verl hook's
+    ``output_tokens``)."""
     from kvc_router.verl import actor
 
     urls = {s.sid: s.url for s in servers}
     base, _, extra = policy.partition("+")
+    extras = set(extra.split("+")) - {""}
+    unknown = extras - {"admit", "lengths"}
+    if unknown:
+        raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: admit, lengths)")
     cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
-    admit = extra == "admit" and cfg is not None
+    admit = "admit" in extras and cfg is not None
     if admit:
         # kvc_aware+admit: router-side admission (cap = max_num_seqs per server).
         cfg["config"]["admission"] = {"enabled": True}
+    if "lengths" in extras and cfg is not None:
+        cfg["config"]["lengths"] = {"enabled": True}
     reqs = [dict(r, order=i) for i, r in enumerate(reqs)]
     # The class and actor options as kvc_router's verl integration picks them.
     cls = ray.remote(actor.balancer_class(cfg))
@@ -392,36 +430,32 @@ def run_policy(
         max_cache_size=10000,
         router_config=cfg,
     )
-    share = -(-len(reqs) // max(1, workers))
+    share = -(-max(len(r) for r in [reqs, *warm]) // max(1, workers))
     ws = [ray.remote(num_cpus=0)(SatWorker).remote(lb, urls, model, threads=max(8, share)) for _ in range(workers)]
-    shares = [(w, reqs[i::workers]) for i, w in enumerate(ws) if reqs[i::workers]]
     frozen: List[float] = []  # [hold, release] in wall time: the engines' clocks stood still
+    warm_failed = 0
     try:
         ray.get([w.ready.remote() for w in ws] + [lb.get_status.remote()])
         if base != "default":
             wait_collectors(ray, lb)
+        for i, earlier in enumerate(warm):
+            t_warm = time.perf_counter()
+            done, _ = _one_step(ray, ws, [dict(r, order=k) for k, r in enumerate(earlier)], servers, hold, admit,
+                                max_num_seqs)
+            warm_failed += sum(1 for r in done if r.get("error"))
+            _drained(ray, lb)
+            cleared0, t_sync = _cleared(ray, lb), time.time()
+            reset_prefix_caches(urls)  # verl's weight sync: the engines' caches, then the router's index
+            ray.get(lb.reset_prefix_index.remote())
+            _settled(ray, lb, cleared0, t_sync)
+            log(f"  [{policy}] step {i + 1} of {len(warm) + 1}: {len(done)} samples, "
+                f"{time.perf_counter() - t_warm:.1f}s wall, then a weight sync")
         before = scrape_all(urls)
+        adm0 = (ray.get(lb.get_status.remote()).get("router") or {}).get("admission") if warm else None
         seen = {(t["server"], t["engine"], t["id"]) for t in (_sim_requests(servers) or [])}
         busy0 = _busy(servers)
         t0 = time.perf_counter()
-        records: List[dict] = []
-        if hold and not admit:
-            for w, part in shares:  # one worker after another: one order of acquires
-                records += ray.get(w.acquire_all.remote(part))
-            frozen.append(time.time())
-            _hold(servers)
-            refs = [w.send_all.remote() for w, _ in shares]
-            frozen.append(_release(servers, lambda: len(reqs) - len(records)))
-        else:
-            if hold:
-                frozen.append(time.time())
-                _hold(servers)
-            refs = [w.step.remote(part) for w, part in shares]
-            if hold:
-                # Admission lets a server's cap in; the rest wait for completions.
-                cap = max_num_seqs * len(servers) if max_num_seqs else len(reqs)
-                frozen.append(_release(servers, lambda: min(len(reqs), cap)))
-        records += [r for part in ray.get(refs) for r in part]
+        records, frozen = _one_step(ray, ws, reqs, servers, hold, admit, max_num_seqs)
         wall = time.perf_counter() - t0
         after = scrape_all(urls)
         busy1 = _busy(servers)
@@ -432,6 +466,11 @@ def run_policy(
             ray.kill(a)
     if timings is not None:
         timings = [t for t in timings if (t["server"], t["engine"], t["id"]) not in seen]
+    router = router_summary(status)
+    if adm0 and router.get("admission"):
+        # The admission queue's totals count every step: the reported step's alone.
+        router["admission"] = {k: (v - adm0.get(k, 0) if k.endswith("_total") and isinstance(v, (int, float)) else v)
+                               for k, v in router["admission"].items()}
     by_server = [sum(1 for r in records if r["server"] == sid) for sid in urls]
     held = f", engines held {frozen[1] - frozen[0]:.1f}s while it was sent" if frozen else ""
     log(f"  [{policy}] {STEP}: {len(records)} samples at once, {wall:.1f}s wall{held}, samples per server {by_server}")
@@ -441,10 +480,90 @@ def run_policy(
         "counters": {sid: {k: after[sid][k] - before[sid][k] for k in COUNTERS} for sid in urls},
         "timings": timings,
         "busy": [b - a for a, b in zip(busy0, busy1)] if busy0 is not None and busy1 is not None else None,
-        "router": router_summary(status),
+        "router": router,
         "host_timed": admit or not hold,
         "frozen": frozen or None,
+        # The earlier steps (``warm``): how many, and their failed samples.
+        "steps_before": len(warm),
+        "steps_before_failed": warm_failed,
     }
+
+
+def _one_step(ray: Any, ws: Sequence[Any], reqs: List[dict], servers: Sequence[Server], hold: bool, admit: bool,
+              max_num_seqs: int) -> Tuple[List[dict], List[float]]:
+    """One step's samples through the workers (see :func:`run_policy` for
+    ``hold``); its records and the [hold, release] wall times."""
+    workers = len(ws)
+    shares = [(w, reqs[i::workers]) for i, w in enumerate(ws) if reqs[i::workers]]
+    frozen: List[float] = []
+    records: List[dict] = []
+    if hold and not admit:
+        for w, part in shares:  # one worker after another: one order of acquires
+            records += ray.get(w.acquire_all.remote(part))
+        frozen.append(time.time())
+        _hold(servers)
+        refs = [w.send_all.remote() for w, _ in shares]
+        frozen.append(_release(servers, lambda: len(reqs) - len(records)))
+    else:
+        if hold:
+            frozen.append(time.time())
+            _hold(servers)
+        refs = [w.step.remote(part) for w, part in shares]
+        if hold:
+            # Admission lets a server's cap in; the rest wait for completions.
+            cap = max_num_seqs * len(servers) if max_num_seqs else len(reqs)
+            frozen.append(_release(servers, lambda: min(len(reqs), cap)))
+    records += [r for part in ray.get(refs) for r in part]
+    return records, frozen
+
+
+def _subscriptions(status: dict) -> List[dict]:
+    return (((status.get("router") or {}).get("collectors") or {}).get("collectors") or {}).get("vllm_zmq") or []
+
+
+def _cleared(ray: Any, lb: Any) -> int:
+    """The cache-cleared events the balancer's KV-event subscriptions applied."""
+    return sum(int((s.get("events") or {}).get("cleared", 0)) for s in _subscriptions(ray.get(lb.get_status.remote())))
+
+
+def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float = 60.0) -> None:
+    """Waits until the router's view after a weight sync is the one a run
+    of the seed always has: every server's cache-cleared event applied (a
+    late event of the step before would otherwise re-enter the index after
+    the router's own reset), its index empty, and a scrape taken after the
+    sync showing every server idle. Without this the next step's first
+    decisions read whatever this host happened to deliver by then."""
+    deadline = time.time() + timeout_s
+    while True:
+        st = ray.get(lb.get_status.remote())
+        r = st.get("router") or {}
+        subs = _subscriptions(st)
+        cleared = sum(int((x.get("events") or {}).get("cleared", 0)) for x in subs)
+        idle = all(not sv["load"].get("has_metrics") or (
+            sv.get("running", 0) == 0 and sv.get("waiting", 0) == 0
+            and sv["load"].get("metrics_age_ms", 0) / 1000.0 < time.time() - t_sync) for sv in r.get("servers") or [])
+        empty = int((r.get("index") or {}).get("entries", 0)) == 0
+        if idle and empty and cleared >= cleared0 + len(subs):
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the router's view did not settle {timeout_s:g}s after the weight sync "
+                               f"(cleared events {cleared - cleared0} of {len(subs)}, idle {idle}, "
+                               f"index empty {empty})")
+        time.sleep(0.05)
+
+
+def _drained(ray: Any, lb: Any, timeout_s: float = 60.0) -> None:
+    """Waits until the balancer has counted every release of the step that
+    ended (the workers' releases are fire-and-forget), so the next step's
+    first decisions see idle servers, as they do after a real weight sync."""
+    deadline = time.time() + timeout_s
+    while True:
+        left = int(ray.get(lb.get_status.remote()).get("total_inflight", 0))
+        if left == 0:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the balancer still counts {left} requests in flight {timeout_s:g}s after the step")
+        time.sleep(0.05)
 
 
 # The figures the engines alone decide: equal in every run of a seed when the
@@ -589,6 +708,9 @@ def summarize(run: dict, speed: float) -> dict:
         # False: the engines' figures (ENGINE_FIGURES) are a function of the
         # seed (held, ordered burst); True: they depend on this host's timing.
         "host_timed": run.get("host_timed", True),
+        # The rollout's earlier steps, run before this one (run_policy's warm).
+        "steps_before": run.get("steps_before", 0),
+        "steps_before_failed": run.get("steps_before_failed", 0),
     }
     timings = run.get("timings")
     if timings:

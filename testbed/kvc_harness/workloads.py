@@ -46,6 +46,12 @@ class WorkloadSpec:
     # lengths), sent in verl's order (a prompt's samples consecutive,
     # 8 agent-loop workers).
     length_corr: Optional[float] = None
+    # Recurring prompts (with length_corr): a step's prompts come from a
+    # dataset of this many, iterated in shuffled epochs, each prompt's
+    # difficulty AR(1) over epochs with epoch_corr (Dataset below); 0 keeps
+    # fresh prompts every step.
+    dataset_prompts: int = 0
+    epoch_corr: float = 0.8
 
     def describe(self) -> str:
         lo, hi = self.prompt_tokens
@@ -94,15 +100,28 @@ def _shaped_grpo_step(spec: WorkloadSpec, step: int, rng: random.Random) -> List
     """grpo_step with correlated lengths: prompt k's difficulty d_k, sample
     latents correlated(d_k, rho), lengths the response distribution's
     quantiles by rank (the same multiset for every seed and rho), in verl's
-    submission order."""
+    submission order. With ``dataset_prompts`` the prompts (their tokens and
+    difficulty) come from a dataset iterated in epochs, so step s of a
+    dataset of one step's size is prompt for prompt epoch s + 1."""
     rho = float(spec.length_corr or 0.0)
     if not 0 <= rho <= 1:
         raise ValueError(f"length_corr {rho} outside [0, 1]")
+    prompts: List[Tuple[List[int], float]] = []
+    if spec.dataset_prompts:
+        ds = Dataset(f"grpo/{spec.seed}", Shape(length_corr=rho, dataset_prompts=spec.dataset_prompts,
+                                                epoch_corr=spec.epoch_corr), spec.prompts)
+        ids, epoch = ds.step(step)
+        for k in ids:
+            prng = random.Random(f"grpo/{spec.seed}/prompt{k}")  # a prompt's tokens are the same every epoch
+            prompts.append((random_tokens(prng, prng.randint(*spec.prompt_tokens)), ds.difficulty(k, epoch)))
     groups: List[List[dict]] = []
     latent: List[float] = []
     for p in range(spec.prompts):
-        prompt = random_tokens(rng, rng.randint(*spec.prompt_tokens))
-        d = rng.gauss(0.0, 1.0)
+        if spec.dataset_prompts:
+            prompt, d = prompts[p]
+        else:  # fresh prompts: the draws every earlier run of a seed made
+            prompt = random_tokens(rng, rng.randint(*spec.prompt_tokens))
+            d = rng.gauss(0.0, 1.0)
         group = []
         for k in range(spec.samples):
             latent.append(correlated(rng, d, rho))

@@ -75,9 +75,11 @@ def parse_args(argv: Optional[List[str]] = None) -> DemoOptions:
                     help="skip the rollout steps: the oversubscribed step (the README's table) alone")
     ap.add_argument("--sat-prompts", type=int, help="oversubscribed step: prompts (default 128, quick 16)")
     ap.add_argument("--sat-samples", type=int, help="oversubscribed step: samples per prompt (default 8)")
-    ap.add_argument("--sat-workload", default="grpo_rho05",
-                    help="oversubscribed step: the arena workload whose prompt/response shape it takes (grpo_rho05: "
-                         "a prompt's samples' lengths correlated at rho 0.5, verl's order; grpo_sat: independent)")
+    ap.add_argument("--sat-workload", default="grpo_recur",
+                    help="oversubscribed step: the arena workload whose prompt/response shape it takes (grpo_recur: "
+                         "step 2 of a dataset of one step's prompts, i.e. epoch 2, lengths correlated at rho 0.6 "
+                         "within a prompt and 0.8 between epochs, verl's order; grpo_rho05: one first-epoch step at "
+                         "rho 0.5; grpo_sat: independent lengths)")
     ap.add_argument("--sat-max-num-seqs", type=int, help="oversubscribed step's fleet: running slots per server (64)")
     ap.add_argument("--sat-gpu-blocks", type=int, help="oversubscribed step's fleet: KV blocks per server (3072)")
     ap.add_argument("--sat-speed", type=float, help="oversubscribed step's fleet: vllm-sim --speed (default 6)")

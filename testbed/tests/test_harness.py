@@ -5,6 +5,7 @@ through the package (no sys.path edits, no imports across the two folders)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -361,6 +362,56 @@ def test_demo_step_with_correlated_lengths():
     # Without length_corr: independent draws, shuffled (the earlier model).
     plain = workloads.grpo_step(workloads.WorkloadSpec(**base), 0)
     assert [r["rid"] for r in plain] != sorted(r["rid"] for r in plain)
+
+
+# sha256 of a one-step first-epoch draw (seed 5, 64 prompts x 8, rho 0.5) as
+# workloads.grpo_step made it before recurring prompts existed (8861425).
+ONE_STEP_SHA256 = "89d72b1829b19e522c1cea0106fbb850b6e49717ea841fa451ad188c37327a93"
+
+
+def test_demo_step_with_recurring_prompts():
+    """workloads.grpo_step with dataset_prompts (the demo's grpo_recur): step 1
+    of a dataset of one step's prompts is epoch 2, the same prompt tokens in
+    a new order, each prompt's lengths close to its epoch-1 lengths
+    (difficulty correlated 0.8 between epochs), the same multiset of lengths;
+    without a dataset every step's prompts are fresh, and the one-step draw
+    a seed made before datasets existed is unchanged."""
+    import hashlib
+    import statistics
+
+    base = dict(seed=5, steps=2, prompts=64, samples=8, prompt_tokens=(16, 32), response_median=192,
+                response_sigma=0.9, response_max=2048, tasks=0, length_corr=0.6)
+    spec = workloads.WorkloadSpec(**base, dataset_prompts=64, epoch_corr=0.8)
+    s0, s1 = workloads.grpo_step(spec, 0), workloads.grpo_step(spec, 1)
+    assert s0 == workloads.grpo_step(spec, 0)  # seeded
+    group = lambda reqs: {tuple(r["prompt"]): [] for r in reqs}  # noqa: E731
+    g0, g1 = group(s0), group(s1)
+    for reqs, g in ((s0, g0), (s1, g1)):
+        for r in reqs:
+            g[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
+    assert set(g0) == set(g1) and len(g0) == 64  # every prompt returns in epoch 2
+    assert [r["prompt"] for r in s0[:64]] != [r["prompt"] for r in s1[:64]]  # in a reshuffled order
+    assert sorted(r["max_tokens"] for r in s0) == sorted(r["max_tokens"] for r in s1)
+    m0 = [statistics.mean(g0[k]) for k in g0]
+    m1 = [statistics.mean(g1[k]) for k in g0]
+    assert statistics.correlation(m0, m1) > 0.5, statistics.correlation(m0, m1)
+    # An independent epoch (epoch_corr 0) keeps the prompts, not their lengths.
+    ind = workloads.WorkloadSpec(**base, dataset_prompts=64, epoch_corr=0.0)
+    gi = group(workloads.grpo_step(ind, 1))
+    for r in workloads.grpo_step(ind, 1):
+        gi[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
+    g0i = group(workloads.grpo_step(ind, 0))
+    for r in workloads.grpo_step(ind, 0):
+        g0i[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
+    assert abs(statistics.correlation([statistics.mean(g0i[k]) for k in g0i],
+                                      [statistics.mean(gi[k]) for k in g0i])) < 0.35
+    # No dataset: fresh prompts each step.
+    fresh = workloads.WorkloadSpec(**base)
+    assert not set(group(workloads.grpo_step(fresh, 0))) & set(group(workloads.grpo_step(fresh, 1)))
+    # The one-step first-epoch draw is the one committed demo runs hashed.
+    one = workloads.grpo_step(workloads.WorkloadSpec(**dict(base, steps=1, length_corr=0.5)), 0)
+    h = hashlib.sha256(json.dumps([[r["rid"], r["prompt"], r["max_tokens"], r["seed"]] for r in one]).encode())
+    assert h.hexdigest() == ONE_STEP_SHA256, h.hexdigest()
 
 
 def test_tune_peers_objectives_pick_by_their_own_rule(monkeypatch):
