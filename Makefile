@@ -36,7 +36,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread kvbench-mean-prompt docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread kvbench-mean-prompt kvbench-demo-shape docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -420,6 +420,24 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 	  for r in 0.5 0.8; do t=$${r#0.}; \
 	    $(GO) run ./cmd/kvbench $(CAP_SHAPE) --kvc-frozen $(RL_FROZEN) --length-corr $$r --seed $$s --policies verl_default,kvc_aware --json build/mean-prompt/rl8-r$$t-$$s.json >/dev/null || exit 1; done || exit 1; done
 
+# kvbench's model of `make demo`'s step (its fleet: 4 engines x 64 slots, 3,072
+# KV blocks; 128 prompts x 8 in verl's order, prompts of median 1,000 tokens,
+# responses of median 192 up to 2,048; vllm-sim's default engine model): the
+# headline's recurring step (step 2 = epoch 2 of a dataset of one step's
+# prompts, rho 0.6, epoch correlation 0.8) and the first-epoch rho 0.5 step
+# that headlined before, kvc_aware at its freeze beside its opt-in modes, the
+# true-length reference and the peers at their launcher defaults. Fresh seeds
+# DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
+# renders into docs/demo.md). ~1 min.
+DEMO_SHAPE_SEEDS ?= 451 452 453 454 455 456 457 458 459 460
+DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
+DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
+kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and the rho 0.5 first epoch, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)
+	@mkdir -p build/kvbench-demo-shape
+	@for s in $(DEMO_SHAPE_SEEDS); do \
+	  $(GO) run ./cmd/kvbench $(DEMO_SHAPE) --steps 1 --length-corr 0.5 --seed $$s --policies $(DEMO_SHAPE_POLICIES) --json build/kvbench-demo-shape/rl-r5-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(DEMO_SHAPE) --steps 2 --length-corr 0.6 --dataset-prompts 128 --epoch-corr 0.8 --seed $$s --policies $(DEMO_SHAPE_POLICIES) --json build/kvbench-demo-shape/rl-rec-$$s.json >/dev/null || exit 1; done
+
 # The group spread's server cap (group_spread_max_servers; opt-in: the default
 # is no cap) where it acts: kvbench's issue-26 shape at full size (grpo_sat,
 # 512 prompts x 16 on 8 engines; kvbench-rl's 4-engine fleets never reach a cap
@@ -463,6 +481,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	@if [ -d build/heldout-admit ]; then mkdir -p docs/results/heldout-admit && cp build/heldout-admit/*.json docs/results/heldout-admit/; fi
 	@if [ -d build/admit-spread ]; then mkdir -p docs/results/admit-spread && cp build/admit-spread/*.json docs/results/admit-spread/; fi
 	@if [ -d build/mean-prompt ]; then mkdir -p docs/results/mean-prompt && cp build/mean-prompt/*.json docs/results/mean-prompt/; fi
+	@if [ -d build/kvbench-demo-shape ]; then mkdir -p docs/results/kvbench-demo-shape && cp build/kvbench-demo-shape/*.json docs/results/kvbench-demo-shape/; fi
 	@for f in build/heldout-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/kvbench-$${f#build/heldout-}; done; true
 	@for f in build/oracle-lpt-*.json; do [ -f "$$f" ] && cp "$$f" docs/results/; done; true
 	@if [ -f build/demo/demo-summary.json ]; then cp build/demo/demo-summary.json docs/results/demo.json; fi

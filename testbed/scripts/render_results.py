@@ -972,6 +972,12 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
                         "of median 192)")
 
 
+# kvbench's model of make demo's step (`make kvbench-demo-shape`), rendered into docs/demo.md.
+DEMO_SHAPE = "kvbench-demo-shape"
+DEMO_SHAPE_TITLE = ("the demo's GRPO shape (128 prompts × 8, 4 engines × 64 slots, 3,072 KV blocks, responses of "
+                    "median 192)")
+
+
 # Placement by predicted work and its true-length references (`make kvbench-work`).
 RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
@@ -1775,18 +1781,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             blocks = {}
             if "<!-- BEGIN RENDERED: demo -->" in demo_text:
                 blocks["demo"] = demo_block
-            sat_json = os.path.join(a.docs, "docs", "results", "demo-grpo_sat.json")
-            if "<!-- BEGIN RENDERED: demo-grpo-sat -->" in demo_text and os.path.isfile(sat_json):
-                with open(sat_json, encoding="utf-8") as f:
-                    blocks["demo-grpo-sat"] = render_readme(json.load(f), source="docs/results/demo-grpo_sat.json")
+            # The steps that headlined before: the independent-length burst
+            # (--sat-workload grpo_sat) and the first-epoch rho 0.5 step
+            # (--sat-workload grpo_rho05).
+            for block, name in (("demo-grpo-sat", "demo-grpo_sat.json"), ("demo-grpo-rho05", "demo-grpo_rho05.json")):
+                path = os.path.join(a.docs, "docs", "results", name)
+                if f"<!-- BEGIN RENDERED: {block} -->" in demo_text and os.path.isfile(path):
+                    with open(path, encoding="utf-8") as f:
+                        blocks[block] = render_readme(json.load(f), source=f"docs/results/{name}")
+            shape_dir = os.path.join(a.docs, "docs", "results", DEMO_SHAPE)
+            if "<!-- BEGIN RENDERED: demo-shape -->" in demo_text and os.path.isdir(shape_dir):
+                from render_rl import render as render_rl_tables
+
+                blocks["demo-shape"] = render_rl_tables(shape_dir, "docs/results/" + DEMO_SHAPE,
+                                                        shape=DEMO_SHAPE_TITLE)
             if blocks:
                 targets.setdefault(demo_doc, {}).update(blocks)
-    # docs/demo.md: the headline step on other seeds (docs/results/demo-seeds/demo-seed*.json).
+    # docs/demo.md: the headline step on other seeds (docs/results/demo-seeds/demo-seed*.json),
+    # and the first-epoch step that headlined before (docs/results/demo-seeds-grpo_rho05/).
     demo_doc = os.path.join(a.docs, "docs", "demo.md")
-    seed_paths = sorted(glob.glob(os.path.join(a.docs, "docs", "results", "demo-seeds", "demo-seed*.json")))
-    if seed_paths and os.path.isfile(demo_doc):
+    for block, sub in (("demo-seeds", "demo-seeds"), ("demo-seeds-grpo-rho05", "demo-seeds-grpo_rho05")):
+        seed_paths = sorted(glob.glob(os.path.join(a.docs, "docs", "results", sub, "demo-seed*.json")))
+        if not seed_paths or not os.path.isfile(demo_doc):
+            continue
         with open(demo_doc, encoding="utf-8") as f:
-            has_block = "<!-- BEGIN RENDERED: demo-seeds -->" in f.read()
+            has_block = f"<!-- BEGIN RENDERED: {block} -->" in f.read()
         if has_block:
             from kvc_harness.demo import render_seeds
 
@@ -1794,7 +1813,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for sp in seed_paths:
                 with open(sp, encoding="utf-8") as f:
                     seed_docs.append(json.load(f))
-            targets.setdefault(demo_doc, {})["demo-seeds"] = render_seeds(seed_docs, "docs/results/demo-seeds/")
+            targets.setdefault(demo_doc, {})[block] = render_seeds(seed_docs, f"docs/results/{sub}/")
     changed = []
     for path, blocks in targets.items():
         with open(path, encoding="utf-8") as f:
