@@ -202,7 +202,9 @@ def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
     ]
     for s in sums:
         adm = ((s.get("router") or {}).get("admission") or {})
-        name = s["policy"] + (" (admission, opt-in)" if adm.get("enabled") else "") + (
+        learns = ((s.get("router") or {}).get("lengths") or {}).get("corr_only") is False
+        opt = " and length learning" if learns else ""
+        name = s["policy"] + (f" (admission{opt}, opt-in)" if adm.get("enabled") else "") + (
             " †" if s.get("host_timed", True) else "")
         lines.append(
             f"| {name} | {s['step_time_s']:.1f}{_ratio(s, base, 'step_time_s')} | {s['hit_rate'] * 100:.1f}% | "

@@ -1549,7 +1549,7 @@ def render_cap(docs_root: str) -> Optional[str]:
 # The reverted shared-prompt charge on the real demo fleet: (label, seed,
 # the shipped library's demo JSON, the candidate's), under docs/results/.
 CHARGE_DEMO = (
-    ("`make demo` (grpo_rho05)", 0, "demo.json", "charge-candidate-demo/candidate/demo-seed0.json"),
+    ("`make demo` (grpo_rho05)", 0, "demo-grpo_rho05.json", "charge-candidate-demo/candidate/demo-seed0.json"),
     *(("`make demo --no-rollout` (grpo_rho05)", s, f"charge-candidate-demo/shipped/demo-seed{s}.json",
        f"charge-candidate-demo/candidate/demo-seed{s}.json") for s in (1, 2, 3, 4)),
     ("`make demo DEMO_ARGS=\"--sat-workload grpo_sat\"` (independent lengths)", 0, "demo-grpo_sat.json",
@@ -1563,7 +1563,8 @@ def render_charge_demo(docs_root: str) -> Optional[str]:
     run (engine clock), hit rate and preemptions, shipped and candidate."""
     res = os.path.join(docs_root, "docs", "results")
     out = ["Rendered from the demo JSON under `docs/results/` named in each row (the shipped library's seed 0 is "
-           "the published `demo.json` / `demo-grpo_sat.json`); one run a seed, so no intervals:", "",
+           "the published `demo-grpo_rho05.json` / `demo-grpo_sat.json`, the headlines of their day); one run a "
+           "seed, so no intervals:", "",
            "| demo step | seed | kvc_aware ÷ default, shipped | kvc_aware ÷ default, candidate | hit rate shipped → "
            "candidate | preemptions shipped → candidate |", "|---|---|---|---|---|---|"]
     for label, seed, shipped, cand in CHARGE_DEMO:
@@ -1781,22 +1782,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             blocks = {}
             if "<!-- BEGIN RENDERED: demo -->" in demo_text:
                 blocks["demo"] = demo_block
-            # The steps that headlined before: the independent-length burst
-            # (--sat-workload grpo_sat) and the first-epoch rho 0.5 step
-            # (--sat-workload grpo_rho05).
-            for block, name in (("demo-grpo-sat", "demo-grpo_sat.json"), ("demo-grpo-rho05", "demo-grpo_rho05.json")):
-                path = os.path.join(a.docs, "docs", "results", name)
-                if f"<!-- BEGIN RENDERED: {block} -->" in demo_text and os.path.isfile(path):
-                    with open(path, encoding="utf-8") as f:
-                        blocks[block] = render_readme(json.load(f), source=f"docs/results/{name}")
-            shape_dir = os.path.join(a.docs, "docs", "results", DEMO_SHAPE)
-            if "<!-- BEGIN RENDERED: demo-shape -->" in demo_text and os.path.isdir(shape_dir):
-                from render_rl import render as render_rl_tables
-
-                blocks["demo-shape"] = render_rl_tables(shape_dir, "docs/results/" + DEMO_SHAPE,
-                                                        shape=DEMO_SHAPE_TITLE)
             if blocks:
                 targets.setdefault(demo_doc, {}).update(blocks)
+    # docs/demo.md's blocks from their own JSON, with or without demo.json.
+    demo_doc = os.path.join(a.docs, "docs", "demo.md")
+    if os.path.isfile(demo_doc):
+        with open(demo_doc, encoding="utf-8") as f:
+            demo_text = f.read()
+        from kvc_harness.demo import render_readme
+
+        blocks = {}
+        # The steps that headlined before: the independent-length burst
+        # (--sat-workload grpo_sat) and the first-epoch rho 0.5 step
+        # (--sat-workload grpo_rho05).
+        for block, name in (("demo-grpo-sat", "demo-grpo_sat.json"), ("demo-grpo-rho05", "demo-grpo_rho05.json")):
+            path = os.path.join(a.docs, "docs", "results", name)
+            if f"<!-- BEGIN RENDERED: {block} -->" in demo_text and os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    blocks[block] = render_readme(json.load(f), source=f"docs/results/{name}")
+        shape_dir = os.path.join(a.docs, "docs", "results", DEMO_SHAPE)
+        if "<!-- BEGIN RENDERED: demo-shape -->" in demo_text and os.path.isdir(shape_dir):
+            from render_rl import render as render_rl_tables
+
+            blocks["demo-shape"] = render_rl_tables(shape_dir, "docs/results/" + DEMO_SHAPE,
+                                                    shape=DEMO_SHAPE_TITLE)
+        if blocks:
+            targets.setdefault(demo_doc, {}).update(blocks)
     # docs/demo.md: the headline step on other seeds (docs/results/demo-seeds/demo-seed*.json),
     # and the first-epoch step that headlined before (docs/results/demo-seeds-grpo_rho05/).
     demo_doc = os.path.join(a.docs, "docs", "demo.md")

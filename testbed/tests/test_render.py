@@ -705,7 +705,7 @@ def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
 
     res = tmp_path / "docs" / "results"
     shutil.copytree(os.path.join(REPO, "docs", "results", "charge-candidate-demo"), res / "charge-candidate-demo")
-    for name in ("demo.json", "demo-grpo_sat.json"):
+    for name in ("demo.json", "demo-grpo_rho05.json", "demo-grpo_sat.json"):
         shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
     doc = tmp_path / "docs" / "rl-workloads.md"
     doc.write_text("# r\n\n<!-- BEGIN RENDERED: charge-demo -->\nold\n<!-- END RENDERED: charge-demo -->\n")
@@ -721,7 +721,7 @@ def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
     rows = [ln for ln in doc.read_text().splitlines() if ln.startswith("| `make demo")]
     assert len(rows) == 6 and "old" not in doc.read_text()
     assert rows[2].startswith("| `make demo --no-rollout` (grpo_rho05) | 2 | 0.500 | ")
-    (res / "demo.json").unlink()
+    (res / "demo-grpo_rho05.json").unlink()
     doc.write_text("# r\n\n<!-- BEGIN RENDERED: charge-demo -->\nold\n<!-- END RENDERED: charge-demo -->\n")
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -800,6 +800,47 @@ def test_demo_on_other_seeds_renders_paired_ratios(tmp_path):
     assert "old" not in text and "seeds 1, 2, 3" in text
     assert "| 2 | 102.0 | 0.920 | 0.970 | 74.0% / 86.0% / 84.0% |" in text
     assert "| mean ± 95% CI | | 0.910 ± 0.025 (shorter) | 1.010 ± 0.090 (tie) | |" in text
+
+
+def test_demo_doc_renders_earlier_headlines_and_the_shape_runs(tmp_path):
+    """docs/demo.md's blocks besides the headline come from their own
+    committed JSON, with no demo.json: the earlier headline's run and seeds
+    (grpo_rho05), and kvbench's model of the demo's step, whose recurring
+    table reads step 2 (a changed step-1 figure changes nothing, a changed
+    step-2 figure changes the ratio)."""
+    import shutil
+
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "docs", "results", "demo-grpo_rho05.json"), res / "demo-grpo_rho05.json")
+    for sub in ("demo-seeds-grpo_rho05", "kvbench-demo-shape"):
+        shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
+    blocks = ("demo-grpo-rho05", "demo-seeds-grpo-rho05", "demo-shape")
+    page = "# d\n\n" + "".join(f"<!-- BEGIN RENDERED: {b} -->\nSTALE\n<!-- END RENDERED: {b} -->\n\n" for b in blocks)
+    (tmp_path / "docs" / "demo.md").write_text(page)
+    (tmp_path / "README.md").write_text("# r\n")
+    rec = res / "kvbench-demo-shape" / "rl-rec-451.json"
+    d = json.loads(rec.read_text())
+    steps = d["makespan_steps_s"]
+    steps["kvc_aware"][0] *= 3  # step 1: not what the table reads
+    steps["kvc_aware"][1] = steps["verl_default"][1] * 0.5  # step 2
+    rec.write_text(json.dumps(d))
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "docs" / "demo.md").read_text()
+    assert "STALE" not in text, text[:2000]
+    assert "rendered from `docs/results/demo-grpo_rho05.json`" in text and "grpo_rho05 workload" in text
+    assert "rendered from `docs/results/demo-seeds-grpo_rho05/`" in text
+    assert "the demo's GRPO shape (128 prompts × 8, 4 engines × 64 slots" in text
+    assert "`docs/results/kvbench-demo-shape/rl-rec-*.json`" in text
+    from kvc_harness.stats import mean_ci
+
+    ratios = []
+    for path in sorted((res / "kvbench-demo-shape").glob("rl-rec-*.json")):
+        ms = json.loads(path.read_text())["makespan_steps_s"]
+        ratios.append(ms["kvc_aware"][1] / ms["verl_default"][1])
+    row = next(ln for ln in text.split("recurring prompts")[1].splitlines() if ln.startswith("| kvc_aware |"))
+    assert row.split("|")[3].strip() == mean_ci(ratios).fmt(3), row
 
 
 def test_router_queue_rows_ttft_is_marked_and_never_compared(tmp_path):
