@@ -434,6 +434,7 @@ def run_policy(
     ws = [ray.remote(num_cpus=0)(SatWorker).remote(lb, urls, model, threads=max(8, share)) for _ in range(workers)]
     frozen: List[float] = []  # [hold, release] in wall time: the engines' clocks stood still
     warm_failed = 0
+    unsettled_any = False
     try:
         ray.get([w.ready.remote() for w in ws] + [lb.get_status.remote()])
         if base != "default":
@@ -447,7 +448,10 @@ def run_policy(
             cleared0, t_sync = _cleared(ray, lb), time.time()
             reset_prefix_caches(urls)  # verl's weight sync: the engines' caches, then the router's index
             ray.get(lb.reset_prefix_index.remote())
-            _settled(ray, lb, cleared0, t_sync)
+            unsettled = _settled(ray, lb, cleared0, t_sync)
+            if unsettled:
+                unsettled_any = True
+                log(f"  [{policy}] note: {unsettled}")
             log(f"  [{policy}] step {i + 1} of {len(warm) + 1}: {len(done)} samples, "
                 f"{time.perf_counter() - t_warm:.1f}s wall, then a weight sync")
         before = scrape_all(urls)
@@ -481,7 +485,9 @@ def run_policy(
         "timings": timings,
         "busy": [b - a for a, b in zip(busy0, busy1)] if busy0 is not None and busy1 is not None else None,
         "router": router,
-        "host_timed": admit or not hold,
+        # A router view that never settled after a weight sync leaves the
+        # step's first decisions to this host's timing.
+        "host_timed": admit or not hold or unsettled_any,
         "frozen": frozen or None,
         # The earlier steps (``warm``): how many, and their failed samples.
         "steps_before": len(warm),
@@ -526,13 +532,16 @@ def _cleared(ray: Any, lb: Any) -> int:
     return sum(int((s.get("events") or {}).get("cleared", 0)) for s in _subscriptions(ray.get(lb.get_status.remote())))
 
 
-def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float = 60.0) -> None:
+def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float = 30.0) -> str:
     """Waits until the router's view after a weight sync is the one a run
     of the seed always has: every server's cache-cleared event applied (a
     late event of the step before would otherwise re-enter the index after
     the router's own reset), its index empty, and a scrape taken after the
     sync showing every server idle. Without this the next step's first
-    decisions read whatever this host happened to deliver by then."""
+    decisions read whatever this host happened to deliver by then. Returns
+    "" once settled, else what never settled (a server that publishes no
+    cache-cleared event, as an engine might): the run goes on, its log says
+    so, and the step's figures are then this host's timing as well."""
     deadline = time.time() + timeout_s
     while True:
         st = ray.get(lb.get_status.remote())
@@ -544,11 +553,10 @@ def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float =
             and sv["load"].get("metrics_age_ms", 0) / 1000.0 < time.time() - t_sync) for sv in r.get("servers") or [])
         empty = int((r.get("index") or {}).get("entries", 0)) == 0
         if idle and empty and cleared >= cleared0 + len(subs):
-            return
+            return ""
         if time.time() > deadline:
-            raise RuntimeError(f"the router's view did not settle {timeout_s:g}s after the weight sync "
-                               f"(cleared events {cleared - cleared0} of {len(subs)}, idle {idle}, "
-                               f"index empty {empty})")
+            return (f"the router's view did not settle {timeout_s:g}s after the weight sync (cache-cleared events "
+                    f"{cleared - cleared0} of {len(subs)}, servers idle {idle}, index empty {empty})")
         time.sleep(0.05)
 
 
