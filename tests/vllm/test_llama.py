@@ -5,6 +5,7 @@ routing end to end against verl's default balancer on the same requests."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -138,8 +139,9 @@ def _run(engines: List[Any], policy: str, groups: List[List[int]], samples: int)
     the balancer; returns the engines' own prefix-cache counters' deltas."""
     from kvc_harness.client import parse_counters
 
-    for e in engines:
-        e.reset_prefix_cache()
+    if policy != "kvc_aware":
+        for e in engines:
+            e.reset_prefix_cache()
     lb = balancer(engines) if policy == "kvc_aware" else _verl_default(engines)
     try:
         if policy == "kvc_aware":
@@ -150,13 +152,16 @@ def _run(engines: List[Any], policy: str, groups: List[List[int]], samples: int)
                 60,
                 "scrapes",
             )
+            _reset_seen(lb, engines)
         before = {e.sid: parse_counters(e.metrics_text()) for e in engines}
         by_sid = {e.sid: e for e in engines}
         reqs = [(f"{policy}-{g}-{s}", p) for s in range(samples) for g, p in enumerate(groups)]
+        placed: Dict[str, set] = {}
 
         def one(rid_p: Any) -> int:
             rid, p = rid_p
             sid, _ = lb.acquire_server(rid, p)
+            placed.setdefault(rid.rsplit("-", 1)[0], set()).add(sid)
             try:
                 return served(by_sid[sid].complete(p, max_tokens=8).get("usage"))
             finally:
@@ -165,11 +170,66 @@ def _run(engines: List[Any], policy: str, groups: List[List[int]], samples: int)
         with cf.ThreadPoolExecutor(8) as pool:
             list(pool.map(one, reqs))
         after = {e.sid: parse_counters(e.metrics_text()) for e in engines}
+        # What a failure needs to be read: how many servers each group went
+        # to, and what the router's event feeds had applied.
+        from kvc_harness.balancer import publisher_status
+
+        st = lb.get_status()
+        feeds = {}
+        if policy == "kvc_aware":
+            feeds = {e.sid: (publisher_status(st, e.sid).get("events") or {}) for e in engines}
     finally:
         lb.close()
     q = sum(after[s]["queries"] - before[s]["queries"] for s in after)
     h = sum(after[s]["hits"] - before[s]["hits"] for s in after)
-    return {"queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
+    return {"queries": q, "hits": h, "hit_rate": h / q if q else 0.0,
+            "servers_per_group": sorted(len(v) for v in placed.values()),
+            "events": {sid: {k: ev.get(k) for k in ("stored_blocks", "removed_blocks", "cleared")}
+                       for sid, ev in feeds.items()}}
+
+
+def _reset_seen(lb: Any, engines: List[Any], still_s: float = 2.0, timeout: float = 60.0) -> None:
+    """The weight sync done before the step, as a running router sees it.
+    A new subscription first replays each engine's history (the earlier
+    tests' blocks and resets), and vLLM publishes a reset's cache-cleared
+    event only with the engine's next step: either clear, applied while the
+    step is being routed, wipes the siblings the router has just placed
+    (on a CI host slow enough, kvc_aware's hits fell to default's). So: wait
+    until the replay is over (no subscription's sequence number moves for
+    still_s while the engines are idle), reset the engines, run one tiny
+    request on each so the clear is published, and wait until the router
+    has applied each engine's clear and its index holds nothing."""
+    from kvc_harness.balancer import publisher_status
+
+    def seqs() -> List[Any]:
+        st = lb.get_status()
+        return [publisher_status(st, e.sid).get("last_seq") for e in engines]
+
+    last, since, deadline = seqs(), time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() - since < still_s:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the KV-event replay did not settle in {timeout:.0f}s: {last}")
+        time.sleep(0.1)
+        now = seqs()
+        if now != last:
+            last, since = now, time.monotonic()
+
+    def cleared() -> Dict[str, int]:
+        st = lb.get_status()
+        return {e.sid: int(publisher_status(st, e.sid)["events"].get("cleared", 0)) for e in engines}
+
+    before = cleared()
+    for e in engines:
+        e.reset_prefix_cache()
+        # vLLM publishes the reset's cache-cleared event with the engine's
+        # next step: one tiny request (no full block, so nothing stored).
+        e.complete(prompt(990 + engines.index(e), 8), max_tokens=1)
+    def applied() -> bool:
+        return all(n > before[sid] for sid, n in cleared().items()) and all(
+            index_blocks(lb, e.sid) == 0 for e in engines
+        )
+
+    wait_until(applied, timeout, "each engine's reset applied by the router")
 
 
 def _verl_default(engines: List[Any]) -> Any:
