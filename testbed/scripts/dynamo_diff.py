@@ -86,8 +86,28 @@ async def record(workers: int, ops: int, seed: int) -> Dict[str, Any]:
         trace: List[Dict[str, Any]] = []
         placed: Dict[str, Tuple[int, List[int]]] = {}
 
-        async def settle() -> None:
-            await asyncio.sleep(0.03)  # Dynamo applies events asynchronously
+        unsettled = [0]  # events whose effect never showed within settle's timeout
+
+        async def prefill_on(w: int, tokens: List[int]) -> int:
+            for d in await router.get_potential_loads(tokens):
+                if widx[d["worker_id"]] == w:
+                    return int(d["potential_prefill_tokens"])
+            raise RuntimeError(f"worker {w} missing from get_potential_loads")
+
+        async def settle(w: int, tokens: List[int], before: int, timeout_s: float = 1.0) -> None:
+            """Dynamo applies events asynchronously: wait until worker w's
+            potential prefill for tokens moves off its value before the
+            event (the overlap the event adds or removes), so the next
+            decision sees it; at most timeout_s, for an event Dynamo's
+            overlap for these tokens does not show. A fixed 30 ms pause was
+            too short on a loaded CI host: removals still pending made
+            Dynamo's overlaps longer than the events give."""
+            deadline = time.monotonic() + timeout_s
+            while await prefill_on(w, tokens) == before:
+                if time.monotonic() > deadline:
+                    unsettled[0] += 1
+                    return
+                await asyncio.sleep(0.005)
 
         def chains(tokens: List[int]) -> List[Tuple[int, ...]]:
             return [tuple(tokens[: (i + 1) * BS]) for i in range(len(tokens) // BS)]
@@ -130,9 +150,11 @@ async def record(workers: int, ops: int, seed: int) -> Dict[str, Any]:
                         stored[w][ch] = next_hash[0]
                         hashes.append(next_hash[0])
                         next_hash[0] += 1
+                    upto = tokens[: (first + len(new)) * BS]
+                    before = await prefill_on(w, upto)
                     pubs[w].publish_stored(toks, [BS] * len(new), hashes, parent)
                     trace.append({"op": "stored", "worker": w, "first_block": first, "id": rid, "blocks": len(new)})
-                    await settle()
+                    await settle(w, upto, before)
             elif r < 0.93:
                 rid = active.pop(rng.randrange(len(active)))
                 if rid in prefilling:
@@ -147,12 +169,16 @@ async def record(workers: int, ops: int, seed: int) -> Dict[str, Any]:
                                                             for o in stored[w])]
                 if leaves:
                     ch = rng.choice(leaves)
+                    before = await prefill_on(w, list(ch))
                     pubs[w].publish_removed([stored[w].pop(ch)])
                     trace.append({"op": "removed", "worker": w, "tokens": list(ch)})
-                    await settle()
+                    await settle(w, list(ch), before)
         return {"dynamo": "ai-dynamo-runtime " + _version(), "block_size": BS, "workers": workers, "seed": seed,
-                "config": "KvRouterConfig() defaults", "ops": trace}
+                "config": "KvRouterConfig() defaults", "unsettled_events": unsettled[0], "ops": trace}
     finally:
+        # Let Dynamo's threads deliver what they still owe this loop (the
+        # last loads queries) before it closes under them.
+        await asyncio.sleep(0.2)
         for p in pubs:
             p.shutdown()
         for rt in rts:
