@@ -603,9 +603,13 @@ ADMIT_TOLERANCE: Dict[str, Tuple[float, float]] = {
     "engine_span_s": (0.20, 0.0),
     "busiest_server_busy_s": (0.20, 0.0),
     "hit_rate": (0.0, 0.02),
-    "preemptions": (0.0, 60.0),  # measured 29 and 57 in two runs of seed 0 with group_spread
+    # measured 29 and 57 in two runs of seed 0 with group_spread; 230-284 in
+    # four runs of the recurring headline with lengths (longest first)
+    "preemptions": (0.3, 60.0),
     "engine_ttft_p50_s": (0.0, 1.0),
-    "engine_ttft_p99_s": (0.0, 2.0),
+    # the recurring headline's longest-first order: 6.1-10.6 s in five runs
+    # of seed 0 (one a CI run), where admission alone moved under 2 s
+    "engine_ttft_p99_s": (0.6, 2.0),
     "server_ttft_mean_s": (0.0, 1.0),
     "completed": (0.0, 0.0),
     "errors": (0.0, 0.0),
@@ -664,8 +668,9 @@ def reproducibility_text(sums: List[dict], seed: Optional[int]) -> str:
         parts.append(
             f"Host-timed throughout: {' and '.join(host)} (which held sample gets a freed slot depends on when "
             f"this host delivers completions): a rerun moves its step time by up to {a['step_time_s'][0]:.0%}, "
-            f"hit rate by {a['hit_rate'][1] * 100:.0f} pt, preemptions by {a['preemptions'][1]:g}, TTFT and acquire "
-            f"wait by up to {a['ttft_p99_s'][0]:.0%}.")
+            f"hit rate by {a['hit_rate'][1] * 100:.0f} pt, preemptions by {a['preemptions'][0]:.0%} or "
+            f"{a['preemptions'][1]:g}, in-engine TTFT p99 by {a['engine_ttft_p99_s'][0]:.0%} or "
+            f"{a['engine_ttft_p99_s'][1]:g} s, TTFT and acquire wait by up to {a['ttft_p99_s'][0]:.0%}.")
     return " ".join(parts)
 
 
