@@ -424,18 +424,19 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # KV blocks; 128 prompts x 8 in verl's order, prompts of median 1,000 tokens,
 # responses of median 192 up to 2,048; vllm-sim's default engine model): the
 # headline's recurring step (step 2 = epoch 2 of a dataset of one step's
-# prompts, rho 0.6, epoch correlation 0.8) and the first-epoch rho 0.5 step
-# that headlined before, kvc_aware at its freeze beside its opt-in modes, the
+# prompts, rho 0.6, epoch correlation 0.8) and first-epoch steps at rho 0,
+# 0.5 (the step that headlined before) and 0.8, kvc_aware at its freeze beside its opt-in modes, the
 # true-length reference and the peers at their launcher defaults. Fresh seeds
 # DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
 # renders into docs/demo.md). ~1 min.
 DEMO_SHAPE_SEEDS ?= 451 452 453 454 455 456 457 458 459 460
 DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
-kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and the rho 0.5 first epoch, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)
+kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and first epochs at rho 0 / 0.5 / 0.8, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)
 	@mkdir -p build/kvbench-demo-shape
 	@for s in $(DEMO_SHAPE_SEEDS); do \
-	  $(GO) run ./cmd/kvbench $(DEMO_SHAPE) --steps 1 --length-corr 0.5 --seed $$s --policies $(DEMO_SHAPE_POLICIES) --json build/kvbench-demo-shape/rl-r5-$$s.json >/dev/null && \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; \
+	    $(GO) run ./cmd/kvbench $(DEMO_SHAPE) --steps 1 --length-corr $$r --seed $$s --policies $(DEMO_SHAPE_POLICIES) --json build/kvbench-demo-shape/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(DEMO_SHAPE) --steps 2 --length-corr 0.6 --dataset-prompts 128 --epoch-corr 0.8 --seed $$s --policies $(DEMO_SHAPE_POLICIES) --json build/kvbench-demo-shape/rl-rec-$$s.json >/dev/null || exit 1; done
 
 # The group spread's server cap (group_spread_max_servers; opt-in: the default

@@ -58,9 +58,14 @@ def server_status(status: Dict[str, Any], sid: str) -> Dict[str, Any]:
     raise KeyError(sid)
 
 
+def subscriptions(status: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The balancer's KV-event subscriptions ([] without any, or in default mode)."""
+    return (((status.get("router") or {}).get("collectors") or {}).get("collectors") or {}).get("vllm_zmq") or []
+
+
 def publisher_status(status: Dict[str, Any], sid: str) -> Dict[str, Any]:
     """The KV-event subscription of one server ({} when none)."""
-    for p in status["router"]["collectors"]["collectors"].get("vllm_zmq") or []:
+    for p in subscriptions(status):
         if p["server"] == sid:
             return p
     return {}
@@ -132,7 +137,7 @@ def router_summary(status: dict) -> dict:
     applied, subscriptions, scrapes, the admission queue."""
     r = status.get("router") or {}
     cols = (r.get("collectors") or {}).get("collectors") or {}
-    subs = cols.get("vllm_zmq") or []
+    subs = subscriptions(status)
     stored = sum((s.get("events") or {}).get("stored_blocks", 0) for s in subs)
     return {
         "mode": r.get("mode"),

@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from kvc_harness.balancer import router_config, router_summary, wait_collectors
+from kvc_harness.balancer import router_config, router_summary, subscriptions, wait_collectors
 from kvc_harness.client import COUNTERS, http_request, reset_prefix_caches, scrape_all
 from kvc_harness.fleet import Server
 from kvc_harness.report import HOST_NOTE, Row, comparison_table, losses_text, percentile, wrap
@@ -445,7 +445,7 @@ def run_policy(
                                 max_num_seqs)
             warm_failed += sum(1 for r in done if r.get("error"))
             _drained(ray, lb)
-            cleared0, t_sync = _cleared(ray, lb), time.time()
+            cleared0, t_sync = _cleared(ray.get(lb.get_status.remote())), time.time()
             reset_prefix_caches(urls)  # verl's weight sync: the engines' caches, then the router's index
             ray.get(lb.reset_prefix_index.remote())
             unsettled = _settled(ray, lb, cleared0, t_sync)
@@ -523,13 +523,9 @@ def _one_step(ray: Any, ws: Sequence[Any], reqs: List[dict], servers: Sequence[S
     return records, frozen
 
 
-def _subscriptions(status: dict) -> List[dict]:
-    return (((status.get("router") or {}).get("collectors") or {}).get("collectors") or {}).get("vllm_zmq") or []
-
-
-def _cleared(ray: Any, lb: Any) -> int:
+def _cleared(status: dict) -> int:
     """The cache-cleared events the balancer's KV-event subscriptions applied."""
-    return sum(int((s.get("events") or {}).get("cleared", 0)) for s in _subscriptions(ray.get(lb.get_status.remote())))
+    return sum(int((s.get("events") or {}).get("cleared", 0)) for s in subscriptions(status))
 
 
 def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float = 30.0) -> str:
@@ -546,8 +542,7 @@ def _settled(ray: Any, lb: Any, cleared0: int, t_sync: float, timeout_s: float =
     while True:
         st = ray.get(lb.get_status.remote())
         r = st.get("router") or {}
-        subs = _subscriptions(st)
-        cleared = sum(int((x.get("events") or {}).get("cleared", 0)) for x in subs)
+        subs, cleared = subscriptions(st), _cleared(st)
         idle = all(not sv["load"].get("has_metrics") or (
             sv.get("running", 0) == 0 and sv.get("waiting", 0) == 0
             and sv["load"].get("metrics_age_ms", 0) / 1000.0 < time.time() - t_sync) for sv in r.get("servers") or [])

@@ -384,11 +384,15 @@ def test_demo_step_with_recurring_prompts():
     spec = workloads.WorkloadSpec(**base, dataset_prompts=64, epoch_corr=0.8)
     s0, s1 = workloads.grpo_step(spec, 0), workloads.grpo_step(spec, 1)
     assert s0 == workloads.grpo_step(spec, 0)  # seeded
-    group = lambda reqs: {tuple(r["prompt"]): [] for r in reqs}  # noqa: E731
-    g0, g1 = group(s0), group(s1)
-    for reqs, g in ((s0, g0), (s1, g1)):
+
+    def group(reqs: list) -> dict:
+        """prompt tokens -> its samples' log lengths"""
+        out: dict = {}
         for r in reqs:
-            g[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
+            out.setdefault(tuple(r["prompt"]), []).append(math.log(r["max_tokens"]))
+        return out
+
+    g0, g1 = group(s0), group(s1)
     assert set(g0) == set(g1) and len(g0) == 64  # every prompt returns in epoch 2
     assert [r["prompt"] for r in s0[:64]] != [r["prompt"] for r in s1[:64]]  # in a reshuffled order
     assert sorted(r["max_tokens"] for r in s0) == sorted(r["max_tokens"] for r in s1)
@@ -397,12 +401,7 @@ def test_demo_step_with_recurring_prompts():
     assert statistics.correlation(m0, m1) > 0.5, statistics.correlation(m0, m1)
     # An independent epoch (epoch_corr 0) keeps the prompts, not their lengths.
     ind = workloads.WorkloadSpec(**base, dataset_prompts=64, epoch_corr=0.0)
-    gi = group(workloads.grpo_step(ind, 1))
-    for r in workloads.grpo_step(ind, 1):
-        gi[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
-    g0i = group(workloads.grpo_step(ind, 0))
-    for r in workloads.grpo_step(ind, 0):
-        g0i[tuple(r["prompt"])].append(math.log(r["max_tokens"]))
+    g0i, gi = group(workloads.grpo_step(ind, 0)), group(workloads.grpo_step(ind, 1))
     assert abs(statistics.correlation([statistics.mean(g0i[k]) for k in g0i],
                                       [statistics.mean(gi[k]) for k in g0i])) < 0.35
     # No dataset: fresh prompts each step.
