@@ -106,6 +106,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.encoding, "kv-events-encoding", "map", "event encoding: array (vLLM <= 0.23) or map (>= 0.24)")
 	fs.IntVar(&o.bufferSteps, "kv-events-buffer-steps", 10000, "batches kept for replay")
 	fs.IntVar(&o.replayLayout, "kv-events-replay-layout", 3, "replay reply shape: 2 (<= 0.25) or 3 (>= 0.26)")
+	fs.BoolVar(&o.ec.LazyClearEvent, "kv-events-lazy-clear", false, "publish a reset's AllBlocksCleared with the engine's next step, as vLLM does (default: at the reset)")
 	fs.IntVar(&o.dropEvery, "kv-events-drop-every", 0, "test hook: withhold every N-th batch from the live stream")
 	fs.IntVar(&o.fleet, "fleet", 1, "number of servers on consecutive ports")
 	fs.IntVar(&o.basePort, "base-port", -1, "first HTTP port of the fleet (default --port)")

@@ -119,6 +119,12 @@ type Config struct {
 	VocabSize int
 	// DisableEvents suppresses KV events (faster benchmarks).
 	DisableEvents bool
+	// LazyClearEvent publishes a prefix-cache reset's AllBlocksCleared with
+	// the engine's next step, as vLLM does (its block pool queues the event
+	// and the engine core takes the queue after a step), instead of at the
+	// reset. An idle engine therefore reports the reset only once the next
+	// rollout's first request runs.
+	LazyClearEvent bool
 }
 
 // WithDefaults returns the config with zero fields filled in.

@@ -169,10 +169,12 @@ type Engine struct {
 	hits    []int32
 	hashBuf []byte
 	events  []kvcrouter.Event
-	res     StepResult
-	loadCPU int
-	loadSSD int
-	arena   []uint64
+	// pendingEvents go out with the next Step (LazyClearEvent).
+	pendingEvents []kvcrouter.Event
+	res           StepResult
+	loadCPU       int
+	loadSSD       int
+	arena         []uint64
 
 	st Stats
 }
@@ -267,7 +269,7 @@ func (e *Engine) Abort(id string) bool {
 func (e *Engine) Step(now float64) StepResult {
 	e.res.Tokens = e.res.Tokens[:0]
 	e.res.Finished = e.res.Finished[:0]
-	e.events = nil
+	e.events, e.pendingEvents = e.pendingEvents, nil
 	e.sched = e.sched[:0]
 	e.loadCPU, e.loadSSD = 0, 0
 	budget := e.cfg.MaxNumBatchedTokens
@@ -676,7 +678,12 @@ func (e *Engine) ResetPrefixCache(preemptRunning bool) (events []kvcrouter.Event
 	if e.cfg.DisableEvents {
 		return nil, true
 	}
-	return []kvcrouter.Event{{Kind: kvcrouter.EventCleared, TypeName: "AllBlocksCleared", LoraID: -1, GroupIdx: -1}}, true
+	ev := kvcrouter.Event{Kind: kvcrouter.EventCleared, TypeName: "AllBlocksCleared", LoraID: -1, GroupIdx: -1}
+	if e.cfg.LazyClearEvent {
+		e.pendingEvents = append(e.pendingEvents, ev)
+		return nil, true
+	}
+	return []kvcrouter.Event{ev}, true
 }
 
 // CachedBlocks returns the resident blocks of every tier with their copy

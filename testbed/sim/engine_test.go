@@ -809,3 +809,40 @@ func TestSortWaiting(t *testing.T) {
 		})
 	}
 }
+
+// TestLazyClearEvent: with LazyClearEvent an idle engine's reset publishes
+// AllBlocksCleared with its next step, ahead of that step's BlockStored (as
+// vLLM's block pool queues it); without it the reset returns the event.
+func TestLazyClearEvent(t *testing.T) {
+	for _, lazy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lazy=%v", lazy), func(t *testing.T) {
+			e := newEngine(t, Config{NumGPUBlocks: 64, LazyClearEvent: lazy})
+			now := 0.0
+			if err := e.Submit(Request{ID: "a", Prompt: seqTokens(1, 40), MaxTokens: 2}); err != nil {
+				t.Fatal(err)
+			}
+			drain(t, e, &now)
+			evs, ok := e.ResetPrefixCache(false)
+			if !ok || (len(evs) == 1) == lazy {
+				t.Fatalf("reset %v returned %d events", ok, len(evs))
+			}
+			if err := e.Submit(Request{ID: "b", Prompt: seqTokens(100, 40), MaxTokens: 2}); err != nil {
+				t.Fatal(err)
+			}
+			next := e.Step(now).Events
+			var kinds []string
+			for _, ev := range next {
+				kinds = append(kinds, ev.TypeName)
+			}
+			cleared := len(kinds) > 0 && kinds[0] == "AllBlocksCleared"
+			if cleared != lazy || len(kinds) == 0 || kinds[len(kinds)-1] != "BlockStored" {
+				t.Fatalf("next step's events %v", kinds)
+			}
+			for _, ev := range e.Step(now).Events {
+				if ev.Kind == kvcrouter.EventCleared {
+					t.Fatal("the clear was published twice")
+				}
+			}
+		})
+	}
+}

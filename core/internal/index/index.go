@@ -124,8 +124,12 @@ type server struct {
 	tail   uint32
 	n      int
 	win    *window // sliding-window group of a hybrid model; nil when none
+	// reset is set by ClearAll (a weight sync) until the server's next
+	// Cleared: that clear is the engine's own reset, reported late.
+	reset bool
 
 	stored, removed, cleared, unanchored, unresolved uint64
+	resetClears, keptSpec                            uint64
 }
 
 // Index is safe for concurrent use.
@@ -238,6 +242,16 @@ func (ix *Index) RemoveServer(id ServerID) {
 
 // Cleared drops every record of a server (vLLM AllBlocksCleared, engine
 // restart, or an event gap that replay could not close).
+//
+// The first Cleared after ClearAll is the weight sync's engine reset
+// arriving late: vLLM queues AllBlocksCleared at /reset_prefix_cache and
+// publishes it with the engine's next step, which is the next rollout's
+// first. By then the router has placed that rollout's first requests
+// there, and vLLM resets only an idle cache, so their speculation is newer
+// than the reset the event reports: that clear drops the confirmed copies
+// (old blocks whose events arrived after the router's reset) and keeps the
+// live speculation. Dropping it would send those requests' siblings
+// elsewhere until the prefills' BlockStored events arrive.
 func (ix *Index) Cleared(id ServerID) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -246,11 +260,18 @@ func (ix *Index) Cleared(id ServerID) error {
 		return ErrUnknownServer
 	}
 	s.cleared++
+	if s.reset {
+		s.reset = false
+		s.resetClears++
+		ix.clearConfirmed(id, s)
+		return nil
+	}
 	ix.clearServer(id, s)
 	return nil
 }
 
-// ClearAll drops every record of every server (a weight update).
+// ClearAll drops every record of every server (a weight update). Each
+// server's next Cleared is then taken for its engine's reset (Cleared).
 func (ix *Index) ClearAll() {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -258,8 +279,37 @@ func (ix *Index) ClearAll() {
 		if s != nil {
 			s.cleared++
 			ix.clearServer(ServerID(id), s)
+			s.reset = true
 		}
 	}
+}
+
+// clearConfirmed drops a server's confirmed copies and expired
+// speculation; live speculation stays, unbridged (the engine hashes it may
+// have been confirmed under are gone).
+func (ix *Index) clearConfirmed(id ServerID, s *server) {
+	now := ix.tick(ix.cfg.Now())
+	freed := 0
+	for r := s.head; r != nilRec; {
+		rc := ix.at(r)
+		next := rc.snext
+		if rc.spec > now {
+			was := rc.class()
+			rc.cnt = [NumTiers]uint8{}
+			ix.reclass(rc, was)
+			*ix.eng(r) = 0
+			s.keptSpec++
+		} else {
+			ix.freeRec(r, s)
+			freed++
+		}
+		r = next
+	}
+	s.bridge.Reset()
+	if s.win != nil {
+		clear(s.win.held)
+	}
+	memtrim.Note(freed * bytesPerRecord)
 }
 
 func (ix *Index) clearServer(id ServerID, s *server) {

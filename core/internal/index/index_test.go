@@ -253,10 +253,28 @@ type model struct {
 	cnt    map[ServerID]map[uint64][3]int    // key -> copies per tier
 	spec   map[ServerID]map[uint64]time.Time // key -> expiry
 	engine map[ServerID]map[uint64]uint64    // key -> engine hash
+	reset  map[ServerID]bool                 // a weight sync awaits the server's clear
 }
 
 func newModel() *model {
-	return &model{map[ServerID]map[uint64]uint64{}, map[ServerID]map[uint64][3]int{}, map[ServerID]map[uint64]time.Time{}, map[ServerID]map[uint64]uint64{}}
+	return &model{map[ServerID]map[uint64]uint64{}, map[ServerID]map[uint64][3]int{}, map[ServerID]map[uint64]time.Time{}, map[ServerID]map[uint64]uint64{}, map[ServerID]bool{}}
+}
+
+// cleared is Index.Cleared: the first clear after a weight sync keeps the
+// live speculation (its bridges gone), any other drops everything.
+func (m *model) cleared(id ServerID, now time.Time) {
+	if !m.reset[id] {
+		m.add(id)
+		return
+	}
+	m.reset[id] = false
+	spec := m.spec[id]
+	m.add(id)
+	for k, exp := range spec {
+		if exp.After(now) {
+			m.spec[id][k] = exp
+		}
+	}
 }
 
 func (m *model) add(id ServerID) {
@@ -376,10 +394,17 @@ func TestPropertyAgainstModel(t *testing.T) {
 					m.spec[id][k] = clk.Now().Add(3 * time.Second)
 				}
 			default:
-				if rng.IntN(4) == 0 {
+				switch rng.IntN(8) {
+				case 0, 1:
 					_ = ix.Cleared(id)
-					m.add(id)
-				} else {
+					m.cleared(id, clk.Now())
+				case 2:
+					ix.ClearAll()
+					for _, sid := range ids {
+						m.add(sid)
+						m.reset[sid] = true
+					}
+				default:
 					clk.Advance(time.Duration(rng.IntN(200)) * tickDur) // expiry has tick resolution
 				}
 			}
@@ -434,7 +459,7 @@ func FuzzIndexOps(f *testing.F) {
 			id := ids[int(ops[i])%2]
 			p := toks(int(ops[i+2]%40), int32(ops[i+1]%4))
 			keys := blockhash.Keys(p, 4, 0)
-			switch ops[i] % 6 {
+			switch ops[i] % 7 {
 			case 0, 1:
 				hs := make([]uint64, len(keys))
 				for j, k := range keys {
@@ -453,6 +478,8 @@ func FuzzIndexOps(f *testing.F) {
 				_ = ix.Cleared(id)
 			case 5:
 				clk.Advance(time.Duration(ops[i+1]) * 100 * time.Millisecond)
+			case 6:
+				ix.ClearAll()
 			}
 			st := ix.Status()
 			if st.Entries > 16 {

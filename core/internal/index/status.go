@@ -10,8 +10,13 @@ type ServerStatus struct {
 	Stored      uint64 `json:"stored_blocks"`
 	Removed     uint64 `json:"removed_blocks"`
 	Cleared     uint64 `json:"cleared"`
-	Unanchored  uint64 `json:"unanchored_blocks"`
-	Unresolved  uint64 `json:"unresolved_hashes"`
+	// ResetClears counts the clears taken as a weight sync's engine reset
+	// reported late, and KeptSpeculative the live speculative entries
+	// they kept (Index.Cleared).
+	ResetClears     uint64 `json:"reset_clears"`
+	KeptSpeculative uint64 `json:"kept_speculative"`
+	Unanchored      uint64 `json:"unanchored_blocks"`
+	Unresolved      uint64 `json:"unresolved_hashes"`
 }
 
 // Status summarises the index.
@@ -50,6 +55,7 @@ func (ix *Index) Status() Status {
 		st.Servers = append(st.Servers, ServerStatus{
 			Name: s.name, Entries: s.n, Bridged: s.bridge.Len(), Approximate: s.opts.Approximate,
 			Capacity: s.opts.Capacity, Stored: s.stored, Removed: s.removed, Cleared: s.cleared,
+			ResetClears: s.resetClears, KeptSpeculative: s.keptSpec,
 			Unanchored: s.unanchored, Unresolved: s.unresolved,
 		})
 	}
