@@ -431,7 +431,7 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # renders into docs/demo.md). ~1 min.
 DEMO_SHAPE_SEEDS ?= 451 452 453 454 455 456 457 458 459 460
 DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
-DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
+DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+engine_queue,kvc_aware+admit+lengths+engine_queue,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
 kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and first epochs at rho 0 / 0.5 / 0.8, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)
 	@mkdir -p build/kvbench-demo-shape
 	@for s in $(DEMO_SHAPE_SEEDS); do \

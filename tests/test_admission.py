@@ -15,6 +15,7 @@ import time
 from typing import Any, Dict, List
 
 import pytest
+from kvc_harness.wire import metrics_text
 from kvc_router import (
     AdmissionQueueFullError,
     ConfigError,
@@ -213,6 +214,31 @@ def test_held_acquires_are_admitted_as_slots_free(ray_cluster, admission_actor):
     assert st["held"] == 0 and st["admitted_total"] == 3 and st["queued_total"] == 3 and st["enabled"] is True
     assert st["waiting_callers"] == 0 and st["unclaimed"] == 0
     assert ray.get(lb.get_total_inflight.remote()) == 4
+
+
+def test_a_queuing_engine_takes_no_held_request(ray_cluster, admission_actor):
+    """admission.engine_queue 1: a server whose last scrape counted waiting
+    requests takes no held acquire, even far below its slot cap; once a scrape
+    shows one engine's queue gone, the actor's pump admits the held acquires
+    there, and not on the server still queuing."""
+    ray = ray_cluster
+    srv = servers(2)
+    cfg = config(max_inflight=8)
+    cfg["config"]["admission"]["engine_queue"] = 1
+    lb = admission_actor(srv, cfg)
+    a, b = list(srv)
+    first = ray.get([lb.acquire_server.remote(f"r{i}", prompt(i)) for i in range(2)])
+    assert sorted(s for s, _ in first) == sorted([a, b])
+    for sid in srv:
+        assert ray.get(lb.update_metrics.remote(sid, metrics_text(running=1, waiting=2)))
+    held = [lb.acquire_server.remote(f"h{i}", prompt(10 + i)) for i in range(2)]
+    ready, _ = ray.wait(held, num_returns=1, timeout=0.5)
+    assert not ready, "an acquire was placed on an engine that is queuing"
+    assert wait_until(lambda: status(ray, lb)["router"]["admission"]["held"] == 2)
+    assert ray.get(lb.update_metrics.remote(b, metrics_text(running=1, waiting=0)))
+    got = ray.get(held, timeout=20)
+    assert [s for s, _ in got] == [b, b], got
+    assert ray.get(lb.get_inflight_count.remote(a)) == 1
 
 
 def test_a_new_server_admits_held_requests_through_the_pump(ray_cluster, admission_actor):

@@ -90,6 +90,9 @@ type config struct {
 	// kvcTurns is kvc_aware's router "turns"; "" = what verl's hook sets
 	// for the workload (bench.TurnsFor).
 	kvcTurns string
+	// kvcAdmission overlays kvc_aware's admission settings (JSON object of
+	// kvcrouter.AdmissionSpec fields) on every +admit row.
+	kvcAdmission string
 	// The RL workload shape (issue 26): shaped is set when any of its
 	// flags is given; nil-shape workloads keep independent draws.
 	shaped                                  bool
@@ -160,6 +163,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
 	fs.StringVar(&c.kvcTurns, "kvc-turns", "", "kvc_aware's router turns: auto | single | multi (default: what verl's hook sets for the workload: multi for agent workloads, single for grpo, auto otherwise; multi on grpo reproduces the 41412f1 tables)")
 	fs.StringVar(&c.kvcFrozen, "kvc-frozen", "", "kvc_aware runs the frozen configuration in FILE (docs/frozen-kvc-aware.json; its \"strategy\" object) and is not tuned")
+	fs.StringVar(&c.kvcAdmission, "kvc-admission", "", `kvc_aware's admission settings over the defaults for the +admit rows, as JSON, e.g. {"engine_queue":1} or {"headroom":0.75}`)
 	fs.Var(c.params, "params", `NAME=JSON: override a policy's main parameters (repeatable), e.g. sglang_cache_aware={"balance_abs_threshold":8}, llmd_precise={"prefix_weight":3}, dynamo_cost={"overlap_score_credit":2}`)
 	fs.Float64Var(&c.spread, "arrival-spread", 0, "spread each phase's initial arrivals uniformly over this many virtual seconds (0 = a burst)")
 	fs.BoolVar(&c.makespanBound, "makespan-bound", true, "also run verl_default with free prefill and report each policy's share of the makespan gain")
@@ -244,6 +248,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			return nil, err
 		}
 		c.params["kvc_aware"], c.frozenCommit = raw, commit
+	}
+	if c.kvcAdmission != "" {
+		if _, err := admissionOverlay(c.kvcAdmission); err != nil {
+			return nil, err
+		}
 	}
 	if c.kvcParams != "" {
 		if !json.Valid([]byte(c.kvcParams)) {
@@ -478,6 +487,9 @@ func single(c *config, stdout, stderr io.Writer) error {
 	}
 	var progress atomic.Int64
 	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: responseTokensFor(c.workload)}
+	if c.kvcAdmission != "" {
+		popt.KVCRouter, _ = admissionOverlay(c.kvcAdmission) // checked by parseFlags
+	}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)
@@ -492,6 +504,9 @@ func single(c *config, stdout, stderr io.Writer) error {
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
 		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
 		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns, "kvc_response_tokens": responseTokensFor(c.workload),
+	}
+	if c.kvcAdmission != "" {
+		rep.Config["kvc_admission"] = json.RawMessage(c.kvcAdmission)
 	}
 	if c.arrivals == "verl" {
 		rep.Config["client_rate"], rep.Config["client_workers"] = c.clientRate, c.clientWorkers
@@ -599,4 +614,32 @@ func parseFloats(s string) ([]float64, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// admissionOverlay decodes --kvc-admission strictly (unknown fields, bad
+// values and enabling or disabling admission are errors) into an edit of
+// the +admit rows' router configuration.
+func admissionOverlay(raw string) (func(*kvcrouter.RouterConfig), error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &probe); err != nil {
+		return nil, fmt.Errorf("--kvc-admission: not a JSON object: %w", err)
+	}
+	if _, ok := probe["enabled"]; ok {
+		return nil, errors.New("--kvc-admission: \"enabled\" is the policy name's (+admit)")
+	}
+	check := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware}
+	check.Admission.Enabled = true
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&check.Admission); err != nil {
+		return nil, fmt.Errorf("--kvc-admission: %w", err)
+	}
+	if err := check.Normalise(); err != nil {
+		return nil, fmt.Errorf("--kvc-admission: %w", err)
+	}
+	return func(c *kvcrouter.RouterConfig) {
+		if c.Admission.Enabled {
+			_ = json.Unmarshal([]byte(raw), &c.Admission)
+		}
+	}, nil
 }

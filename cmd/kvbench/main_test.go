@@ -12,6 +12,7 @@ import (
 
 	json "github.com/goccy/go-json"
 
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"github.com/kvc-router/kvc-router/testbed/bench"
 	"github.com/kvc-router/kvc-router/testbed/peers"
 )
@@ -364,5 +365,43 @@ func TestTuneObjective(t *testing.T) {
 		"--policies", "verl_default,dynamo_cost", "--tune-objective", "ttft")
 	if code := run(args, &out, &errb); code == 0 || !strings.Contains(errb.String(), "--tune-objective") {
 		t.Fatalf("a bad --tune-objective was accepted (exit %d): %s", code, errb.String())
+	}
+}
+
+// TestKvcAdmissionOverlay: --kvc-admission is decoded strictly and edits
+// the +admit rows alone.
+func TestKvcAdmissionOverlay(t *testing.T) {
+	for _, c := range []struct {
+		raw, err string
+	}{
+		{`{"engine_queue":1,"headroom":0.75}`, ""},
+		{`{`, "not a JSON object"},
+		{`[1]`, "not a JSON object"},
+		{`{"bogus":1}`, `unknown field "bogus"`},
+		{`{"enabled":true}`, "policy name's"},
+		{`{"engine_queue":-1}`, "admission.engine_queue"},
+		{`{"headroom":99}`, "admission.headroom"},
+	} {
+		edit, err := admissionOverlay(c.raw)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want one naming %q", c.raw, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.raw, err)
+		}
+		var on, off kvcrouter.RouterConfig
+		on.Admission.Enabled = true
+		edit(&on)
+		edit(&off)
+		if on.Admission.EngineQueue != 1 || on.Admission.Headroom != 0.75 || off.Admission != (kvcrouter.RouterConfig{}).Admission {
+			t.Fatalf("edited +admit %+v, other rows %+v", on.Admission, off.Admission)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"--kvc-admission", `{"engine_queue":0.5}`, "--workload", "grpo"}, &out, &errb); code == 0 {
+		t.Fatal("a fractional engine_queue was accepted")
 	}
 }

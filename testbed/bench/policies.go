@@ -23,6 +23,7 @@ var PolicyNames = []string{
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic", "dynamo_cost+queue",
 	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
+	"kvc_aware+admit+engine_queue", "kvc_aware+admit+lengths+engine_queue",
 	"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 	"kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen",
 	"longest_lane+truelen",
@@ -177,6 +178,9 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     the verl hook forwards them); with admission, longest predicted first.
 //   - kvc_aware+admit+truelen: a reference row, not a policy: admission
 //     longest-first with every request's true length as its hint.
+//   - kvc_aware+admit+engine_queue, kvc_aware+admit+lengths+engine_queue:
+//     the same with admission.engine_queue 1 (a server whose engine is
+//     queuing takes no held request).
 //   - kvc_aware+work+lengths: placement by predicted work (work_weight 1
 //     unless the parameters set it: each server's load counts the learnt
 //     output of its in-flight requests with their prompts), learning from
@@ -356,7 +360,8 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		}}, nil
 	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
 		"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
-		"kvc_aware+admit+truelen", "kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen":
+		"kvc_aware+admit+truelen", "kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen",
+		"kvc_aware+admit+engine_queue", "kvc_aware+admit+lengths+engine_queue":
 		if strings.Contains(name, "+work") {
 			k := kvcrouter.DefaultKVCAware()
 			if err := decodeOver(name, raw, &k); err != nil {
@@ -385,11 +390,15 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		// verl's weight-update hook resets kvc-router's index
 		// (reset_prefix_index); no peer has such an API.
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true,
-			OutputCounts: strings.Contains(name, "+lengths") || name == "kvc_aware" || name == "kvc_aware+admit" || name == "kvc_aware_approx",
-			TrueLengths:  strings.HasSuffix(name, "+truelen"),
+			OutputCounts: strings.Contains(name, "+lengths") || name == "kvc_aware" || name == "kvc_aware+admit" || name == "kvc_aware_approx" ||
+				name == "kvc_aware+admit+engine_queue",
+			TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
 				c.Admission.Enabled = strings.Contains(name, "+admit")
+				if strings.HasSuffix(name, "+engine_queue") {
+					c.Admission.EngineQueue = 1
+				}
 				// +evlengths: learning on, but the client reports no counts
 				// (verl without the hook): the router reads them off the
 				// KV events, else the times.

@@ -257,3 +257,45 @@ func TestWorkPolicies(t *testing.T) {
 		t.Fatal("work_weight 20 accepted")
 	}
 }
+
+// The +engine_queue rows are the +admit rows with admission.engine_queue 1.
+// On engines whose KV binds far below the slot cap (they queue), the option
+// acts (the run differs from the same row without it: the router's own
+// tests pin what it holds) and every request still completes.
+func TestEngineQueuePolicies(t *testing.T) {
+	g := smallGRPO()
+	g.Prompts, g.N, g.Steps = 16, 8, 1
+	g.Response = LogNormal{Median: 400, Sigma: 0.5, Max: 1500}
+	opts := smallOpts()
+	// 6.4k tokens an engine: KV binds near 10 requests, far below the 32
+	// slots admission caps at (96 of the 128 requests go at once).
+	opts.Engines.GPUBlocks, opts.Engines.MaxNumSeqs = 400, 32
+	for _, base := range []string{"kvc_aware+admit", "kvc_aware+admit+lengths"} {
+		plain, err := NewPolicy(base, PolicyOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued, err := NewPolicy(base+"+engine_queue", PolicyOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, p := queued.Config(nil), plain.Config(nil); c.Admission.EngineQueue != 1 || p.Admission.EngineQueue != 0 ||
+			!c.Admission.Enabled || c.Lengths.Enabled != p.Lengths.Enabled || queued.OutputCounts != plain.OutputCounts {
+			t.Fatalf("%s: config %+v against %+v", base, c.Admission, p.Admission)
+		}
+		a, err := Run(NewGRPO(g), plain, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Run(NewGRPO(g), queued, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Requests != g.Prompts*g.N || b.Unfinished != 0 || b.FinalInflight != 0 {
+			t.Fatalf("%s+engine_queue: %d requests, %d unfinished, %d in flight", base, b.Requests, b.Unfinished, b.FinalInflight)
+		}
+		if a.Makespans[0] == b.Makespans[0] && a.Preemptions == b.Preemptions {
+			t.Errorf("%s: engine_queue changed nothing (makespan %v, %d preemptions)", base, a.Makespans, a.Preemptions)
+		}
+	}
+}

@@ -411,14 +411,18 @@ def run_policy(
     urls = {s.sid: s.url for s in servers}
     base, _, extra = policy.partition("+")
     extras = set(extra.split("+")) - {""}
-    unknown = extras - {"admit", "lengths"}
+    unknown = extras - {"admit", "lengths", "engine_queue"}
     if unknown:
-        raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: admit, lengths)")
+        known = "admit, lengths, engine_queue"
+        raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: {known})")
     cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
     admit = "admit" in extras and cfg is not None
     if admit:
         # kvc_aware+admit: router-side admission (cap = max_num_seqs per server).
         cfg["config"]["admission"] = {"enabled": True}
+        if "engine_queue" in extras:
+            # A server whose engine is queuing takes no held request (admission.engine_queue).
+            cfg["config"]["admission"]["engine_queue"] = 1
     if "lengths" in extras and cfg is not None:
         cfg["config"]["lengths"] = {"enabled": True}
     reqs = [dict(r, order=i) for i, r in enumerate(reqs)]

@@ -66,8 +66,11 @@ type entry struct {
 	inflightTk int64
 	acquired   uint64
 	released   uint64
-	scrapes    uint64
-	errors     uint64
+	// acquired and released at the last Update: what the router sent and
+	// saw finish since that scrape.
+	acqAtScrape, relAtScrape uint64
+	scrapes                  uint64
+	errors                   uint64
 }
 
 // WithDefaults fills the fields left zero with their defaults.
@@ -171,6 +174,7 @@ func (s *Store) Update(server string, m Metrics) bool {
 		m.At = s.cfg.Now()
 	}
 	e.m, e.has = m, true
+	e.acqAtScrape, e.relAtScrape = e.acquired, e.released
 	e.failures, e.unhealthy = 0, false
 	e.scrapes++
 	return true
@@ -225,6 +229,11 @@ type Snapshot struct {
 	Errors    uint64  `json:"errors"`
 	Scrapes   uint64  `json:"scrapes"`
 	LastError string  `json:"last_error,omitempty"`
+	// SentSince and FinishedSince count the requests the router sent to
+	// the server, and saw finish there, since its last scrape (all of them
+	// before the first).
+	SentSince     int `json:"-"`
+	FinishedSince int `json:"-"`
 }
 
 // Get returns a server's snapshot, computing its load at the current time.
@@ -263,6 +272,7 @@ func (s *Store) snapshot(sn *Snapshot, e *entry, now time.Time) {
 		Inflight: e.inflight, InflightTokens: e.inflightTk, Healthy: !e.unhealthy,
 		Metrics: e.m, HasMetric: e.has, Failures: e.failures, Errors: e.errors,
 		Scrapes: e.scrapes, LastError: e.lastError,
+		SentSince: int(e.acquired - e.acqAtScrape), FinishedSince: int(e.released - e.relAtScrape),
 	}
 	c := s.cfg.MaxNumSeqs
 	if e.has && e.m.MaxNumSeqs > 0 {

@@ -43,6 +43,16 @@ type AdmissionSpec struct {
 	// When to change: above 1 keeps the servers' own queues a little full
 	// (less idle time between batches); below 1 holds more in the router.
 	Headroom float64 `json:"headroom,omitempty"`
+	// EngineQueue holds requests in the router while a server's engine is
+	// queuing: once its last fresh scrape counted waiting requests, the
+	// server takes no held request while that count, plus the requests sent
+	// there since the scrape, less those finished there since, is at least
+	// EngineQueue (0 = off, the default: the slot cap alone).
+	// When to change: when the engines' KV cache fills before their
+	// max_num_seqs (vLLM then queues, and preempts, requests it cannot
+	// hold); a queued request is bound to its engine, a held one goes to
+	// whichever frees first.
+	EngineQueue int `json:"engine_queue,omitempty"`
 	// MaxQueue bounds held requests; beyond it Submit fails with
 	// ErrQueueFull (default 65,536).
 	// When to change: raise it when a step holds more requests than this at
@@ -121,6 +131,9 @@ func (a *AdmissionSpec) normalise() error {
 	}
 	if !(a.Headroom > 0 && a.Headroom <= 16) {
 		return configErr("admission.headroom", "must be in (0, 16], got %v", a.Headroom)
+	}
+	if a.EngineQueue < 0 || a.EngineQueue > 1<<20 {
+		return configErr("admission.engine_queue", "must be in [0, 1048576] (0 = off), got %d", a.EngineQueue)
 	}
 	if a.MaxQueue == 0 {
 		a.MaxQueue = DefaultAdmissionMaxQueue
@@ -353,9 +366,28 @@ func (r *Router) scanHealth() {
 // with none healthy, all are eligible, as routing falls back to all.
 func (r *Router) eligible(s *server) bool { return !r.aq.anyHealthy || r.healthy(s) }
 
-// hasRoom: s is eligible and below its cap; r.mu held, scanHealth done.
+// hasRoom: s is eligible, below its cap and, with admission.engine_queue,
+// its engine not queuing; r.mu held, scanHealth done.
 func (r *Router) hasRoom(s *server) bool {
-	return r.eligible(s) && r.ld.Inflight(s.id) < r.capOf(s)
+	if !r.eligible(s) {
+		return false
+	}
+	n := r.cfg.Admission.EngineQueue
+	if n == 0 {
+		return r.ld.Inflight(s.id) < r.capOf(s)
+	}
+	sn, ok := r.ld.Get(s.id)
+	if !ok || sn.Inflight >= r.capOf(s) {
+		return false
+	}
+	// An engine whose scrape showed no queue is governed by the cap alone:
+	// it was running everything it had, so what the router sent since may
+	// well be running too. Stale metrics say nothing; an engine with nothing
+	// of ours in flight always takes one (no wait on a scrape).
+	if !sn.Fresh || sn.Inflight == 0 || sn.Metrics.Waiting <= 0 {
+		return true
+	}
+	return sn.Metrics.Waiting+float64(sn.SentSince-sn.FinishedSince) < float64(n)
 }
 
 // pinTarget is the server a full_determinism pin names: pool[pin mod n],
