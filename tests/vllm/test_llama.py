@@ -188,17 +188,9 @@ def _run(engines: List[Any], policy: str, groups: List[List[int]], samples: int)
                        for sid, ev in feeds.items()}}
 
 
-def _reset_seen(lb: Any, engines: List[Any], still_s: float = 2.0, timeout: float = 60.0) -> None:
-    """The weight sync done before the step, as a running router sees it.
-    A new subscription first replays each engine's history (the earlier
-    tests' blocks and resets), and vLLM publishes a reset's cache-cleared
-    event only with the engine's next step: either clear, applied while the
-    step is being routed, wipes the siblings the router has just placed
-    (on a CI host slow enough, kvc_aware's hits fell to default's). So: wait
-    until the replay is over (no subscription's sequence number moves for
-    still_s while the engines are idle), reset the engines, run one tiny
-    request on each so the clear is published, and wait until the router
-    has applied each engine's clear and its index holds nothing."""
+def _replay_quiet(lb: Any, engines: List[Any], still_s: float = 2.0, timeout: float = 60.0) -> None:
+    """Waits until a new subscription's replay of the engines' history is
+    over: no subscription's sequence number moves for still_s."""
     from kvc_harness.balancer import publisher_status
 
     def seqs() -> List[Any]:
@@ -213,6 +205,22 @@ def _reset_seen(lb: Any, engines: List[Any], still_s: float = 2.0, timeout: floa
         now = seqs()
         if now != last:
             last, since = now, time.monotonic()
+
+
+def _reset_seen(lb: Any, engines: List[Any], still_s: float = 2.0, timeout: float = 60.0) -> None:
+    """The weight sync done before the step, as a running router sees it.
+    A new subscription first replays each engine's history (the earlier
+    tests' blocks and resets), and vLLM publishes a reset's cache-cleared
+    event only with the engine's next step: either clear, applied while the
+    step is being routed, wipes the siblings the router has just placed
+    (on a CI host slow enough, kvc_aware's hits fell to default's). So: wait
+    until the replay is over (no subscription's sequence number moves for
+    still_s while the engines are idle), reset the engines, run one tiny
+    request on each so the clear is published, and wait until the router
+    has applied each engine's clear and its index holds nothing."""
+    from kvc_harness.balancer import publisher_status
+
+    _replay_quiet(lb, engines, still_s, timeout)
 
     def cleared() -> Dict[str, int]:
         st = lb.get_status()
@@ -252,3 +260,51 @@ def test_routing_end_to_end_beats_verl_default(engines: List[Any], capsys: Any) 
         )
     assert default["queries"] == kvc["queries"] > 0
     assert kvc["hit_rate"] > default["hit_rate"], (default, kvc)
+
+
+def test_weight_sync_late_clear_keeps_the_next_rollouts_placements(engines: List[Any]) -> None:
+    """verl's weight sync on real vLLM: every engine's /reset_prefix_cache,
+    then reset_prefix_index(). vLLM publishes each reset only with that
+    engine's next step, the next rollout's first, by when the router has
+    placed that rollout's first requests there. The late clear drops the old
+    weights' blocks and keeps those placements: the group's next sample
+    still follows its siblings, with their prompt predicted resident."""
+    from kvc_harness.balancer import index_server
+
+    by_sid = {e.sid: e for e in engines}
+    # Siblings follow their prefix holder: the spreads and a fresh router's
+    # multi-turn presumption (session_weight) would split them on purpose.
+    strategy = {"_target_": "kvc_router.config.KVCAwareStrategyConfig", "collector_names": ["vllm_zmq"],
+                "group_spread": 0, "task_spread": 0, "session_weight": 0}
+    lb = balancer(engines, collectors=("vllm_zmq",), strategies=[strategy])
+    placed: List[str] = []
+    try:
+        _replay_quiet(lb, engines)
+        for i, e in enumerate(engines):  # the old weights' blocks on every engine
+            e.complete(prompt(40 + i, 128), max_tokens=2)
+            wait_until(lambda e=e: index_blocks(lb, e.sid) >= 4, 60, f"{e.sid}'s blocks in the index")
+        for e in engines:
+            e.reset_prefix_cache()
+        lb.reset_prefix_index()
+        time.sleep(1.0)  # an idle vLLM publishes no reset, however long it waits
+
+        def resets(sid: str) -> int:
+            return int(index_server(lb.get_status(), sid)["reset_clears"])
+
+        assert [resets(e.sid) for e in engines] == [0, 0]
+        p = prompt(42, 8 * 32 + 1)  # 8 full blocks of 32, all hittable
+        for i in range(3):
+            placed.append(lb.acquire_server(f"late-{i}", p)[0])
+        holder = placed[0]
+        assert placed == [holder] * 3, placed
+        by_sid[holder].complete(prompt(43, 40), max_tokens=2)  # the holder's first step carries its reset
+        wait_until(lambda: resets(holder) == 1, 60, "the holder's late reset applied")
+        ix = index_server(lb.get_status(), holder)
+        assert ix["kept_speculative"] >= 8, ix
+        d = lb.acquire_server_detail("late-3", p)
+        placed.append(d["server"])
+        assert d["server"] == holder and sum(d["hit_blocks"]) == 8 and d["block_size"] == 32, d
+    finally:
+        for sid in placed:
+            lb.release_server(sid)
+        lb.close()
