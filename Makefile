@@ -421,8 +421,10 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 	    $(GO) run ./cmd/kvbench $(CAP_SHAPE) --kvc-frozen $(RL_FROZEN) --length-corr $$r --seed $$s --policies verl_default,kvc_aware --json build/mean-prompt/rl8-r$$t-$$s.json >/dev/null || exit 1; done || exit 1; done
 
 # kvbench's model of `make demo`'s step (its fleet: 4 engines x 64 slots, 3,072
-# KV blocks; 128 prompts x 8 in verl's order, prompts of median 1,000 tokens,
-# responses of median 192 up to 2,048; vllm-sim's default engine model): the
+# KV blocks; 128 prompts x 8 in verl's order, the demo's lengths: prompts
+# log-normal around 1,024 tokens (sigma 0.3, no shared system prompt), responses
+# of median 192 (sigma 0.9) up to 2,048, so kvc_aware is told response_tokens
+# 2,048 as verl's hook would; vllm-sim's default engine model): the
 # headline's recurring step (step 2 = epoch 2 of a dataset of one step's
 # prompts, rho 0.6, epoch correlation 0.8) and first-epoch steps at rho 0,
 # 0.5 (the step that headlined before) and 0.8, kvc_aware at its freeze beside its opt-in modes, the
@@ -430,7 +432,7 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
 # renders into docs/demo.md). ~1 min.
 DEMO_SHAPE_SEEDS ?= 451 452 453 454 455 456 457 458 459 460
-DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
+DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1024 --prompt-sigma 0.3 --system-tokens 0 --response-median 192 --response-sigma 0.9 --response-max 2048 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+engine_queue,kvc_aware+admit+lengths+engine_queue,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
 kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and first epochs at rho 0 / 0.5 / 0.8, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)
 	@mkdir -p build/kvbench-demo-shape

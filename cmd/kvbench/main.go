@@ -74,11 +74,15 @@ type config struct {
 	limit, parallel                                                int
 	steps, grpoPrompts, grpoN, agentTasks, agentGroup              int
 	promptMedian, responseMedian                                   float64
-	sweepAlpha, sweepThreshold, sweepSeeds, sweepTiers             string
-	spread                                                         float64
-	params                                                         paramFlag
-	makespanBound                                                  bool
-	sweepSpread, tuneSeeds, reportSeeds                            string
+	// promptSigma, responseSigma, responseMax and systemTokens reshape a
+	// GRPO workload's lengths (0, or -1 for systemTokens: its default).
+	promptSigma, responseSigma                         float64
+	responseMax, systemTokens                          int
+	sweepAlpha, sweepThreshold, sweepSeeds, sweepTiers string
+	spread                                             float64
+	params                                             paramFlag
+	makespanBound                                      bool
+	sweepSpread, tuneSeeds, reportSeeds                string
 	// tuneObjective is what held-out tuning minimises: "mixed" (makespan
 	// and TTFT p99 ratios, equally) or "step" (makespan ratio alone).
 	tuneObjective string
@@ -160,6 +164,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.agentGroup, "agent-group", 0, "agent: trajectories per task (default 4)")
 	fs.Float64Var(&c.promptMedian, "prompt-median", 0, "grpo/agent: median prompt (task) length in tokens")
 	fs.Float64Var(&c.responseMedian, "response-median", 0, "grpo/agent: median response length in tokens")
+	fs.Float64Var(&c.promptSigma, "prompt-sigma", 0, "grpo: log-normal sigma of prompt lengths (0 = the workload's)")
+	fs.Float64Var(&c.responseSigma, "response-sigma", 0, "grpo: log-normal sigma of response lengths (0 = the workload's)")
+	fs.IntVar(&c.responseMax, "response-max", 0, "grpo: longest response in tokens, the rollout's response_length, which verl's hook tells kvc_aware as response_tokens (0 = the workload's)")
+	fs.IntVar(&c.systemTokens, "system-tokens", -1, "grpo: tokens of the system prompt every prompt shares (-1 = the workload's)")
 	fs.StringVar(&c.kvcParams, "kvc-params", "", `kvc_aware strategy parameters as JSON, e.g. {"alpha":0.5,"load_threshold":0.9} (same as --params kvc_aware=JSON)`)
 	fs.StringVar(&c.kvcTurns, "kvc-turns", "", "kvc_aware's router turns: auto | single | multi (default: what verl's hook sets for the workload: multi for agent workloads, single for grpo, auto otherwise; multi on grpo reproduces the 41412f1 tables)")
 	fs.StringVar(&c.kvcFrozen, "kvc-frozen", "", "kvc_aware runs the frozen configuration in FILE (docs/frozen-kvc-aware.json; its \"strategy\" object) and is not tuned")
@@ -227,6 +235,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.engines < 1 || c.gpuBlocks < 1 || c.blockSize < 1 || c.maxSeqs < 1 || c.rateScale <= 0 || c.scrape <= 0 {
 		return nil, errors.New("--engines, --gpu-blocks, --block-size, --max-num-seqs, --rate-scale and --scrape-interval must be positive")
+	}
+	if c.promptSigma < 0 || c.responseSigma < 0 || c.responseMax < 0 || c.systemTokens < -1 {
+		return nil, errors.New("--prompt-sigma, --response-sigma and --response-max must not be negative, --system-tokens not below -1")
+	}
+	if c.responseMax > 0 && (c.responseMax < 16 || float64(c.responseMax) < c.responseMedian) {
+		return nil, fmt.Errorf("--response-max %d: below 16 tokens or below --response-median", c.responseMax)
 	}
 	if c.spread < 0 || c.eventDelay < 0 {
 		return nil, errors.New("--arrival-spread and --event-delay must not be negative")
@@ -326,13 +340,17 @@ func agentDefaults(workload string) bench.AgentConfig {
 	return bench.DefaultAgent()
 }
 
-// responseTokensFor is what verl's hook tells kvc_aware as response_tokens
-// (rollout.response_length) for a workload: its longest response (no flag
-// changes a workload's maximum); 0 for a chat trace, which is no verl
+// responseTokens is what verl's hook tells kvc_aware as response_tokens
+// (rollout.response_length) for the run's workload: its longest response
+// (--response-max when given); 0 for a chat trace, which is no verl
 // rollout.
-func responseTokensFor(workload string) int {
+func (c *config) responseTokens() int {
+	workload := c.workload
 	switch {
 	case strings.HasPrefix(workload, "grpo"):
+		if c.responseMax > 0 {
+			return c.responseMax
+		}
 		return grpoDefaults(workload).Response.Max
 	case strings.HasPrefix(workload, "agent"):
 		return agentDefaults(workload).Response.Max
@@ -371,6 +389,18 @@ func workloadFactory(c *config, seed uint64) (func() bench.Workload, int, error)
 		}
 		if c.responseMedian > 0 {
 			g.Response.Median = c.responseMedian
+		}
+		if c.promptSigma > 0 {
+			g.Prompt.Sigma = c.promptSigma
+		}
+		if c.responseSigma > 0 {
+			g.Response.Sigma = c.responseSigma
+		}
+		if c.responseMax > 0 {
+			g.Response.Max = c.responseMax
+		}
+		if c.systemTokens >= 0 {
+			g.SystemTokens = c.systemTokens
 		}
 		if c.shaped {
 			sh := c.shape()
@@ -486,7 +516,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: responseTokensFor(c.workload)}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens()}
 	if c.kvcAdmission != "" {
 		popt.KVCRouter, _ = admissionOverlay(c.kvcAdmission) // checked by parseFlags
 	}
@@ -503,7 +533,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		"engines": c.engines, "gpu_blocks": c.gpuBlocks, "cpu_blocks": c.cpuBlocks, "block_size": c.blockSize,
 		"max_num_seqs": c.maxSeqs, "max_batched_tokens": c.maxBatched, "scrape_interval_s": c.scrape,
 		"event_delay_s": c.eventDelay, "arrival_spread_s": c.spread, "seed": c.seed, "wall_s": time.Since(start).Seconds(),
-		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns, "kvc_response_tokens": responseTokensFor(c.workload),
+		"engine_model": c.engineModel, "arrivals": c.arrivals, "kvc_turns": c.kvcTurns, "kvc_response_tokens": c.responseTokens(),
 	}
 	if c.kvcAdmission != "" {
 		rep.Config["kvc_admission"] = json.RawMessage(c.kvcAdmission)

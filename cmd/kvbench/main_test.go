@@ -117,6 +117,10 @@ func TestKvbenchFlagErrors(t *testing.T) {
 		{"--heldout", "--workload", "grpo", "--tune-seeds", "1,2", "--report-seeds", "2,3", "--quiet"},
 		{"--kvc-params", "{", "--workload", "grpo"},
 		{"--kvc-turns", "many", "--workload", "grpo"},
+		{"--response-max", "-1", "--workload", "grpo"},
+		{"--response-max", "100", "--response-median", "192", "--workload", "grpo"},
+		{"--prompt-sigma", "-0.1", "--workload", "grpo"},
+		{"--system-tokens", "-2", "--workload", "grpo"},
 		{"--sweep-policy", "kvc_aware_v2"},
 		{"--v2-params", "{}"},
 	} {
@@ -403,5 +407,39 @@ func TestKvcAdmissionOverlay(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"--kvc-admission", `{"engine_queue":0.5}`, "--workload", "grpo"}, &out, &errb); code == 0 {
 		t.Fatal("a fractional engine_queue was accepted")
+	}
+}
+
+// TestResponseMaxIsWhatTheHookTells: --response-max caps the GRPO
+// responses and is the response_tokens kvc_aware is told (verl's hook
+// tells rollout.response_length).
+func TestResponseMaxIsWhatTheHookTells(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 16384},
+		{[]string{"--response-max", "2048", "--response-sigma", "0.9", "--prompt-sigma", "0.3", "--system-tokens", "0"}, 2048},
+	} {
+		out := filepath.Join(t.TempDir(), "r.json")
+		args := append([]string{"--workload", "grpo_sat", "--steps", "1", "--grpo-prompts", "2", "--grpo-n", "2", "--engines", "2",
+			"--response-median", "64", "--policies", "verl_default", "--quiet", "--makespan-bound=false", "--json", out}, c.args...)
+		var so, se bytes.Buffer
+		if code := run(args, &so, &se); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, se.String())
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			Config map[string]any `json:"config"`
+		}
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if got := rep.Config["kvc_response_tokens"]; got != float64(c.want) {
+			t.Fatalf("%v: kvc_response_tokens %v, want %d", c.args, got, c.want)
+		}
 	}
 }

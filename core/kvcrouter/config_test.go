@@ -27,6 +27,8 @@ func TestParseErrors(t *testing.T) {
 		{`{"router": {"response_tokens": 16777217}}`, "router.response_tokens", "must be in [0, 16777216]"},
 		{`{"router": {"index": {"max_entries": -1}}}`, "router.index.max_entries", "must not be negative"},
 		{`{"router": {"load": {"unhealthy_after": -2}}}`, "router.load.unhealthy_after", "must not be negative"},
+		{`{"router": {"admission": {"engine_queue": -1}}}`, "router.admission.engine_queue", "must be in [0, 1048576]"},
+		{`{"router": {"admission": {"engine_queue": 1.5}}}`, "router.admission.engine_queue", ""},
 		{`{"router": {"mode": "kvc_aware", "strategies": [{"name": "kvc_aware", "weight": 1, "params": {"alpha": 2}}]}}`,
 			"router.strategies[0].params.alpha", ""},
 		{`{"router": {"strategies": [{"name": "nope", "weight": 1}]}}`, "router.strategies[0].name", "unknown strategy"},
