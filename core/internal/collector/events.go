@@ -522,9 +522,16 @@ func (s *Subscriber) resetSeq() {
 	s.replayed, s.replayedMax = nil, 0
 }
 
+// clear drops the server's index for a reason of the subscriber's own (a
+// gap, a restart, a panic); a weight sync's pending engine reset stays
+// pending where the writer can tell the two (sink.Forgetter).
 func (s *Subscriber) clear() {
 	if w, ok := s.r.EventWriter(s.server); ok {
-		_ = w.Cleared()
+		if f, ok := w.(sink.Forgetter); ok {
+			_ = f.Forget()
+		} else {
+			_ = w.Cleared()
+		}
 		s.stats.Cleared.Add(1)
 	}
 }

@@ -203,6 +203,39 @@ func TestSubscriberGapWithoutReplayClears(t *testing.T) {
 	}
 }
 
+// TestSubscriberGapClearLeavesTheSyncsReset: after a weight sync
+// (ResetCache) a clear the subscriber makes for a gap is its own, so the
+// engine's late AllBlocksCleared that follows is still taken as the sync's
+// reset (which keeps the router's placements since the sync).
+func TestSubscriberGapClearLeavesTheSyncsReset(t *testing.T) {
+	pub := newTestPublisher(t, false, true)
+	r := newRouter(t, "a", "b")
+	s := NewSubscriber(r, "b", pub.endpoint(), fastCfg())
+	s.Start()
+	defer s.Close()
+	connect(t, pub, s)
+	resets := func() uint64 {
+		for _, sv := range r.Status().Index.Servers {
+			if sv.Name == "b" {
+				return sv.ResetClears
+			}
+		}
+		return 0
+	}
+	r.ResetCache()
+	p1 := seq(48, 1)
+	pub.publish(storeBatch([]uint64{1, 2, 3}, p1), false)
+	waitFor(t, "applied", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 3 })
+	pub.publish(&kvevents.Batch{TS: 2, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindRemoved, BlockHashes: []uint64{1}}}}, true)
+	pub.publish(&kvevents.Batch{TS: 3, DPRank: 0}, false)
+	waitFor(t, "cleared after gap", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 0 })
+	if n := resets(); n != 0 {
+		t.Fatalf("the gap's clear was taken as the sync's reset (%d)", n)
+	}
+	pub.publish(&kvevents.Batch{TS: 4, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}}, false)
+	waitFor(t, "the engine's late reset taken as the sync's", 3*time.Second, func() bool { return resets() == 1 })
+}
+
 func TestSubscriberRestartClears(t *testing.T) {
 	pub := newTestPublisher(t, true, true)
 	r := newRouter(t, "a", "b")

@@ -270,6 +270,22 @@ func (ix *Index) Cleared(id ServerID) error {
 	return nil
 }
 
+// Forget drops every record of a server, as Cleared does for a clear no
+// weight sync announced, for a reason of the collector's own (an event gap
+// replay could not close, an engine restart). A pending weight sync stays
+// pending: the engine's own late reset is still to come (Cleared).
+func (ix *Index) Forget(id ServerID) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := ix.srv(id)
+	if s == nil {
+		return ErrUnknownServer
+	}
+	s.cleared++
+	ix.clearServer(id, s)
+	return nil
+}
+
 // ClearAll drops every record of every server (a weight update). Each
 // server's next Cleared is then taken for its engine's reset (Cleared).
 func (ix *Index) ClearAll() {

@@ -404,6 +404,9 @@ func TestPropertyAgainstModel(t *testing.T) {
 						m.add(sid)
 						m.reset[sid] = true
 					}
+				case 3:
+					_ = ix.Forget(id) // a collector's own clear: a pending sync stays pending
+					m.add(id)
 				default:
 					clk.Advance(time.Duration(rng.IntN(200)) * tickDur) // expiry has tick resolution
 				}

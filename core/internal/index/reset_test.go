@@ -28,6 +28,7 @@ func TestClearedAfterWeightSync(t *testing.T) {
 		storeP    = func(e env) { storeRun(t, e.ix, e.a, GPU, p, 0, 4, bs, 0) }
 		storeQb   = func(e env) { storeRun(t, e.ix, e.b, GPU, q, 0, 4, bs, 0) }
 		clearA    = func(e env) { must(t, e.ix.Cleared(e.a)) }
+		forgetA   = func(e env) { must(t, e.ix.Forget(e.a)) } // the collector's own clear (a gap)
 		expire    = func(e env) { e.clk.Advance(6 * time.Second) }
 		removeP   = func(e env) { must(t, e.ix.Removed(e.a, GPU, hashesOf(e.a, p, bs))) }
 		gpu4      = Match{Blocks: 4, Tier: [NumTiers]int{4}}
@@ -54,6 +55,9 @@ func TestClearedAfterWeightSync(t *testing.T) {
 		{"kept speculation confirms by the next step's events", []func(env){sync, specP, clearA, storeP, expire}, gpu4, none, none, 1, 4},
 		{"and its eviction then ends it", []func(env){sync, specP, clearA, storeP, removeP}, none, none, none, 1, 4},
 		{"confirmed and speculated before the clear: the copy goes", []func(env){sync, specP, storeP, clearA, expire}, none, none, none, 1, 4},
+		{"a gap's clear drops everything", []func(env){sync, specP, storeQ, forgetA}, none, none, none, 0, 0},
+		{"and leaves the sync's reset to come", []func(env){sync, forgetA, specP, clearA}, gpu4, none, none, 1, 4},
+		{"a gap's clear without a sync", []func(env){specP, forgetA, specP, clearA}, none, none, none, 0, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

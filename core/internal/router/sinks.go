@@ -58,6 +58,8 @@ func (w *eventWriter) Removed(tier index.Tier, engineHashes []uint64) error {
 
 func (w *eventWriter) Cleared() error { return w.ix.Cleared(w.id) }
 
+func (w *eventWriter) Forget() error { return w.ix.Forget(w.id) }
+
 func (w *eventWriter) SetGroup(idx int, kind string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

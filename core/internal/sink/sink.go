@@ -43,6 +43,15 @@ type EventWriter interface {
 	Cleared() error
 }
 
+// Forgetter is an EventWriter that tells a clear of the collector's own (an
+// event gap replay could not close, an engine restart) from the engine's
+// AllBlocksCleared: after a weight sync the engine's reset is still to
+// come, and only that one keeps the router's placements since the sync.
+type Forgetter interface {
+	// Forget drops every record of the server.
+	Forget() error
+}
+
 // HybridWriter is an EventWriter that also models a hybrid-attention
 // model's KV-cache groups (vLLM: one BlockStored per group, tagged with
 // group_idx and kv_cache_spec_kind). Collectors feed full-attention groups
