@@ -184,56 +184,52 @@ func TestSubscriberLiveAndReplay(t *testing.T) {
 	}
 }
 
+// TestSubscriberGapWithoutReplayClears: a gap replay cannot close clears the
+// server's index. After a weight sync (ResetCache) that clear is the
+// subscriber's own, so the engine's late AllBlocksCleared that follows is
+// still taken as the sync's reset (which keeps the router's placements
+// since the sync).
 func TestSubscriberGapWithoutReplayClears(t *testing.T) {
-	pub := newTestPublisher(t, false, true)
-	r := newRouter(t, "a", "b")
-	s := NewSubscriber(r, "b", pub.endpoint(), fastCfg())
-	s.Start()
-	defer s.Close()
-	connect(t, pub, s)
-	p1 := seq(48, 1)
-	pub.publish(storeBatch([]uint64{1, 2, 3}, p1), false)
-	waitFor(t, "applied", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 3 })
-	pub.publish(&kvevents.Batch{TS: 2, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindRemoved, BlockHashes: []uint64{1}}}}, true)
-	pub.publish(&kvevents.Batch{TS: 3, DPRank: 0}, false)
-	// The lost removal cannot be replayed: the index is cleared, not trusted.
-	waitFor(t, "cleared after gap", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 0 })
-	if st := s.Status(); st.Gaps != 1 || st.Events.Cleared != 1 {
-		t.Fatalf("%+v", st)
-	}
-}
-
-// TestSubscriberGapClearLeavesTheSyncsReset: after a weight sync
-// (ResetCache) a clear the subscriber makes for a gap is its own, so the
-// engine's late AllBlocksCleared that follows is still taken as the sync's
-// reset (which keeps the router's placements since the sync).
-func TestSubscriberGapClearLeavesTheSyncsReset(t *testing.T) {
-	pub := newTestPublisher(t, false, true)
-	r := newRouter(t, "a", "b")
-	s := NewSubscriber(r, "b", pub.endpoint(), fastCfg())
-	s.Start()
-	defer s.Close()
-	connect(t, pub, s)
-	resets := func() uint64 {
-		for _, sv := range r.Status().Index.Servers {
-			if sv.Name == "b" {
-				return sv.ResetClears
+	for _, synced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("after a sync=%v", synced), func(t *testing.T) {
+			pub := newTestPublisher(t, false, true)
+			r := newRouter(t, "a", "b")
+			s := NewSubscriber(r, "b", pub.endpoint(), fastCfg())
+			s.Start()
+			defer s.Close()
+			connect(t, pub, s)
+			resets := func() uint64 {
+				for _, sv := range r.Status().Index.Servers {
+					if sv.Name == "b" {
+						return sv.ResetClears
+					}
+				}
+				return 0
 			}
-		}
-		return 0
+			if synced {
+				r.ResetCache()
+			}
+			p1 := seq(48, 1)
+			pub.publish(storeBatch([]uint64{1, 2, 3}, p1), false)
+			waitFor(t, "applied", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 3 })
+			pub.publish(&kvevents.Batch{TS: 2, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindRemoved, BlockHashes: []uint64{1}}}}, true)
+			pub.publish(&kvevents.Batch{TS: 3, DPRank: 0}, false)
+			// The lost removal cannot be replayed: the index is cleared, not trusted.
+			waitFor(t, "cleared after gap", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 0 })
+			if st := s.Status(); st.Gaps != 1 || st.Events.Cleared != 1 || resets() != 0 {
+				t.Fatalf("%+v, reset_clears %d", st, resets())
+			}
+			pub.publish(&kvevents.Batch{TS: 4, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}}, false)
+			want := uint64(0)
+			if synced {
+				want = 1
+			}
+			waitFor(t, "the engine's clear applied", 3*time.Second, func() bool { return s.Status().Events.Cleared == 2 })
+			if n := resets(); n != want {
+				t.Fatalf("the engine's clear taken as a sync's reset %d times, want %d", n, want)
+			}
+		})
 	}
-	r.ResetCache()
-	p1 := seq(48, 1)
-	pub.publish(storeBatch([]uint64{1, 2, 3}, p1), false)
-	waitFor(t, "applied", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 3 })
-	pub.publish(&kvevents.Batch{TS: 2, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindRemoved, BlockHashes: []uint64{1}}}}, true)
-	pub.publish(&kvevents.Batch{TS: 3, DPRank: 0}, false)
-	waitFor(t, "cleared after gap", 3*time.Second, func() bool { _, h := hit(t, r, append(p1, 0), ""); return h == 0 })
-	if n := resets(); n != 0 {
-		t.Fatalf("the gap's clear was taken as the sync's reset (%d)", n)
-	}
-	pub.publish(&kvevents.Batch{TS: 4, DPRank: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}}, false)
-	waitFor(t, "the engine's late reset taken as the sync's", 3*time.Second, func() bool { return resets() == 1 })
 }
 
 func TestSubscriberRestartClears(t *testing.T) {

@@ -240,8 +240,8 @@ func (ix *Index) RemoveServer(id ServerID) {
 	ix.freeIDs = append(ix.freeIDs, id)
 }
 
-// Cleared drops every record of a server (vLLM AllBlocksCleared, engine
-// restart, or an event gap that replay could not close).
+// Cleared applies an engine's AllBlocksCleared: it drops every record of
+// the server.
 //
 // The first Cleared after ClearAll is the weight sync's engine reset
 // arriving late: vLLM queues AllBlocksCleared at /reset_prefix_cache and
@@ -252,7 +252,16 @@ func (ix *Index) RemoveServer(id ServerID) {
 // (old blocks whose events arrived after the router's reset) and keeps the
 // live speculation. Dropping it would send those requests' siblings
 // elsewhere until the prefills' BlockStored events arrive.
-func (ix *Index) Cleared(id ServerID) error {
+func (ix *Index) Cleared(id ServerID) error { return ix.clear(id, true) }
+
+// Forget drops every record of a server for a reason of the collector's
+// own (an event gap replay could not close, an engine restart). A pending
+// weight sync stays pending: the engine's own late reset is still to come
+// (Cleared).
+func (ix *Index) Forget(id ServerID) error { return ix.clear(id, false) }
+
+// clear is Cleared (engine true: the engine's event) and Forget.
+func (ix *Index) clear(id ServerID, engine bool) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	s := ix.srv(id)
@@ -260,28 +269,12 @@ func (ix *Index) Cleared(id ServerID) error {
 		return ErrUnknownServer
 	}
 	s.cleared++
-	if s.reset {
+	if engine && s.reset {
 		s.reset = false
 		s.resetClears++
 		ix.clearConfirmed(id, s)
 		return nil
 	}
-	ix.clearServer(id, s)
-	return nil
-}
-
-// Forget drops every record of a server, as Cleared does for a clear no
-// weight sync announced, for a reason of the collector's own (an event gap
-// replay could not close, an engine restart). A pending weight sync stays
-// pending: the engine's own late reset is still to come (Cleared).
-func (ix *Index) Forget(id ServerID) error {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	s := ix.srv(id)
-	if s == nil {
-		return ErrUnknownServer
-	}
-	s.cleared++
 	ix.clearServer(id, s)
 	return nil
 }
