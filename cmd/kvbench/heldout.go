@@ -93,7 +93,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, 
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens()})
+			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit})
 			if err != nil {
 				errs[i] = err
 				return

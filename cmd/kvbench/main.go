@@ -95,8 +95,10 @@ type config struct {
 	// for the workload (bench.TurnsFor).
 	kvcTurns string
 	// kvcAdmission overlays kvc_aware's admission settings (JSON object of
-	// kvcrouter.AdmissionSpec fields) on every +admit row.
-	kvcAdmission string
+	// kvcrouter.AdmissionSpec fields) on every +admit row; admissionEdit
+	// applies it (nil without the flag).
+	kvcAdmission  string
+	admissionEdit func(*kvcrouter.RouterConfig)
 	// The RL workload shape (issue 26): shaped is set when any of its
 	// flags is given; nil-shape workloads keep independent draws.
 	shaped                                  bool
@@ -264,9 +266,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		c.params["kvc_aware"], c.frozenCommit = raw, commit
 	}
 	if c.kvcAdmission != "" {
-		if _, err := admissionOverlay(c.kvcAdmission); err != nil {
+		edit, err := admissionOverlay(c.kvcAdmission)
+		if err != nil {
 			return nil, err
 		}
+		c.admissionEdit = edit
 	}
 	if c.kvcParams != "" {
 		if !json.Valid([]byte(c.kvcParams)) {
@@ -516,10 +520,8 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens()}
-	if c.kvcAdmission != "" {
-		popt.KVCRouter, _ = admissionOverlay(c.kvcAdmission) // checked by parseFlags
-	}
+	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(),
+		KVCRouter: c.admissionEdit}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)

@@ -415,6 +415,8 @@ def run_policy(
     if unknown:
         known = "admit, lengths, engine_queue"
         raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: {known})")
+    if "engine_queue" in extras and "admit" not in extras:
+        raise ValueError(f"policy {policy!r}: engine_queue is an admission setting (add +admit)")
     cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
     admit = "admit" in extras and cfg is not None
     if admit:

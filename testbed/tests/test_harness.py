@@ -458,3 +458,20 @@ def test_renderer_knows_the_arena_router_queues():
     assert mod.queues_in_router("dynamo_kv_router+queue+nohold")
     assert mod.queues_in_router("dynamo_kv_router+queue@tuned")
     assert not mod.queues_in_router("dynamo_kv_router+ttl+nohold")
+
+
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ("kvc_aware+bogus", "unknown option"),
+        ("kvc_aware+engine_queue", "add +admit"),
+        ("kvc_aware+lengths+engine_queue", "add +admit"),
+    ],
+)
+def test_satstep_policy_options_are_checked_before_anything_runs(policy: str, message: str) -> None:
+    """A demo policy's options are checked before any actor or request: an
+    unknown one, or an admission setting without admission, is an error."""
+    from kvc_harness import satstep
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        satstep.run_policy(None, policy, [], [], "m")

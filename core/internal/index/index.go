@@ -234,7 +234,7 @@ func (ix *Index) RemoveServer(id ServerID) {
 	if s == nil {
 		return
 	}
-	ix.clearServer(id, s)
+	ix.clearServer(id, s, false)
 	delete(ix.byName, s.name)
 	ix.servers[id] = nil
 	ix.freeIDs = append(ix.freeIDs, id)
@@ -269,13 +269,12 @@ func (ix *Index) clear(id ServerID, engine bool) error {
 		return ErrUnknownServer
 	}
 	s.cleared++
-	if engine && s.reset {
+	keep := engine && s.reset
+	if keep {
 		s.reset = false
 		s.resetClears++
-		ix.clearConfirmed(id, s)
-		return nil
 	}
-	ix.clearServer(id, s)
+	ix.clearServer(id, s, keep)
 	return nil
 }
 
@@ -287,22 +286,25 @@ func (ix *Index) ClearAll() {
 	for id, s := range ix.servers {
 		if s != nil {
 			s.cleared++
-			ix.clearServer(ServerID(id), s)
+			ix.clearServer(ServerID(id), s, false)
 			s.reset = true
 		}
 	}
 }
 
-// clearConfirmed drops a server's confirmed copies and expired
-// speculation; live speculation stays, unbridged (the engine hashes it may
-// have been confirmed under are gone).
-func (ix *Index) clearConfirmed(id ServerID, s *server) {
-	now := ix.tick(ix.cfg.Now())
+// clearServer drops a server's records; with keepLive, the live
+// speculative ones stay, their copies and engine hashes dropped (a weight
+// sync's late reset: Cleared).
+func (ix *Index) clearServer(id ServerID, s *server, keepLive bool) {
+	now := uint32(0)
+	if keepLive {
+		now = ix.tick(ix.cfg.Now())
+	}
 	freed := 0
 	for r := s.head; r != nilRec; {
 		rc := ix.at(r)
 		next := rc.snext
-		if rc.spec > now {
+		if keepLive && rc.spec > now {
 			was := rc.class()
 			rc.cnt = [NumTiers]uint8{}
 			ix.reclass(rc, was)
@@ -313,21 +315,6 @@ func (ix *Index) clearConfirmed(id ServerID, s *server) {
 			freed++
 		}
 		r = next
-	}
-	s.bridge.Reset()
-	if s.win != nil {
-		clear(s.win.held)
-	}
-	memtrim.Note(freed * bytesPerRecord)
-}
-
-func (ix *Index) clearServer(id ServerID, s *server) {
-	freed := 0
-	for r := s.head; r != nilRec; {
-		next := ix.at(r).snext
-		ix.freeRec(r, s)
-		r = next
-		freed++
 	}
 	s.bridge.Reset()
 	if s.win != nil {
