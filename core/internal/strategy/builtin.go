@@ -216,6 +216,19 @@ type KVCAware struct {
 	// When to change: 0 to spread on the ratio alone; raise it when
 	// spreading still costs more prefill than the stragglers it saves.
 	GroupSpreadMinCorr float64 `json:"group_spread_min_corr"`
+	// GroupSpreadOpenCorr in [0, 1] opens group_spread_min_ratio's gate
+	// once the router has measured a within-prompt correlation of log
+	// response lengths at or above it (the same measurement as
+	// group_spread_min_corr's): the ratio gate guesses, from the lengths
+	// alone, whether a group kept whole will straggle, and a measured
+	// correlation says it will whatever the ratio. Until something is
+	// measured the ratio gate alone decides. 0 turns it off (the ratio
+	// gate always applies).
+	// When to change: 0 where the KV cache cannot hold a prompt on
+	// several servers (spreading then costs preemptions, not only
+	// prefill); lower toward group_spread_min_corr where steps end with
+	// their longest groups.
+	GroupSpreadOpenCorr float64 `json:"group_spread_open_corr"`
 	// GroupSpreadMaxServers caps the servers one group spreads over: once
 	// its siblings are on this many, any other server counts as holding
 	// one more sibling than the group's fullest server, so the group
@@ -315,6 +328,9 @@ func (k *KVCAware) Validate() error {
 	if !(k.GroupSpreadMinCorr >= 0 && k.GroupSpreadMinCorr <= 1) {
 		return strictjson.Errorf("group_spread_min_corr", "must be in [0, 1] (0 = not measured), got %v", k.GroupSpreadMinCorr)
 	}
+	if !(k.GroupSpreadOpenCorr >= 0 && k.GroupSpreadOpenCorr <= 1) {
+		return strictjson.Errorf("group_spread_open_corr", "must be in [0, 1] (0 = the ratio gate always applies), got %v", k.GroupSpreadOpenCorr)
+	}
 	if k.GroupSpreadMaxServers < 0 || k.GroupSpreadMaxServers > 1024 {
 		return strictjson.Errorf("group_spread_max_servers", "must be in [0, 1024] (0 = no cap), got %d", k.GroupSpreadMaxServers)
 	}
@@ -355,7 +371,7 @@ func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 // ReadsLengthCorr implements CorrReader: group_spread_min_corr's and
 // task_spread_min_corr's gates do, where there is a spread to gate.
 func (k *KVCAware) ReadsLengthCorr() bool {
-	return (k.GroupSpread > 0 && k.GroupSpreadMinCorr > 0) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
+	return (k.GroupSpread > 0 && (k.GroupSpreadMinCorr > 0 || k.GroupSpreadOpenCorr > 0)) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
 }
 
 // SpreadsGroup implements GroupSpreader: group_spread's gates are open for
@@ -471,12 +487,13 @@ func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Te
 }
 
 // groupSpread is group_spread where its gates (group_spread_min_corr,
+// group_spread_open_corr,
 // group_spread_min_ratio) are open for this request, else 0.
 func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 	if measuredBelow(k.GroupSpreadMinCorr, req.LengthCorr, req.LengthCorrKnown) {
 		return 0
 	}
-	if k.GroupSpreadMinRatio == 0 {
+	if k.GroupSpreadMinRatio == 0 || (k.GroupSpreadOpenCorr > 0 && req.LengthCorrKnown && req.LengthCorr >= k.GroupSpreadOpenCorr) {
 		return k.GroupSpread
 	}
 	// The rollout's mean prompt, not this one: a group whose prompt is

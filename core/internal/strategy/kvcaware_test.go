@@ -375,6 +375,49 @@ func TestKVCAwareCorrGates(t *testing.T) {
 		`{"task_spread_min_corr":-0.1}`, `{"task_spread_min_corr":1.5}`, `{"task_spread_min_corr":"x"}`)
 }
 
+// TestKVCAwareOpenCorr: group_spread_open_corr opens a closed ratio gate
+// once the measured within-prompt correlation reaches it, for scoring and
+// for admission's SpreadsGroup alike; nothing measured, a figure under it,
+// or group_spread_min_corr closing first leave the group whole.
+func TestKVCAwareOpenCorr(t *testing.T) {
+	full := [3]int{8, 0, 0}
+	cases := []struct {
+		name      string
+		params    string
+		resp      int // ratio 2 at 2,048 against the 1,024-token prompt: the default gate (4) is closed
+		corr      float64
+		known     bool
+		want      string
+		groupLoad float64
+	}{
+		{"off (the default), measured 0.6: a keeps the group", `{}`, 2048, 0.6, true, "a", 0},
+		{"0.25, nothing measured: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0, false, "a", 0},
+		{"0.25, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 2048, 0.6, true, "b", 0.3},
+		{"0.25, measured exactly 0.25: b", `{"group_spread_open_corr":0.25}`, 2048, 0.25, true, "b", 0.3},
+		{"0.5, measured 0.3: a keeps the group", `{"group_spread_open_corr":0.5}`, 2048, 0.3, true, "a", 0},
+		{"0.25, response length not said, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 0, 0.6, true, "b", 0.3},
+		{"0.1 under min corr 0.25, measured 0.2: min corr closes first", `{"group_spread_open_corr":0.1}`, 2048, 0.2, true, "a", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", tc.params)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+			c[0].Siblings = 3
+			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: tc.resp,
+				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
+			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
+			spreads, _ := k.(GroupSpreader).SpreadsGroup(req, 1024)
+			if spreads != (tc.want == "b") {
+				t.Fatalf("SpreadsGroup = %v, scoring picked %s", spreads, tc.want)
+			}
+		})
+	}
+	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread_min_corr":0,"task_spread":0,"group_spread_open_corr":0.25}`)) {
+		t.Error("group_spread_open_corr alone does not ask the router to measure")
+	}
+	mustRefuse(t, `{"group_spread_open_corr":-0.1}`, `{"group_spread_open_corr":1.5}`, `{"group_spread_open_corr":"x"}`)
+}
+
 // TestKVCAwareGroupSpreadCap: group_spread_max_servers stops a group
 // spreading to more servers once it holds that many (a server outside
 // counts one sibling more than the group's fullest holder), and leaves an
