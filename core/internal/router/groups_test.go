@@ -217,24 +217,35 @@ func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
 // samples' lengths are independent of their prompt closes the group spread
 // for the next step (the group stays whole), one whose lengths follow the
 // prompt keeps it open (the group spreads). The first step, with nothing
-// measured, spreads on the ratio gate alone.
+// measured, spreads on the ratio gate alone. Where the ratio gate is closed
+// (responses of 2,048 tokens, 2x the prompt), the first step keeps its
+// groups whole and a measured correlation opens it for the next
+// (group_spread_open_corr) over at most group_spread_open_max_servers,
+// unless that is off.
 func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
+	independent := func(rng *rand.Rand, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) }
+	byPrompt := func(rng *rand.Rand, g int) int { return int(float64(100*(1+g*g)) * math.Exp(0.1*rng.NormFloat64())) }
+	low := func(c float64) bool { return c < 0.25 }
+	high := func(c float64) bool { return c > 0.9 }
 	cases := []struct {
 		name     string
+		resp     int                             // response_tokens: 8,192 opens the ratio gate, 2,048 does not
+		params   string                          // kvc_aware's
 		length   func(rng *rand.Rand, g int) int // a sample's output tokens
 		wantCorr func(c float64) bool
-		want     []int // samples on each server that has any, sorted
+		want     []int // step 2: samples on each server that has any, sorted
 	}{
-		{"independent lengths: the group stays whole",
-			func(rng *rand.Rand, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) },
-			func(c float64) bool { return c < 0.25 }, []int{16}},
-		{"lengths set by the prompt: the group spreads",
-			func(rng *rand.Rand, g int) int { return int(float64(100*(1+g*g)) * math.Exp(0.1*rng.NormFloat64())) },
-			func(c float64) bool { return c > 0.9 }, []int{4, 4, 4, 4}},
+		{"independent lengths: the group stays whole", 8192, `{}`, independent, low, []int{16}},
+		{"lengths set by the prompt: the group spreads", 8192, `{}`, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, lengths set by the prompt: the measurement opens it over two servers", 2048, `{}`, byPrompt, high, []int{8, 8}},
+		{"ratio gate closed, lengths set by the prompt, no open cap: over all four", 2048, `{"group_spread_open_max_servers":0}`, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, independent lengths: the group stays whole", 2048, `{}`, independent, low, []int{16}},
+		{"ratio gate closed, open_corr off: the group stays whole", 2048, `{"group_spread_open_corr":0}`, byPrompt, high, []int{16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: 8192}, "s0", "s1", "s2", "s3")
+			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: tc.resp,
+				Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(tc.params)}}}, "s0", "s1", "s2", "s3")
 			if l := r.Status().Lengths; l == nil || !l.CorrOnly {
 				t.Fatalf("lengths off with the default strategy: status lengths %+v, want a correlation-only learner", l)
 			}
@@ -254,8 +265,8 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 					}
 				}
 			}
-			if len(first) < 2 {
-				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gate should spread it", first)
+			if ratioOpen := tc.resp > 4*1024; (len(first) >= 2) != ratioOpen {
+				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gate (open %v) alone decides", first, ratioOpen)
 			}
 			r.ResetCache() // the weight sync ends step 1
 			l := r.Status().Lengths
@@ -291,9 +302,9 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 		t.Fatalf("lengths.enabled: status lengths %+v, want the full learner", l)
 	}
 	// Nothing to gate: no learner at all.
-	r = mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_min_corr":0,"task_spread_min_corr":0}`)}}}, "s0")
+	r = mustNew(t, Config{Mode: ModeKVCAware, Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_min_corr":0,"group_spread_open_corr":0,"task_spread_min_corr":0}`)}}}, "s0")
 	if l := r.Status().Lengths; l != nil {
-		t.Fatalf("group_spread_min_corr and task_spread_min_corr 0: status lengths %+v, want none", l)
+		t.Fatalf("group_spread_min_corr, group_spread_open_corr and task_spread_min_corr 0: status lengths %+v, want none", l)
 	}
 }
 

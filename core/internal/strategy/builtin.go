@@ -199,7 +199,8 @@ type KVCAware struct {
 	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
 	// ratio ~12) spreading shortened the step, on the demo's shape (prompts
 	// of 512-1,536 tokens, responses up to 2k, ratio <= 4) keeping groups
-	// whole did (docs/rl-workloads.md).
+	// whole did (docs/rl-workloads.md); once a step is measured,
+	// group_spread_open_corr can open it there.
 	// When to change: lower it when prefill is cheap next to decode (small
 	// models, fast GPUs); 0 to spread whatever the lengths.
 	GroupSpreadMinRatio float64 `json:"group_spread_min_ratio"`
@@ -216,19 +217,28 @@ type KVCAware struct {
 	// When to change: 0 to spread on the ratio alone; raise it when
 	// spreading still costs more prefill than the stragglers it saves.
 	GroupSpreadMinCorr float64 `json:"group_spread_min_corr"`
-	// GroupSpreadOpenCorr in [0, 1] opens group_spread_min_ratio's gate
-	// once the router has measured a within-prompt correlation of log
-	// response lengths at or above it (the same measurement as
-	// group_spread_min_corr's): the ratio gate guesses, from the lengths
-	// alone, whether a group kept whole will straggle, and a measured
-	// correlation says it will whatever the ratio. Until something is
-	// measured the ratio gate alone decides. 0 turns it off (the ratio
-	// gate always applies).
-	// When to change: 0 where the KV cache cannot hold a prompt on
-	// several servers (spreading then costs preemptions, not only
-	// prefill); lower toward group_spread_min_corr where steps end with
-	// their longest groups.
+	// GroupSpreadOpenCorr in [0, 1] opens group_spread_min_ratio's gate for
+	// placement by score once the router has measured, over a finished
+	// step, a within-prompt correlation of log response lengths at or
+	// above it (group_spread_min_corr's measurement), over at most
+	// group_spread_open_max_servers servers: the ratio gate guesses from
+	// the lengths alone whether a group kept whole will straggle, and a
+	// measured correlation says it will whatever the ratio. Until
+	// something is measured (a run's first step) the ratio gate alone
+	// decides. Admission's slot-time spread keeps the ratio gate (see
+	// groupSpread). 0 turns it off.
+	// When to change: 0 to keep groups whole wherever the ratio gate is
+	// closed (TTFT before step time).
 	GroupSpreadOpenCorr float64 `json:"group_spread_open_corr"`
+	// GroupSpreadOpenMaxServers caps, like group_spread_max_servers (the
+	// lower of the two applies), the servers a group spreads over where
+	// only group_spread_open_corr opened its gate: there responses are
+	// short next to the prompt, so each server past the first re-pays a
+	// prefill that is large next to the decode it balances. 0: no cap of
+	// its own.
+	// When to change: raise it on large fleets whose stragglers a split in
+	// two does not end.
+	GroupSpreadOpenMaxServers int `json:"group_spread_open_max_servers"`
 	// GroupSpreadMaxServers caps the servers one group spreads over: once
 	// its siblings are on this many, any other server counts as holding
 	// one more sibling than the group's fullest server, so the group
@@ -296,6 +306,7 @@ func DefaultKVCAware() KVCAware {
 		Marginal: true, TokenLoad: true, KVTokens: DefaultKVTokens, SavedScaleTokens: 4096,
 		SessionWeight: DefaultSessionWeight, GroupSpread: DefaultGroupSpread,
 		GroupSpreadMinRatio: DefaultGroupSpreadMinRatio, GroupSpreadMinCorr: DefaultGroupSpreadMinCorr,
+		GroupSpreadOpenCorr: DefaultGroupSpreadOpenCorr, GroupSpreadOpenMaxServers: DefaultGroupSpreadOpenMaxServers,
 		GroupSpreadMaxServers: DefaultGroupSpreadMaxServers, TaskSpread: DefaultTaskSpread,
 		TaskSpreadMinCorr: DefaultTaskSpreadMinCorr,
 	}
@@ -330,6 +341,9 @@ func (k *KVCAware) Validate() error {
 	}
 	if !(k.GroupSpreadOpenCorr >= 0 && k.GroupSpreadOpenCorr <= 1) {
 		return strictjson.Errorf("group_spread_open_corr", "must be in [0, 1] (0 = the ratio gate always applies), got %v", k.GroupSpreadOpenCorr)
+	}
+	if k.GroupSpreadOpenMaxServers < 0 || k.GroupSpreadOpenMaxServers > 1024 {
+		return strictjson.Errorf("group_spread_open_max_servers", "must be in [0, 1024] (0 = no cap of its own), got %d", k.GroupSpreadOpenMaxServers)
 	}
 	if k.GroupSpreadMaxServers < 0 || k.GroupSpreadMaxServers > 1024 {
 		return strictjson.Errorf("group_spread_max_servers", "must be in [0, 1024] (0 = no cap), got %d", k.GroupSpreadMaxServers)
@@ -368,7 +382,8 @@ func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpre
 // refuses it without token_load, whose numerator it joins).
 func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 
-// ReadsLengthCorr implements CorrReader: group_spread_min_corr's and
+// ReadsLengthCorr implements CorrReader: group_spread_min_corr's (and
+// group_spread_open_corr's) and
 // task_spread_min_corr's gates do, where there is a spread to gate.
 func (k *KVCAware) ReadsLengthCorr() bool {
 	return (k.GroupSpread > 0 && (k.GroupSpreadMinCorr > 0 || k.GroupSpreadOpenCorr > 0)) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
@@ -388,8 +403,9 @@ func (k *KVCAware) SpreadsGroup(req *Request, promptTokens int) (bool, int) {
 	if k.GroupSpreadMinCorr > 0 && !req.LengthCorrKnown {
 		return false, 0
 	}
-	gs := k.groupSpread(req, promptTokens) * (1 - multiTurn(req))
-	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req), k.GroupSpreadMaxServers
+	gs, servers := k.groupSpread(req, promptTokens, false)
+	gs *= 1 - multiTurn(req)
+	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req), servers
 }
 
 // Score implements Strategy.
@@ -422,12 +438,15 @@ func (k *KVCAware) prepare(req *Request, promptTokens int, c []Candidate) (base 
 		// group_spread weighs one-request siblings (GRPO samples),
 		// task_spread multi-turn ones (an agent task's trajectories), by
 		// the router's evidence of which the sessions are.
-		gs, ts := k.groupSpread(req, promptTokens)*(1-multiTurn(req)), k.taskSpread(req)*taskTurns(req)
+		gs, servers := k.groupSpread(req, promptTokens, true)
+		gs *= 1 - multiTurn(req)
+		ts := k.taskSpread(req) * taskTurns(req)
 		sess.group = gs + ts
-		// group_spread_max_servers: once a group has siblings on that many
-		// servers, the rest count as holding one more than its fullest
-		// holder, and the fewest is taken over the holders alone.
-		if k.GroupSpreadMaxServers > 0 && gs > ts {
+		// group_spread_max_servers (or group_spread_open_max_servers):
+		// once a group has siblings on that many servers, the rest count
+		// as holding one more than its fullest holder, and the fewest is
+		// taken over the holders alone.
+		if servers > 0 && gs > ts {
 			holders, minH, maxH := 0, 0, 0
 			for i := range c {
 				if n := c[i].Siblings; n > 0 {
@@ -438,7 +457,7 @@ func (k *KVCAware) prepare(req *Request, promptTokens int, c []Candidate) (base 
 					holders++
 				}
 			}
-			if holders >= k.GroupSpreadMaxServers {
+			if holders >= servers {
 				sess.minSib, sess.capped, sess.outside = minH, true, maxH+1
 			}
 		}
@@ -487,14 +506,19 @@ func (k *KVCAware) Explain(req *Request, promptTokens int, c []Candidate) [][]Te
 }
 
 // groupSpread is group_spread where its gates (group_spread_min_corr,
-// group_spread_open_corr,
-// group_spread_min_ratio) are open for this request, else 0.
-func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
+// group_spread_min_ratio, and where openByCorr group_spread_open_corr) are
+// open for this request, else 0, and the servers a group may spread over
+// (0: no cap). Only placement by score reads group_spread_open_corr:
+// admission already gives each freed slot to a held request, longest first
+// with lengths, and spreading its groups too lengthened make demo's
+// recurring step (docs/rl-workloads.md, "The measured correlation opens
+// the gate").
+func (k *KVCAware) groupSpread(req *Request, promptTokens int, openByCorr bool) (float64, int) {
 	if measuredBelow(k.GroupSpreadMinCorr, req.LengthCorr, req.LengthCorrKnown) {
-		return 0
+		return 0, 0
 	}
-	if k.GroupSpreadMinRatio == 0 || (k.GroupSpreadOpenCorr > 0 && req.LengthCorrKnown && req.LengthCorr >= k.GroupSpreadOpenCorr) {
-		return k.GroupSpread
+	if k.GroupSpreadMinRatio == 0 {
+		return k.GroupSpread, k.GroupSpreadMaxServers
 	}
 	// The rollout's mean prompt, not this one: a group whose prompt is
 	// long decodes as long as any other, and kept whole where a prompt's
@@ -507,10 +531,20 @@ func (k *KVCAware) groupSpread(req *Request, promptTokens int) float64 {
 	if req.PromptTokensMean > 0 {
 		typical = req.PromptTokensMean
 	}
-	if req.ResponseTokens <= 0 || float64(req.ResponseTokens) <= k.GroupSpreadMinRatio*float64(max(typical, 1)) {
-		return 0
+	if req.ResponseTokens > 0 && float64(req.ResponseTokens) > k.GroupSpreadMinRatio*float64(max(typical, 1)) {
+		return k.GroupSpread, k.GroupSpreadMaxServers
 	}
-	return k.GroupSpread
+	if openByCorr && k.GroupSpreadOpenCorr > 0 && req.LengthCorrKnown && req.LengthCorr >= k.GroupSpreadOpenCorr {
+		// Responses short next to the prompt: each server past the
+		// first re-pays a prefill that is large next to the decode it
+		// balances, so the group splits over few.
+		servers := k.GroupSpreadMaxServers
+		if o := k.GroupSpreadOpenMaxServers; o > 0 && (servers == 0 || o < servers) {
+			servers = o
+		}
+		return k.GroupSpread, servers
+	}
+	return 0, 0
 }
 
 // taskSpread is task_spread where task_spread_min_corr's gate is open for
@@ -644,6 +678,26 @@ const DefaultGroupSpreadMinRatio = 4.0
 // independent lengths measure about 0, the RL settings' correlated ones
 // 0.5 and above.
 const DefaultGroupSpreadMinCorr = 0.25
+
+// DefaultGroupSpreadOpenCorr is group_spread_open_corr's default:
+// group_spread_min_corr's threshold, so once a step is measured its
+// correlation alone decides, and the ratio gate only guesses a run's first
+// step. With group_spread_open_max_servers 2, on make demo's recurring step
+// (ratio about 2, rho 0.6) on tuning seeds 101-106 it shortened kvc_aware's
+// step to 0.967 +- 0.050 of the same run without it, hit rate unchanged,
+// and kvbench's model of it (seeds 101-112) to 0.948 +- 0.045, TTFT p99
+// 0.983x; every other kvbench shape ran identically
+// (docs/rl-workloads.md, "The measured correlation opens the gate").
+const DefaultGroupSpreadOpenCorr = 0.25
+
+// DefaultGroupSpreadOpenMaxServers is group_spread_open_max_servers'
+// default: a group the correlation opened splits in two. On make demo's
+// recurring step over all four servers it halved the hit rate (74% ->
+// 48%), raised TTFT p99 by 8% and preemptions from a handful to about
+// 280; in two it kept the hit rate and TTFT p99 and shortened the step
+// more (kvbench's model of it: 0.948 against 0.968 of the defaults
+// before; tuning seeds 101-112).
+const DefaultGroupSpreadOpenMaxServers = 2
 
 // DefaultGroupSpreadMaxServers is group_spread_max_servers' default: no
 // cap. Over 8 engines a cap of 4 shortened independent-length steps and

@@ -365,7 +365,7 @@ func TestKVCAwareCorrGates(t *testing.T) {
 	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread":0}`)) {
 		t.Error("task_spread_min_corr alone does not ask the router to measure")
 	}
-	for _, params := range []string{`{"group_spread_min_corr":0,"task_spread_min_corr":0}`, `{"group_spread":0,"task_spread":0}`,
+	for _, params := range []string{`{"group_spread_min_corr":0,"group_spread_open_corr":0,"task_spread_min_corr":0}`, `{"group_spread":0,"task_spread":0}`,
 		`{"group_spread":0,"task_spread_min_corr":0}`} {
 		if ReadsLengthCorr(build(t, "kvc_aware", params)) {
 			t.Errorf("%s reads the measured correlation with nothing to gate", params)
@@ -376,9 +376,10 @@ func TestKVCAwareCorrGates(t *testing.T) {
 }
 
 // TestKVCAwareOpenCorr: group_spread_open_corr opens a closed ratio gate
-// once the measured within-prompt correlation reaches it, for scoring and
-// for admission's SpreadsGroup alike; nothing measured, a figure under it,
-// or group_spread_min_corr closing first leave the group whole.
+// for placement by score once the measured within-prompt correlation
+// reaches it, never for admission's SpreadsGroup; nothing measured, a
+// figure under it, or group_spread_min_corr closing first leave the group
+// whole.
 func TestKVCAwareOpenCorr(t *testing.T) {
 	full := [3]int{8, 0, 0}
 	cases := []struct {
@@ -390,7 +391,9 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		want      string
 		groupLoad float64
 	}{
-		{"off (the default), measured 0.6: a keeps the group", `{}`, 2048, 0.6, true, "a", 0},
+		{"off, measured 0.6: a keeps the group", `{"group_spread_open_corr":0}`, 2048, 0.6, true, "a", 0},
+		{"default (0.25), measured 0.3: b", `{}`, 2048, 0.3, true, "b", 0.3},
+		{"default, measured 0.2: a keeps the group", `{}`, 2048, 0.2, true, "a", 0},
 		{"0.25, nothing measured: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0, false, "a", 0},
 		{"0.25, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 2048, 0.6, true, "b", 0.3},
 		{"0.25, measured exactly 0.25: b", `{"group_spread_open_corr":0.25}`, 2048, 0.25, true, "b", 0.3},
@@ -406,12 +409,38 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: tc.resp,
 				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
 			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
-			spreads, _ := k.(GroupSpreader).SpreadsGroup(req, 1024)
-			if spreads != (tc.want == "b") {
-				t.Fatalf("SpreadsGroup = %v, scoring picked %s", spreads, tc.want)
+			// Admission's slot-time spread keeps the ratio gate: only
+			// the ratio (closed here) or min ratio 0 opens it.
+			if spreads, _ := k.(GroupSpreader).SpreadsGroup(req, 1024); spreads {
+				t.Fatalf("SpreadsGroup spreads where only group_spread_open_corr is open")
 			}
 		})
 	}
+	// group_spread_open_max_servers caps a group only the correlation
+	// opened (the lower of it and group_spread_max_servers applies); one
+	// the ratio opened keeps group_spread_max_servers alone.
+	for _, g := range []struct {
+		name      string
+		params    string // beside group_spread 0.1 and session_weight 0
+		resp      int
+		want      string
+		outerLoad float64 // c's group_load
+	}{
+		{"opened by the correlation, default cap 2 on two holders: a", ``, 2048, "a", 0.1},
+		{"opened by the correlation, no cap of its own: c", `,"group_spread_open_max_servers":0`, 2048, "c", 0},
+		{"opened by the correlation, open cap 3: c", `,"group_spread_open_max_servers":3`, 2048, "c", 0},
+		{"opened by the correlation, open cap 3 under max servers 2: a", `,"group_spread_open_max_servers":3,"group_spread_max_servers":2`, 2048, "a", 0.1},
+		{"opened by the ratio: the open cap does not apply: c", ``, 8192, "c", 0},
+	} {
+		t.Run(g.name, func(t *testing.T) {
+			k := build(t, "kvc_aware", `{"group_spread":0.1,"session_weight":0`+g.params+`}`)
+			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, full, 8), cand("c", 2, 0, [3]int{}, 8), cand("d", 3, 0, [3]int{}, 8)}
+			c[0].Siblings, c[1].Siblings = 3, 3
+			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: g.resp, LengthCorr: 0.6, LengthCorrKnown: true}
+			checkGroupPick(t, k, req, c, g.want, 2, g.outerLoad)
+		})
+	}
+	mustRefuse(t, `{"group_spread_open_max_servers":-1}`, `{"group_spread_open_max_servers":2000}`, `{"group_spread_open_max_servers":1.5}`)
 	if !ReadsLengthCorr(build(t, "kvc_aware", `{"group_spread_min_corr":0,"task_spread":0,"group_spread_open_corr":0.25}`)) {
 		t.Error("group_spread_open_corr alone does not ask the router to measure")
 	}
