@@ -493,7 +493,7 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 
 # Freezes kvc_aware's whole configuration at the current commit (clean tree).
 # Seeds any tuning of kvc_aware used (group_spread: 101-106, issue 26).
-TUNE_SEEDS ?= 101,102,103,104,105,106
+TUNE_SEEDS ?= 101,102,103,104,105,106,107,108,109,110,111,112
 freeze-kvc-aware: venv $(PYLIB) ## write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit
 	$(PYH) testbed/scripts/freeze_kvc_aware.py --tune-seeds $(TUNE_SEEDS)
 
