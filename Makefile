@@ -430,8 +430,9 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # 0.5 (the step that headlined before) and 0.8, kvc_aware at its freeze beside its opt-in modes, the
 # true-length reference and the peers at their launcher defaults. Fresh seeds
 # DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
-# renders into docs/demo.md). ~1 min.
-DEMO_SHAPE_SEEDS ?= 451 452 453 454 455 456 457 458 459 460
+# renders into docs/demo.md; the 8ef0422 freeze's run, seeds 451-460, is
+# docs/results/kvbench-demo-shape-8ef0422/). ~2 min.
+DEMO_SHAPE_SEEDS ?= 461 462 463 464 465 466 467 468 469 470
 DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1024 --prompt-sigma 0.3 --system-tokens 0 --response-median 192 --response-sigma 0.9 --response-max 2048 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+engine_queue,kvc_aware+admit+lengths+engine_queue,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
 kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and first epochs at rho 0 / 0.5 / 0.8, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)

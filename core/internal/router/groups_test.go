@@ -220,8 +220,8 @@ func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
 // measured, spreads on the ratio gate alone. Where the ratio gate is closed
 // (responses of 2,048 tokens, 2x the prompt), the first step keeps its
 // groups whole and a measured correlation opens it for the next
-// (group_spread_open_corr) over at most group_spread_open_max_servers,
-// unless that is off.
+// where group_spread_open_corr is set, over at most
+// group_spread_open_max_servers.
 func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 	independent := func(rng *rand.Rand, _ int) int { return int(200 * math.Exp(rng.NormFloat64())) }
 	byPrompt := func(rng *rand.Rand, g int) int { return int(float64(100*(1+g*g)) * math.Exp(0.1*rng.NormFloat64())) }
@@ -237,10 +237,10 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 	}{
 		{"independent lengths: the group stays whole", 8192, `{}`, independent, low, []int{16}},
 		{"lengths set by the prompt: the group spreads", 8192, `{}`, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, lengths set by the prompt: the measurement opens it over two servers", 2048, `{}`, byPrompt, high, []int{8, 8}},
-		{"ratio gate closed, lengths set by the prompt, no open cap: over all four", 2048, `{"group_spread_open_max_servers":0}`, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, independent lengths: the group stays whole", 2048, `{}`, independent, low, []int{16}},
-		{"ratio gate closed, open_corr off: the group stays whole", 2048, `{"group_spread_open_corr":0}`, byPrompt, high, []int{16}},
+		{"ratio gate closed, open_corr 0.25, lengths set by the prompt: the measurement opens it over two servers", 2048, `{"group_spread_open_corr":0.25}`, byPrompt, high, []int{8, 8}},
+		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0}`, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25}`, independent, low, []int{16}},
+		{"ratio gate closed, open_corr off (the default): the group stays whole", 2048, `{}`, byPrompt, high, []int{16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

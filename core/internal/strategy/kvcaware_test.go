@@ -392,8 +392,9 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		groupLoad float64
 	}{
 		{"off, measured 0.6: a keeps the group", `{"group_spread_open_corr":0}`, 2048, 0.6, true, "a", 0},
-		{"default (0.25), measured 0.3: b", `{}`, 2048, 0.3, true, "b", 0.3},
-		{"default, measured 0.2: a keeps the group", `{}`, 2048, 0.2, true, "a", 0},
+		{"default (off), measured 0.9: a keeps the group", `{}`, 2048, 0.9, true, "a", 0},
+		{"0.25, measured 0.3: b", `{"group_spread_open_corr":0.25}`, 2048, 0.3, true, "b", 0.3},
+		{"0.25, measured 0.2: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0.2, true, "a", 0},
 		{"0.25, nothing measured: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0, false, "a", 0},
 		{"0.25, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 2048, 0.6, true, "b", 0.3},
 		{"0.25, measured exactly 0.25: b", `{"group_spread_open_corr":0.25}`, 2048, 0.25, true, "b", 0.3},
@@ -431,9 +432,10 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		{"opened by the correlation, open cap 3: c", `,"group_spread_open_max_servers":3`, 2048, "c", 0},
 		{"opened by the correlation, open cap 3 under max servers 2: a", `,"group_spread_open_max_servers":3,"group_spread_max_servers":2`, 2048, "a", 0.1},
 		{"opened by the ratio: the open cap does not apply: c", ``, 8192, "c", 0},
+		{"open_corr off: the ratio gate keeps the group on a", `,"group_spread_open_corr":0`, 2048, "a", 0},
 	} {
 		t.Run(g.name, func(t *testing.T) {
-			k := build(t, "kvc_aware", `{"group_spread":0.1,"session_weight":0`+g.params+`}`)
+			k := build(t, "kvc_aware", `{"group_spread":0.1,"group_spread_open_corr":0.25,"session_weight":0`+g.params+`}`)
 			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, full, 8), cand("c", 2, 0, [3]int{}, 8), cand("d", 3, 0, [3]int{}, 8)}
 			c[0].Siblings, c[1].Siblings = 3, 3
 			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: g.resp, LengthCorr: 0.6, LengthCorrKnown: true}
