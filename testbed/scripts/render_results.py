@@ -974,6 +974,8 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
 
 # kvbench's model of make demo's step (`make kvbench-demo-shape`), rendered into docs/demo.md.
 DEMO_SHAPE = "kvbench-demo-shape"
+# The freeze DEMO_SHAPE's runs record (kvc_frozen's commit).
+DEMO_SHAPE_FREEZE = "df6a711"
 DEMO_SHAPE_TITLE = ("the demo's GRPO shape (128 prompts × 8, 4 engines × 64 slots, 3,072 KV blocks, responses of "
                     "median 192)")
 
@@ -1243,6 +1245,43 @@ def render_mean_prompt(docs_root: str) -> Optional[str]:
     return "\n".join(out)
 
 
+# group_spread_open_corr 0.25 (opt-in since df6a711): the 9c839a2 freeze, which
+# had it on, run as `make kvbench-demo-shape` on the same fresh seeds as the
+# defaults' run in DEMO_SHAPE.
+OPEN_CORR = "kvbench-demo-shape-open-corr-9c839a2"
+DEMO_SHAPE_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
+                       ("rl-r8", "first epoch, ρ 0.8", None),
+                       ("rl-rec", "recurring prompts (epoch 2), ρ 0.6, epoch correlation 0.8", 1))
+
+
+def render_open_corr(docs_root: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for group_spread_open_corr on the demo's
+    shape: per setting, kvc_aware with it (the 9c839a2 freeze) over the
+    defaults, paired by seed (step time, TTFT p99, the worst and best seed),
+    and each over verl_default and vllm-router's sticky_least_loaded."""
+    res = os.path.join(docs_root, "docs", "results")
+    sticky = "vllm_router_sticky_least_loaded"
+    out = [f"Rendered from `docs/results/{OPEN_CORR}/` (the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
+           f"`group_spread_open_max_servers` 2) and `docs/results/{DEMO_SHAPE}/` (the defaults: off), both "
+           "`make kvbench-demo-shape` on the same fresh seeds; each cell a paired ratio by seed, mean ± 95% CI. "
+           "A first epoch measures nothing before it places, so its rows must be identical.", "",
+           "| setting | seeds | with it ÷ the defaults: step | TTFT p99 | worst, best seed | with it ÷ verl_default "
+           "| defaults ÷ verl_default | with it ÷ sticky_least_loaded |", "|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for _, label, now, per in _paired_settings(res, OPEN_CORR, DEMO_SHAPE, DEMO_SHAPE_SETTINGS):
+        seeds = sorted(sd for p, sd in now if p == "kvc_aware")
+        each = [per[("kvc_aware", sd)]["step"] / per[("kvc_aware before", sd)]["step"] for sd in seeds]
+        cells = [_paired_cell(per, "kvc_aware", "kvc_aware before", "step"),
+                 _paired_cell(per, "kvc_aware", "kvc_aware before", "ttft_p99"),
+                 f"{max(each):.3f}, {min(each):.3f}",
+                 _paired_cell(per, "kvc_aware", "verl_default", "step"),
+                 _paired_cell(per, "kvc_aware before", "verl_default before", "step"),
+                 _paired_cell(per, "kvc_aware", sticky, "step")]
+        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells) + " |")
+        rows += 1
+    return "\n".join(out) if rows else None
+
+
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
 TARGET_PEERS = ("sglang_cache_aware", "dynamo_cost+ttl", "llmd_precise", "vllm_router_sticky_least_loaded")
 # The opt-in configuration that ranks admission by learnt lengths (admission
@@ -1355,9 +1394,10 @@ def render_targets(docs_root: str) -> Optional[str]:
              (os.path.join(res, ADMIT_SPREAD_TODAY), f"`{ADMIT_SPREAD_TODAY}/` (`make kvbench-admit-spread`)")]
     out = ["Rendered from the committed runs named in each row (under `docs/results/`); kvc_aware at the library "
            f"defaults in every row but the ones marked opt-in (frozen at `{RL_DEFAULTS[3:]}`; the `{MEAN_PROMPT}/`, "
-           f"`{ADMIT_SPREAD_TODAY}/`, `{DEMO_SHAPE}/` and `{HELDOUT_NOW}/` rows at `{HELDOUT_NOW[8:]}`, whose "
+           f"`{ADMIT_SPREAD_TODAY}/` and `{HELDOUT_NOW}/` rows at `{HELDOUT_NOW[8:]}`, whose "
            "response-length gate "
-           "reads the rollout's mean prompt); each cell is "
+           f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, the same "
+           "behaviour with `group_spread_open_corr` off); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1745,6 +1785,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         mean_prompt = render_mean_prompt(a.docs)
         if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
             targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt
+        open_corr = render_open_corr(a.docs)
+        if "<!-- BEGIN RENDERED: rl-open-corr -->" in rl_text and open_corr:
+            targets.setdefault(rl_doc, {})["rl-open-corr"] = open_corr
         admit_spread = render_admit_spread(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
             targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread
