@@ -75,6 +75,7 @@ class KVCAwareStrategyConfig(StrategyOptions):
     group_spread_min_corr: Optional[float] = None
     group_spread_open_corr: Optional[float] = None
     group_spread_open_max_servers: Optional[int] = None
+    group_spread_open_ratio: Optional[float] = None
     group_spread_max_servers: Optional[int] = None
     task_spread: Optional[float] = None
     task_spread_min_corr: Optional[float] = None

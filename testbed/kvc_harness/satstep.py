@@ -470,6 +470,9 @@ def run_policy(
         after = scrape_all(urls)
         busy1 = _busy(servers)
         timings = _sim_requests(servers)
+        # The releases are fire-and-forget: the router's figures (lengths
+        # learnt, admissions) count the whole step only once they all landed.
+        _drained(ray, lb)
         status = ray.get(lb.get_status.remote())
     finally:
         for a in ws + [lb]:

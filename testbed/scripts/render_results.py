@@ -1245,30 +1245,33 @@ def render_mean_prompt(docs_root: str) -> Optional[str]:
     return "\n".join(out)
 
 
-# group_spread_open_corr 0.25 (opt-in since df6a711): the 9c839a2 freeze, which
-# had it on, run as `make kvbench-demo-shape` on the same fresh seeds as the
-# defaults' run in DEMO_SHAPE.
+# The group spread's opt-in openings on the demo's shape, each run as `make
+# kvbench-demo-shape` on the defaults' fresh seeds (DEMO_SHAPE): the 9c839a2
+# freeze, which had group_spread_open_corr 0.25 on, and the df6a711 freeze
+# with group_spread_open_ratio 1 (the run's own frozen-kvc-aware.json).
 OPEN_CORR = "kvbench-demo-shape-open-corr-9c839a2"
+OPEN_RATIO = "kvbench-demo-shape-open-ratio"
 DEMO_SHAPE_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                        ("rl-r8", "first epoch, ρ 0.8", None),
                        ("rl-rec", "recurring prompts (epoch 2), ρ 0.6, epoch correlation 0.8", 1))
 
 
-def render_open_corr(docs_root: str) -> Optional[str]:
-    """docs/rl-workloads.md's block for group_spread_open_corr on the demo's
-    shape: per setting, kvc_aware with it (the 9c839a2 freeze) over the
-    defaults, paired by seed (step time, TTFT p99, the worst and best seed),
-    and each over verl_default and vllm-router's sticky_least_loaded."""
+def render_opening(docs_root: str, folder: str, what: str, note: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for one opt-in opening of the group
+    spread on the demo's shape: per setting, kvc_aware with it (FOLDER) over
+    the defaults (DEMO_SHAPE), paired by seed (step time, TTFT p99, the worst
+    and best seed), and each over verl_default, and with it over
+    vllm-router's sticky_least_loaded and Dynamo's router queue."""
     res = os.path.join(docs_root, "docs", "results")
-    sticky = "vllm_router_sticky_least_loaded"
-    out = [f"Rendered from `docs/results/{OPEN_CORR}/` (the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
-           f"`group_spread_open_max_servers` 2) and `docs/results/{DEMO_SHAPE}/` (the defaults: off), both "
+    sticky, queue = "vllm_router_sticky_least_loaded", "dynamo_cost+queue"
+    out = [f"Rendered from `docs/results/{folder}/` ({what}) and `docs/results/{DEMO_SHAPE}/` (the defaults), both "
            "`make kvbench-demo-shape` on the same fresh seeds; each cell a paired ratio by seed, mean ± 95% CI. "
-           "A first epoch measures nothing before it places, so its rows must be identical.", "",
+           + note, "",
            "| setting | seeds | with it ÷ the defaults: step | TTFT p99 | worst, best seed | with it ÷ verl_default "
-           "| defaults ÷ verl_default | with it ÷ sticky_least_loaded |", "|---|---|---|---|---|---|---|---|"]
+           "| defaults ÷ verl_default | with it ÷ sticky_least_loaded | with it ÷ dynamo_cost+queue |",
+           "|---|---|---|---|---|---|---|---|---|"]
     rows = 0
-    for _, label, now, per in _paired_settings(res, OPEN_CORR, DEMO_SHAPE, DEMO_SHAPE_SETTINGS):
+    for _, label, now, per in _paired_settings(res, folder, DEMO_SHAPE, DEMO_SHAPE_SETTINGS):
         seeds = sorted(sd for p, sd in now if p == "kvc_aware")
         each = [per[("kvc_aware", sd)]["step"] / per[("kvc_aware before", sd)]["step"] for sd in seeds]
         cells = [_paired_cell(per, "kvc_aware", "kvc_aware before", "step"),
@@ -1276,10 +1279,23 @@ def render_open_corr(docs_root: str) -> Optional[str]:
                  f"{max(each):.3f}, {min(each):.3f}",
                  _paired_cell(per, "kvc_aware", "verl_default", "step"),
                  _paired_cell(per, "kvc_aware before", "verl_default before", "step"),
-                 _paired_cell(per, "kvc_aware", sticky, "step")]
+                 _paired_cell(per, "kvc_aware", sticky, "step"),
+                 _paired_cell(per, "kvc_aware", queue, "step")]
         out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells) + " |")
         rows += 1
     return "\n".join(out) if rows else None
+
+
+def render_open_corr(docs_root: str) -> Optional[str]:
+    return render_opening(docs_root, OPEN_CORR, "the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
+                          "`group_spread_open_max_servers` 2",
+                          "A first epoch measures nothing before it places, so its rows must be identical.")
+
+
+def render_open_ratio(docs_root: str) -> Optional[str]:
+    return render_opening(docs_root, OPEN_RATIO, "the df6a711 freeze with `group_spread_open_ratio` 1",
+                          "A step after a measured one closes the band where its samples' lengths are "
+                          "independent (`group_spread_min_corr`).")
 
 
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
@@ -1785,9 +1801,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         mean_prompt = render_mean_prompt(a.docs)
         if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
             targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt
-        open_corr = render_open_corr(a.docs)
-        if "<!-- BEGIN RENDERED: rl-open-corr -->" in rl_text and open_corr:
-            targets.setdefault(rl_doc, {})["rl-open-corr"] = open_corr
+        for block, fn in (("rl-open-corr", render_open_corr), ("rl-open-ratio", render_open_ratio)):
+            opening = fn(a.docs)
+            if f"<!-- BEGIN RENDERED: {block} -->" in rl_text and opening:
+                targets.setdefault(rl_doc, {})[block] = opening
         admit_spread = render_admit_spread(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
             targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread

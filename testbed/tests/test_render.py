@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import Sequence, Tuple
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "testbed", "scripts", "render_results.py")
 
@@ -586,6 +588,46 @@ def _rl_block_renderer(tmp_path, block: str):
     return render
 
 
+@pytest.mark.parametrize("block,folder", [("rl-open-corr", "kvbench-demo-shape-open-corr-9c839a2"),
+                                          ("rl-open-ratio", "kvbench-demo-shape-open-ratio")])
+def test_opening_blocks_pair_with_the_defaults_seed_by_seed(tmp_path, block, folder):
+    """The group spread's opt-in openings on the demo's shape (rl-open-corr,
+    rl-open-ratio) pair each run with the defaults' on the same seeds: every
+    setting's row is the mean of the per-seed ratios (step 2 on the recurring
+    step), the open-corr run's first epochs (nothing measured before
+    placement) are exact ties, and editing one run moves its row alone."""
+    import shutil
+
+    from kvc_harness.stats import mean_ci
+
+    res = tmp_path / "docs" / "results"
+    for sub in ("kvbench-demo-shape", folder):
+        shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
+    render = _rl_block_renderer(tmp_path, block)
+
+    def rows() -> list:
+        return [ln for ln in render().splitlines() if ln.startswith(("| first epoch", "| recurring"))]
+
+    first = rows()
+    assert len(first) == 4, first
+    for row, (prefix, step) in zip(first, (("rl-r0", None), ("rl-r5", None), ("rl-r8", None), ("rl-rec", 1))):
+        ratios = []
+        for f in sorted((res / folder).glob(f"{prefix}-*.json")):
+            now, then = json.loads(f.read_text()), json.loads((res / "kvbench-demo-shape" / f.name).read_text())
+            mk = [r["makespan_s"] if step is None else r["makespan_steps_s"]["kvc_aware"][step]
+                  for r in (now["policies"]["kvc_aware"], then["policies"]["kvc_aware"])] if step is None else \
+                [now["makespan_steps_s"]["kvc_aware"][step], then["makespan_steps_s"]["kvc_aware"][step]]
+            ratios.append(mk[0] / mk[1])
+        assert row.split("|")[3].strip().startswith(mean_ci(ratios).fmt(3)), (row, ratios)
+    if block == "rl-open-corr":
+        assert all("| 1.000 ± 0.000 (a tie) | 1.000 ± 0.000 (a tie) | 1.000, 1.000 |" in ln for ln in first[:3])
+    f = sorted((res / folder).glob("rl-rec-*.json"))[0]
+    rep = json.loads(f.read_text())
+    rep["makespan_steps_s"]["kvc_aware"][1] *= 2
+    f.write_text(json.dumps(rep))
+    assert rows()[3] != first[3] and rows()[:3] == first[:3]
+
+
 def test_work_block_pairs_its_rows_seed_by_seed(tmp_path):
     """`make kvbench-work`'s block: one table per setting from its own folder,
     then each paired ratio computed seed by seed from the same files (a file
@@ -833,7 +875,7 @@ def test_demo_doc_renders_earlier_headlines_and_the_shape_runs(tmp_path):
     page = "# d\n\n" + "".join(f"<!-- BEGIN RENDERED: {b} -->\nSTALE\n<!-- END RENDERED: {b} -->\n\n" for b in blocks)
     (tmp_path / "docs" / "demo.md").write_text(page)
     (tmp_path / "README.md").write_text("# r\n")
-    rec = res / "kvbench-demo-shape" / "rl-rec-451.json"
+    rec = sorted((res / "kvbench-demo-shape").glob("rl-rec-*.json"))[0]
     d = json.loads(rec.read_text())
     steps = d["makespan_steps_s"]
     steps["kvc_aware"][0] *= 3  # step 1: not what the table reads

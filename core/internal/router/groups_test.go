@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,6 +242,9 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0}`, byPrompt, high, []int{4, 4, 4, 4}},
 		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25}`, independent, low, []int{16}},
 		{"ratio gate closed, open_corr off (the default): the group stays whole", 2048, `{}`, byPrompt, high, []int{16}},
+		// group_spread_open_ratio 1: the band opens from the first step, over two servers.
+		{"open ratio band, lengths set by the prompt: over two servers", 2048, `{"group_spread_open_ratio":1}`, byPrompt, high, []int{8, 8}},
+		{"open ratio band, independent lengths: the measurement closes it", 2048, `{"group_spread_open_ratio":1}`, independent, low, []int{16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,7 +269,7 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 					}
 				}
 			}
-			if ratioOpen := tc.resp > 4*1024; (len(first) >= 2) != ratioOpen {
+			if ratioOpen := tc.resp > 4*1024 || strings.Contains(tc.params, "open_ratio"); (len(first) >= 2) != ratioOpen {
 				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gate (open %v) alone decides", first, ratioOpen)
 			}
 			r.ResetCache() // the weight sync ends step 1

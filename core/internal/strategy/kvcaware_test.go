@@ -391,16 +391,32 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		want      string
 		groupLoad float64
 	}{
-		{"off, measured 0.6: a keeps the group", `{"group_spread_open_corr":0}`, 2048, 0.6, true, "a", 0},
-		{"default (off), measured 0.9: a keeps the group", `{}`, 2048, 0.9, true, "a", 0},
-		{"0.25, measured 0.3: b", `{"group_spread_open_corr":0.25}`, 2048, 0.3, true, "b", 0.3},
-		{"0.25, measured 0.2: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0.2, true, "a", 0},
-		{"0.25, nothing measured: a keeps the group", `{"group_spread_open_corr":0.25}`, 2048, 0, false, "a", 0},
-		{"0.25, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 2048, 0.6, true, "b", 0.3},
-		{"0.25, measured exactly 0.25: b", `{"group_spread_open_corr":0.25}`, 2048, 0.25, true, "b", 0.3},
-		{"0.5, measured 0.3: a keeps the group", `{"group_spread_open_corr":0.5}`, 2048, 0.3, true, "a", 0},
-		{"0.25, response length not said, measured 0.6: b", `{"group_spread_open_corr":0.25}`, 0, 0.6, true, "b", 0.3},
-		{"0.1 under min corr 0.25, measured 0.2: min corr closes first", `{"group_spread_open_corr":0.1}`, 2048, 0.2, true, "a", 0},
+		{"off, measured 0.6: a keeps the group", `{"group_spread_open_ratio":0,"group_spread_open_corr":0}`, 2048, 0.6, true, "a", 0},
+		{"default (off), measured 0.9: a keeps the group", `{"group_spread_open_ratio":0}`, 2048, 0.9, true, "a", 0},
+		{"0.25, measured 0.3: b", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 2048, 0.3, true, "b", 0.3},
+		{"0.25, measured 0.2: a keeps the group", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 2048, 0.2, true, "a", 0},
+		{"0.25, nothing measured: a keeps the group", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 2048, 0, false, "a", 0},
+		{"0.25, measured 0.6: b", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 2048, 0.6, true, "b", 0.3},
+		{"0.25, measured exactly 0.25: b", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 2048, 0.25, true, "b", 0.3},
+		{"0.5, measured 0.3: a keeps the group", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.5}`, 2048, 0.3, true, "a", 0},
+		{"0.25, response length not said, measured 0.6: b", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.25}`, 0, 0.6, true, "b", 0.3},
+		{"0.1 under min corr 0.25, measured 0.2: min corr closes first", `{"group_spread_open_ratio":0,"group_spread_open_corr":0.1}`, 2048, 0.2, true, "a", 0},
+		// group_spread_open_ratio: the band between it and
+		// group_spread_min_ratio opens without a measurement.
+		{"open ratio 1, ratio 2, nothing measured: b", `{"group_spread_open_ratio":1}`, 2048, 0, false, "b", 0.3},
+		{"default open ratio (off), ratio 2: a keeps the group", `{}`, 2048, 0, false, "a", 0},
+		{"open ratio 1, ratio exactly 1: a keeps the group", `{"group_spread_open_ratio":1}`, 1024, 0, false, "a", 0},
+		{"open ratio 1, response length not said: a keeps the group", `{"group_spread_open_ratio":1}`, 0, 0, false, "a", 0},
+		{"open ratio 2.5, ratio 2: a keeps the group", `{"group_spread_open_ratio":2.5}`, 2048, 0, false, "a", 0},
+		{"open ratio 1, measured 0.1 under min corr: a keeps the group", `{"group_spread_open_ratio":1}`, 2048, 0.1, true, "a", 0},
+	}
+	// The open ratio reads only a rollout said to be single-turn.
+	for _, turns := range []Turns{TurnsAuto, TurnsMulti} {
+		k := build(t, "kvc_aware", `{"group_spread_open_ratio":1}`)
+		c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
+		c[0].Siblings = 3
+		req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: 2048, Turns: turns}
+		checkGroupPick(t, k, req, c, "a", 0, 0)
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -408,12 +424,12 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, [3]int{}, 8)}
 			c[0].Siblings = 3
 			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: tc.resp,
-				LengthCorr: tc.corr, LengthCorrKnown: tc.known}
+				LengthCorr: tc.corr, LengthCorrKnown: tc.known, Turns: TurnsSingle}
 			checkGroupPick(t, k, req, c, tc.want, 0, tc.groupLoad)
 			// Admission's slot-time spread keeps the ratio gate: only
 			// the ratio (closed here) or min ratio 0 opens it.
 			if spreads, _ := k.(GroupSpreader).SpreadsGroup(req, 1024); spreads {
-				t.Fatalf("SpreadsGroup spreads where only group_spread_open_corr is open")
+				t.Fatalf("SpreadsGroup spreads where only group_spread_open_corr or group_spread_open_ratio is open")
 			}
 		})
 	}
@@ -432,13 +448,15 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		{"opened by the correlation, open cap 3: c", `,"group_spread_open_max_servers":3`, 2048, "c", 0},
 		{"opened by the correlation, open cap 3 under max servers 2: a", `,"group_spread_open_max_servers":3,"group_spread_max_servers":2`, 2048, "a", 0.1},
 		{"opened by the ratio: the open cap does not apply: c", ``, 8192, "c", 0},
+		{"opened by the open ratio band, default cap 2: a", `,"group_spread_open_corr":0,"group_spread_open_ratio":1`, 2048, "a", 0.1},
 		{"open_corr off: the ratio gate keeps the group on a", `,"group_spread_open_corr":0`, 2048, "a", 0},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			k := build(t, "kvc_aware", `{"group_spread":0.1,"group_spread_open_corr":0.25,"session_weight":0`+g.params+`}`)
 			c := []Candidate{cand("a", 0, 0, full, 8), cand("b", 1, 0, full, 8), cand("c", 2, 0, [3]int{}, 8), cand("d", 3, 0, [3]int{}, 8)}
 			c[0].Siblings, c[1].Siblings = 3, 3
-			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: g.resp, LengthCorr: 0.6, LengthCorrKnown: true}
+			req := &Request{Tokens: make([]int32, 1024), SessionsBound: 1 << 20, ResponseTokens: g.resp, LengthCorr: 0.6, LengthCorrKnown: true,
+				Turns: TurnsSingle}
 			checkGroupPick(t, k, req, c, g.want, 2, g.outerLoad)
 		})
 	}
