@@ -233,10 +233,10 @@ type KVCAware struct {
 	GroupSpreadOpenCorr float64 `json:"group_spread_open_corr"`
 	// GroupSpreadOpenMaxServers caps, like group_spread_max_servers (the
 	// lower of the two applies), the servers a group spreads over where
-	// only group_spread_open_corr or group_spread_open_ratio opened its gate: there responses are
-	// short next to the prompt, so each server past the first re-pays a
-	// prefill that is large next to the decode it balances. 0: no cap of
-	// its own.
+	// only group_spread_open_corr or group_spread_open_ratio opened its
+	// gate: there responses are short next to the prompt, so each server
+	// past the first re-pays a prefill that is large next to the decode it
+	// balances. 0: no cap of its own.
 	// When to change: raise it on large fleets whose stragglers a split in
 	// two does not end.
 	GroupSpreadOpenMaxServers int `json:"group_spread_open_max_servers"`
@@ -402,9 +402,9 @@ func (k *KVCAware) ReadsSiblings() bool { return k.GroupSpread > 0 || k.TaskSpre
 // refuses it without token_load, whose numerator it joins).
 func (k *KVCAware) ReadsWork() bool { return k.WorkWeight > 0 }
 
-// ReadsLengthCorr implements CorrReader: group_spread_min_corr's (and
-// group_spread_open_corr's) and
-// task_spread_min_corr's gates do, where there is a spread to gate.
+// ReadsLengthCorr implements CorrReader: group_spread_min_corr's,
+// group_spread_open_corr's and task_spread_min_corr's gates do, where there
+// is a spread to gate.
 func (k *KVCAware) ReadsLengthCorr() bool {
 	return (k.GroupSpread > 0 && (k.GroupSpreadMinCorr > 0 || k.GroupSpreadOpenCorr > 0)) || (k.TaskSpread > 0 && k.TaskSpreadMinCorr > 0)
 }
@@ -731,11 +731,11 @@ const DefaultGroupSpreadOpenCorr = 0.0
 const DefaultGroupSpreadOpenRatio = 0.0
 
 // DefaultGroupSpreadOpenMaxServers is group_spread_open_max_servers'
-// default: a group the correlation opened splits in two. On make demo's
-// recurring step (tuning seeds 101-106), over all four servers it halved
-// the hit rate (74% -> 48%), raised TTFT p99 by 8% and preemptions from a
-// handful to about 280; in two it kept the hit rate and TTFT p99 and
-// shortened the step more.
+// default: a group only the open settings opened splits in two. On make
+// demo's recurring step (tuning seeds 101-106), over all four servers it
+// halved the hit rate (74% -> 48%), raised TTFT p99 by 8% and preemptions
+// from a handful to about 280; in two it kept the hit rate and TTFT p99
+// and shortened the step more.
 const DefaultGroupSpreadOpenMaxServers = 2
 
 // DefaultGroupSpreadMaxServers is group_spread_max_servers' default: no
