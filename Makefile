@@ -431,7 +431,11 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # true-length reference and the peers at their launcher defaults. Fresh seeds
 # DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
 # renders into docs/demo.md; the 8ef0422 freeze's run, seeds 451-460, is
-# docs/results/kvbench-demo-shape-8ef0422/). ~2 min.
+# docs/results/kvbench-demo-shape-8ef0422/). ~2 min. The opt-in openings'
+# runs (docs/rl-workloads.md) are the same target with
+# RL_FROZEN=docs/results/frozen-kvc-aware-9c839a2.json (group_spread_open_corr)
+# or RL_FROZEN=docs/results/kvbench-demo-shape-open-ratio/frozen-kvc-aware.json
+# (group_spread_open_ratio), each build/kvbench-demo-shape/ copied to its folder.
 DEMO_SHAPE_SEEDS ?= 461 462 463 464 465 466 467 468 469 470
 DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1024 --prompt-sigma 0.3 --system-tokens 0 --response-median 192 --response-sigma 0.9 --response-max 2048 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+engine_queue,kvc_aware+admit+lengths+engine_queue,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
