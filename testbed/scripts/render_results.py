@@ -1286,16 +1286,13 @@ def render_opening(docs_root: str, folder: str, what: str, note: str) -> Optiona
     return "\n".join(out) if rows else None
 
 
-def render_open_corr(docs_root: str) -> Optional[str]:
-    return render_opening(docs_root, OPEN_CORR, "the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
-                          "`group_spread_open_max_servers` 2",
-                          "A first epoch measures nothing before it places, so its rows must be identical.")
-
-
-def render_open_ratio(docs_root: str) -> Optional[str]:
-    return render_opening(docs_root, OPEN_RATIO, "the df6a711 freeze with `group_spread_open_ratio` 1",
-                          "A step after a measured one closes the band where its samples' lengths are "
-                          "independent (`group_spread_min_corr`).")
+# Each opening's block: (block, folder, what the run is, a note on its rows).
+OPENINGS = (("rl-open-corr", OPEN_CORR, "the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
+             "`group_spread_open_max_servers` 2",
+             "A first epoch measures nothing before it places, so its rows must be identical."),
+            ("rl-open-ratio", OPEN_RATIO, "the df6a711 freeze with `group_spread_open_ratio` 1",
+             "A step after a measured one closes the band where its samples' lengths are independent "
+             "(`group_spread_min_corr`)."))
 
 
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
@@ -1801,8 +1798,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mean_prompt = render_mean_prompt(a.docs)
         if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
             targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt
-        for block, fn in (("rl-open-corr", render_open_corr), ("rl-open-ratio", render_open_ratio)):
-            opening = fn(a.docs)
+        for block, folder, what, note in OPENINGS:
+            opening = render_opening(a.docs, folder, what, note)
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text and opening:
                 targets.setdefault(rl_doc, {})[block] = opening
         admit_spread = render_admit_spread(a.docs)

@@ -613,10 +613,9 @@ def test_opening_blocks_pair_with_the_defaults_seed_by_seed(tmp_path, block, fol
     for row, (prefix, step) in zip(first, (("rl-r0", None), ("rl-r5", None), ("rl-r8", None), ("rl-rec", 1))):
         ratios = []
         for f in sorted((res / folder).glob(f"{prefix}-*.json")):
-            now, then = json.loads(f.read_text()), json.loads((res / "kvbench-demo-shape" / f.name).read_text())
-            mk = [r["makespan_s"] if step is None else r["makespan_steps_s"]["kvc_aware"][step]
-                  for r in (now["policies"]["kvc_aware"], then["policies"]["kvc_aware"])] if step is None else \
-                [now["makespan_steps_s"]["kvc_aware"][step], then["makespan_steps_s"]["kvc_aware"][step]]
+            now, then = (json.loads(p.read_text()) for p in (f, res / "kvbench-demo-shape" / f.name))
+            mk = [r["policies"]["kvc_aware"]["makespan_s"] if step is None else r["makespan_steps_s"]["kvc_aware"][step]
+                  for r in (now, then)]
             ratios.append(mk[0] / mk[1])
         assert row.split("|")[3].strip().startswith(mean_ci(ratios).fmt(3)), (row, ratios)
     if block == "rl-open-corr":

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -232,19 +231,20 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 		name     string
 		resp     int                             // response_tokens: 8,192 opens the ratio gate, 2,048 does not
 		params   string                          // kvc_aware's
+		first    bool                            // step 1, nothing measured: the ratio gates spread the first group
 		length   func(rng *rand.Rand, g int) int // a sample's output tokens
 		wantCorr func(c float64) bool
 		want     []int // step 2: samples on each server that has any, sorted
 	}{
-		{"independent lengths: the group stays whole", 8192, `{}`, independent, low, []int{16}},
-		{"lengths set by the prompt: the group spreads", 8192, `{}`, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, open_corr 0.25, lengths set by the prompt: the measurement opens it over two servers", 2048, `{"group_spread_open_corr":0.25}`, byPrompt, high, []int{8, 8}},
-		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0}`, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25}`, independent, low, []int{16}},
-		{"ratio gate closed, open_corr off (the default): the group stays whole", 2048, `{}`, byPrompt, high, []int{16}},
+		{"independent lengths: the group stays whole", 8192, `{}`, true, independent, low, []int{16}},
+		{"lengths set by the prompt: the group spreads", 8192, `{}`, true, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, open_corr 0.25, lengths set by the prompt: the measurement opens it over two servers", 2048, `{"group_spread_open_corr":0.25}`, false, byPrompt, high, []int{8, 8}},
+		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0}`, false, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25}`, false, independent, low, []int{16}},
+		{"ratio gate closed, open_corr off (the default): the group stays whole", 2048, `{}`, false, byPrompt, high, []int{16}},
 		// group_spread_open_ratio 1: the band opens from the first step, over two servers.
-		{"open ratio band, lengths set by the prompt: over two servers", 2048, `{"group_spread_open_ratio":1}`, byPrompt, high, []int{8, 8}},
-		{"open ratio band, independent lengths: the measurement closes it", 2048, `{"group_spread_open_ratio":1}`, independent, low, []int{16}},
+		{"open ratio band, lengths set by the prompt: over two servers", 2048, `{"group_spread_open_ratio":1}`, true, byPrompt, high, []int{8, 8}},
+		{"open ratio band, independent lengths: the measurement closes it", 2048, `{"group_spread_open_ratio":1}`, true, independent, low, []int{16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -269,8 +269,8 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 					}
 				}
 			}
-			if ratioOpen := tc.resp > 4*1024 || strings.Contains(tc.params, "open_ratio"); (len(first) >= 2) != ratioOpen {
-				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gate (open %v) alone decides", first, ratioOpen)
+			if (len(first) >= 2) != tc.first {
+				t.Fatalf("first step's first group %v: nothing measured yet, the ratio gates (open %v) alone decide", first, tc.first)
 			}
 			r.ResetCache() // the weight sync ends step 1
 			l := r.Status().Lengths

@@ -724,10 +724,11 @@ const DefaultGroupSpreadOpenCorr = 0.0
 // 0.025, the recurring step 0.960 +- 0.032, rho 0 1.017 +- 0.020 (TTFT
 // p99 9% higher); fresh seeds 461-470 gave rho 0.5 0.940 +- 0.057 and
 // 0.8 0.906 +- 0.064 (both shorter), rho 0 and the recurring step ties.
-// Every other kvbench shape ran identically, but the arena's GRPO steps
-// (told turns single and response_tokens 2,048 over prompts near 1,000)
-// are in its band, and their published rows were not rerun, so it is not
-// yet a default (docs/rl-workloads.md, "The open ratio band").
+// Every other kvbench shape ran identically (seed 341), but the arena's
+// GRPO steps (told turns single and response_tokens 2,048 over prompts
+// near 1,000) are in its band, and their published rows were not rerun,
+// so it is not yet a default (docs/rl-workloads.md, "The open ratio
+// band").
 const DefaultGroupSpreadOpenRatio = 0.0
 
 // DefaultGroupSpreadOpenMaxServers is group_spread_open_max_servers'
