@@ -383,7 +383,7 @@ def run(a: DemoOptions) -> int:
                     satstep.run_policy(
                         ray, pol, srv, sat_reqs, client.served_model(srv[0].url), workers=sat.workers,
                         max_num_seqs=0 if attach else sat.max_num_seqs, log=log, hold=not attach,
-                        warm=sat_steps[:-1],
+                        warm=sat_steps[:-1], response_tokens=sat_spec(a, sat).response_max,
                     )
                 )
                 if not attach:

@@ -375,6 +375,42 @@ def _release(servers: Sequence[Server], expect: Callable[[], int], settle_s: flo
     return time.time()
 
 
+def policy_config(
+    policy: str, servers: Sequence[Server], max_num_seqs: int = 0, response_tokens: int = 0
+) -> Optional[Dict[str, Any]]:
+    """The router configuration of demo policy ``policy``: None for
+    ``default`` (verl's balancer), else kvc_aware with its options
+    ``+admit``, ``+lengths`` and ``+engine_queue``. ``response_tokens`` is
+    the rollout's ``response_length`` (the requests' max_tokens): the router
+    is told it, and ``turns: single``, as verl's hook tells them
+    (:func:`kvc_router.verl.actor.session_turns`); 0 tells neither."""
+    from kvc_router.verl import actor
+
+    base, _, extra = policy.partition("+")
+    extras = set(extra.split("+")) - {""}
+    unknown = extras - {"admit", "lengths", "engine_queue"}
+    if unknown:
+        known = "admit, lengths, engine_queue"
+        raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: {known})")
+    if "engine_queue" in extras and "admit" not in extras:
+        raise ValueError(f"policy {policy!r}: engine_queue is an admission setting (add +admit)")
+    cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
+    if cfg is None:
+        return None
+    if response_tokens > 0:
+        # A GRPO rollout: one request per sample (verl's single_turn_agent).
+        cfg = actor.session_turns(cfg, {"response_length": response_tokens})
+    if "admit" in extras:
+        # kvc_aware+admit: router-side admission (cap = max_num_seqs per server).
+        cfg["config"]["admission"] = {"enabled": True}
+        if "engine_queue" in extras:
+            # A server whose engine is queuing takes no held request (admission.engine_queue).
+            cfg["config"]["admission"]["engine_queue"] = 1
+    if "lengths" in extras:
+        cfg["config"]["lengths"] = {"enabled": True}
+    return cfg
+
+
 def run_policy(
     ray: Any,
     policy: str,
@@ -386,6 +422,7 @@ def run_policy(
     log: Callable[[str], Any] = print,
     hold: bool = False,
     warm: Sequence[List[dict]] = (),
+    response_tokens: int = 0,
 ) -> dict:
     """The step under one policy: the balancer created as verl creates it,
     ``workers`` SatWorker actors each submitting its share at once. Returns the
@@ -405,28 +442,14 @@ def run_policy(
     reset, then the balancer's ``reset_prefix_index``); the figures are the
     last step's alone. ``+lengths`` turns the router's length learning on
     (``lengths.enabled``), which the releases teach (the verl hook's
-    ``output_tokens``)."""
+    ``output_tokens``).
+
+    ``response_tokens``: the rollout's ``response_length`` (:func:`policy_config`)."""
     from kvc_router.verl import actor
 
     urls = {s.sid: s.url for s in servers}
-    base, _, extra = policy.partition("+")
-    extras = set(extra.split("+")) - {""}
-    unknown = extras - {"admit", "lengths", "engine_queue"}
-    if unknown:
-        known = "admit, lengths, engine_queue"
-        raise ValueError(f"policy {policy!r}: unknown option(s) {sorted(unknown)} (known: {known})")
-    if "engine_queue" in extras and "admit" not in extras:
-        raise ValueError(f"policy {policy!r}: engine_queue is an admission setting (add +admit)")
-    cfg = router_config(base, servers, max_num_seqs=max_num_seqs)
-    admit = "admit" in extras and cfg is not None
-    if admit:
-        # kvc_aware+admit: router-side admission (cap = max_num_seqs per server).
-        cfg["config"]["admission"] = {"enabled": True}
-        if "engine_queue" in extras:
-            # A server whose engine is queuing takes no held request (admission.engine_queue).
-            cfg["config"]["admission"]["engine_queue"] = 1
-    if "lengths" in extras and cfg is not None:
-        cfg["config"]["lengths"] = {"enabled": True}
+    cfg = policy_config(policy, servers, max_num_seqs, response_tokens)
+    admit = cfg is not None and "admission" in cfg["config"]
     reqs = [dict(r, order=i) for i, r in enumerate(reqs)]
     # The class and actor options as kvc_router's verl integration picks them.
     cls = ray.remote(actor.balancer_class(cfg))
@@ -443,7 +466,7 @@ def run_policy(
     unsettled_any = False
     try:
         ray.get([w.ready.remote() for w in ws] + [lb.get_status.remote()])
-        if base != "default":
+        if cfg is not None:
             wait_collectors(ray, lb)
         for i, earlier in enumerate(warm):
             t_warm = time.perf_counter()

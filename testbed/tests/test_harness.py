@@ -475,3 +475,23 @@ def test_satstep_policy_options_are_checked_before_anything_runs(policy: str, me
 
     with pytest.raises(ValueError, match=re.escape(message)):
         satstep.run_policy(None, policy, [], [], "m")
+
+
+def test_satstep_policy_config_tells_the_router_what_verls_hook_tells() -> None:
+    """The demo's router is configured as verl's hook configures it: a GRPO
+    rollout's ``response_length`` and ``turns: single`` are told, so the
+    group spread's gates read the rollout the user runs; verl's own balancer
+    gets no router configuration."""
+    from kvc_harness import satstep
+
+    cfg = satstep.policy_config("kvc_aware+admit+engine_queue", [], 64, response_tokens=2048)
+    assert cfg is not None
+    inner = cfg["config"]
+    assert inner["turns"] == "single" and inner["response_tokens"] == 2048
+    assert inner["admission"] == {"enabled": True, "engine_queue": 1} and "lengths" not in inner
+    assert inner["load"] == {"max_num_seqs": 64}
+    quiet = satstep.policy_config("kvc_aware+lengths", [])
+    assert quiet is not None
+    assert "turns" not in quiet["config"] and "response_tokens" not in quiet["config"]
+    assert quiet["config"]["lengths"] == {"enabled": True} and "admission" not in quiet["config"]
+    assert satstep.policy_config("default", [], 64, response_tokens=2048) is None
