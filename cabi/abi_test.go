@@ -163,7 +163,7 @@ func TestValidateConfigReportsDefaults(t *testing.T) {
 		{`{"router":{"mode":"kvc_aware"}}`, "kvc_aware", "kvc_aware", map[string]any{
 			"alpha": 0.3, "load_threshold": 0.9, "layer_weights": map[string]any{"gpu": 0.7, "cpu": 0.2, "ssd": 0.1},
 			"marginal": true, "token_load": true, "kv_tokens": 480000.0, "saved_scale_tokens": 4096.0,
-			"session_weight": 0.5, "sibling_spread": false, "group_spread": 0.1, "group_spread_min_ratio": 4.0, "group_spread_min_corr": 0.25, "group_spread_open_corr": 0.0, "group_spread_open_max_servers": 2, "group_spread_open_ratio": 0.0, "group_spread_max_servers": 0, "task_spread": 0.1, "task_spread_min_corr": 0.25, "work_weight": 0.0,
+			"session_weight": 0.5, "sibling_spread": false, "group_spread": 0.1, "group_spread_min_ratio": 4.0, "group_spread_min_corr": 0.25, "group_spread_open_corr": 0.0, "group_spread_open_max_servers": 2, "group_spread_open_ratio": 1.0, "group_spread_max_servers": 0, "task_spread": 0.1, "task_spread_min_corr": 0.25, "work_weight": 0.0,
 		}},
 	} {
 		res := abiValidate([]byte(tc.cfg), int64(len(tc.cfg)), false)

@@ -405,7 +405,8 @@ def test_admission_cap_defaults_to_the_rollout_slots(manager):
 def test_hook_tells_the_router_the_rollouts_turns(manager, multi_turn):
     """The hook sets the router's turns from verl's own rollout config:
     rollout.multi_turn.enable -> multi (task_spread from the first turn),
-    else single (a first GRPO step's groups stay whole)."""
+    else single (a first GRPO step's groups stay whole, or split in two
+    where responses may outgrow the prompts: group_spread's gates)."""
     args = ["+actor_rollout_ref.rollout.router.type=kvc_aware"]
     if multi_turn:
         args.append("actor_rollout_ref.rollout.multi_turn.enable=true")

@@ -174,23 +174,33 @@ func TestGroupsKeptOnlyWhenRead(t *testing.T) {
 	}
 }
 
-// TestGroupSpreadGateClosedChangesNothing: where group_spread's gate is
-// closed (responses under group_spread_min_ratio x the prompt, or no
-// response length said), the defaults decide exactly as group_spread 0
-// does, request by request, on a GRPO-like stream of groups with releases
-// in between (the arena's and the demo's GRPO steps rely on it).
+// TestGroupSpreadGateClosedChangesNothing: where group_spread's gates are
+// closed (responses under group_spread_min_ratio x the prompt and not
+// above group_spread_open_ratio x it, a rollout not said to be
+// single-turn, or no response length said), the defaults decide exactly
+// as group_spread 0 does, request by request, on a GRPO-like stream of
+// groups with releases in between.
 func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
-	for _, resp := range []int{0, 2048} {
-		t.Run(fmt.Sprint("response_tokens ", resp), func(t *testing.T) {
-			gated := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: resp}, "s0", "s1", "s2", "s3")
-			off := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: resp,
+	for _, tc := range []struct {
+		turns string
+		resp  int
+	}{
+		{TurnsSingle, 0},
+		// Prompts of 512-2,047 tokens, as on the arena's GRPO steps: 512
+		// is under every one of them, so under the mean prompt (the open
+		// ratio 1 reads it), and 2,048 is at most 4x any of them (the ratio
+		// gate stays closed) but opens the open ratio's band only where the
+		// rollout is single-turn.
+		{TurnsSingle, 512},
+		{TurnsAuto, 2048},
+	} {
+		t.Run(fmt.Sprint("turns ", tc.turns, " response_tokens ", tc.resp), func(t *testing.T) {
+			gated := mustNew(t, Config{Mode: ModeKVCAware, Turns: tc.turns, ResponseTokens: tc.resp}, "s0", "s1", "s2", "s3")
+			off := mustNew(t, Config{Mode: ModeKVCAware, Turns: tc.turns, ResponseTokens: tc.resp,
 				Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread":0}`)}}},
 				"s0", "s1", "s2", "s3")
 			var held []string
 			for g := 0; g < 60; g++ {
-				// Prompts of 512-2,047 tokens, as on the arena's GRPO steps:
-				// 2,048-token responses are at most 4x any of them and about
-				// 1.6x their mean, which the gate reads, so it stays closed.
 				p := prompt(512+(g*97)%1536, int32(1000*g))
 				for i := 0; i < 8; i++ {
 					id := fmt.Sprintf("g%d-%d", g, i)
@@ -217,9 +227,11 @@ func TestGroupSpreadGateClosedChangesNothing(t *testing.T) {
 // samples' lengths are independent of their prompt closes the group spread
 // for the next step (the group stays whole), one whose lengths follow the
 // prompt keeps it open (the group spreads). The first step, with nothing
-// measured, spreads on the ratio gate alone. Where the ratio gate is closed
-// (responses of 2,048 tokens, 2x the prompt), the first step keeps its
-// groups whole and a measured correlation opens it for the next
+// measured, spreads on the ratio gates alone. Where group_spread_min_ratio's
+// gate is closed (responses of 2,048 tokens, 2x the prompt), the defaults'
+// group_spread_open_ratio (1) splits the first step's groups in two and the
+// measurement keeps or closes that; with it off, the first step keeps its
+// groups whole and a measured correlation opens the gate for the next
 // where group_spread_open_corr is set, over at most
 // group_spread_open_max_servers.
 func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
@@ -238,13 +250,14 @@ func TestGroupSpreadClosesOnMeasuredCorr(t *testing.T) {
 	}{
 		{"independent lengths: the group stays whole", 8192, `{}`, true, independent, low, []int{16}},
 		{"lengths set by the prompt: the group spreads", 8192, `{}`, true, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, open_corr 0.25, lengths set by the prompt: the measurement opens it over two servers", 2048, `{"group_spread_open_corr":0.25}`, false, byPrompt, high, []int{8, 8}},
-		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0}`, false, byPrompt, high, []int{4, 4, 4, 4}},
-		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25}`, false, independent, low, []int{16}},
-		{"ratio gate closed, open_corr off (the default): the group stays whole", 2048, `{}`, false, byPrompt, high, []int{16}},
-		// group_spread_open_ratio 1: the band opens from the first step, over two servers.
-		{"open ratio band, lengths set by the prompt: over two servers", 2048, `{"group_spread_open_ratio":1}`, true, byPrompt, high, []int{8, 8}},
-		{"open ratio band, independent lengths: the measurement closes it", 2048, `{"group_spread_open_ratio":1}`, true, independent, low, []int{16}},
+		{"ratio gate closed, open_corr 0.25, lengths set by the prompt: the measurement opens it over two servers", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_ratio":0}`, false, byPrompt, high, []int{8, 8}},
+		{"ratio gate closed, open_corr 0.25, no open cap: over all four", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_max_servers":0,"group_spread_open_ratio":0}`, false, byPrompt, high, []int{4, 4, 4, 4}},
+		{"ratio gate closed, open_corr 0.25, independent lengths: the group stays whole", 2048, `{"group_spread_open_corr":0.25,"group_spread_open_ratio":0}`, false, independent, low, []int{16}},
+		{"ratio gate closed, open_corr and open ratio off: the group stays whole", 2048, `{"group_spread_open_ratio":0}`, false, byPrompt, high, []int{16}},
+		// group_spread_open_ratio 1 (the default): the band opens from the first step, over two servers.
+		{"open ratio band (the defaults), lengths set by the prompt: over two servers", 2048, `{}`, true, byPrompt, high, []int{8, 8}},
+		{"open ratio band (the defaults), independent lengths: the measurement closes it", 2048, `{}`, true, independent, low, []int{16}},
+		{"open ratio 2.5, ratio 2: the group stays whole", 2048, `{"group_spread_open_ratio":2.5}`, false, byPrompt, high, []int{16}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -401,7 +414,11 @@ func TestGroupSpreadGateReadsTheMeanPrompt(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: 8192}, "s0", "s1", "s2", "s3")
+			// group_spread_open_ratio off: its band (responses above the
+			// mean prompt) would split the whole case's group in two.
+			r := mustNew(t, Config{Mode: ModeKVCAware, Turns: TurnsSingle, ResponseTokens: 8192,
+				Strategies: []StrategySpec{{Name: "kvc_aware", Weight: 1, Params: []byte(`{"group_spread_open_ratio":0}`)}}},
+				"s0", "s1", "s2", "s3")
 			warmPrompts(t, r, 400, tc.warm)
 			p := prompt(tc.group, 7)
 			got := map[string]int{}

@@ -199,8 +199,9 @@ type KVCAware struct {
 	// kvbench's grpo_sat shape (prompts ~1.3k tokens, responses up to 16k,
 	// ratio ~12) spreading shortened the step, on the demo's shape (prompts
 	// of 512-1,536 tokens, responses up to 2k, ratio <= 4) keeping groups
-	// whole did (docs/rl-workloads.md); once a step is measured,
-	// group_spread_open_corr can open it there.
+	// whole did (docs/rl-workloads.md); there group_spread_open_ratio
+	// splits groups in two instead, and once a step is measured
+	// group_spread_open_corr can open it.
 	// When to change: lower it when prefill is cheap next to decode (small
 	// models, fast GPUs); 0 to spread whatever the lengths.
 	GroupSpreadMinRatio float64 `json:"group_spread_min_ratio"`
@@ -253,7 +254,8 @@ type KVCAware struct {
 	// turns it off. Admission's slot-time spread keeps
 	// group_spread_min_ratio.
 	// When to change: 0 where lengths are known to be independent of the
-	// prompt (it costs such steps their shared prefill).
+	// prompt (it costs such steps' first step their shared prefill; from
+	// the second, group_spread_min_corr's measurement closes it).
 	GroupSpreadOpenRatio float64 `json:"group_spread_open_ratio"`
 	// GroupSpreadMaxServers caps the servers one group spreads over: once
 	// its siblings are on this many, any other server counts as holding
@@ -716,20 +718,20 @@ const DefaultGroupSpreadMinCorr = 0.25
 // (docs/rl-workloads.md, "The measured correlation opens the gate").
 const DefaultGroupSpreadOpenCorr = 0.0
 
-// DefaultGroupSpreadOpenRatio is group_spread_open_ratio's default: off.
-// At 1 (groups split in two where a single-turn rollout's responses may
-// be longer than its mean prompt), on kvbench's model of make demo's step
-// (ratio about 2), paired with the same run without it: tuning seeds
-// 101-130 gave first epochs at rho 0.5 0.982 +- 0.019 and 0.8 0.962 +-
-// 0.025, the recurring step 0.960 +- 0.032, rho 0 1.017 +- 0.020 (TTFT
-// p99 9% higher); fresh seeds 461-470 gave rho 0.5 0.940 +- 0.057 and
-// 0.8 0.906 +- 0.064 (both shorter), rho 0 and the recurring step ties.
-// Every other kvbench shape ran identically (seed 341), but the arena's
-// GRPO steps (told turns single and response_tokens 2,048 over prompts
-// near 1,000) are in its band, and their published rows were not rerun,
-// so it is not yet a default (docs/rl-workloads.md, "The open ratio
-// band").
-const DefaultGroupSpreadOpenRatio = 0.0
+// DefaultGroupSpreadOpenRatio is group_spread_open_ratio's default: a
+// single-turn rollout whose responses may be longer than its mean prompt
+// splits each group in two. On kvbench's model of make demo's step (ratio
+// about 2), paired with the same run without it: tuning seeds 101-130 gave
+// first epochs at rho 0.5 0.982 +- 0.019 and 0.8 0.962 +- 0.025, the
+// recurring step 0.960 +- 0.032, rho 0 1.017 +- 0.020 (TTFT p99 9%
+// higher); fresh seeds 461-470 (an opt-in run) gave rho 0.5 0.940 +- 0.057
+// and 0.8 0.906 +- 0.064, rho 0 and the recurring step ties. On the
+// arena's GRPO shape (the same step at 16 slots per engine; tuning seeds
+// 101-140) rho 0.5 0.966 +- 0.021, 0.8 0.972 +- 0.029, the recurring step
+// 0.957 +- 0.021, rho 0 1.000 +- 0.018, TTFT p99 lower or tied. Every other
+// kvbench shape the docs report ran identically (docs/rl-workloads.md,
+// "The open ratio band").
+const DefaultGroupSpreadOpenRatio = 1.0
 
 // DefaultGroupSpreadOpenMaxServers is group_spread_open_max_servers'
 // default: a group only the open settings opened splits in two. On make

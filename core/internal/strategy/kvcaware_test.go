@@ -404,7 +404,9 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		// group_spread_open_ratio: the band between it and
 		// group_spread_min_ratio opens without a measurement.
 		{"open ratio 1, ratio 2, nothing measured: b", `{"group_spread_open_ratio":1}`, 2048, 0, false, "b", 0.3},
-		{"default open ratio (off), ratio 2: a keeps the group", `{}`, 2048, 0, false, "a", 0},
+		{"default open ratio (1), ratio 2, nothing measured: b", `{}`, 2048, 0, false, "b", 0.3},
+		{"default open ratio (1), measured 0.6: b", `{}`, 2048, 0.6, true, "b", 0.3},
+		{"open ratio 0 (off), ratio 2: a keeps the group", `{"group_spread_open_ratio":0}`, 2048, 0, false, "a", 0},
 		{"open ratio 1, ratio exactly 1: a keeps the group", `{"group_spread_open_ratio":1}`, 1024, 0, false, "a", 0},
 		{"open ratio 1, response length not said: a keeps the group", `{"group_spread_open_ratio":1}`, 0, 0, false, "a", 0},
 		{"open ratio 2.5, ratio 2: a keeps the group", `{"group_spread_open_ratio":2.5}`, 2048, 0, false, "a", 0},
@@ -449,7 +451,7 @@ func TestKVCAwareOpenCorr(t *testing.T) {
 		{"opened by the correlation, open cap 3 under max servers 2: a", `,"group_spread_open_max_servers":3,"group_spread_max_servers":2`, 2048, "a", 0.1},
 		{"opened by the ratio: the open cap does not apply: c", ``, 8192, "c", 0},
 		{"opened by the open ratio band, default cap 2: a", `,"group_spread_open_corr":0,"group_spread_open_ratio":1`, 2048, "a", 0.1},
-		{"open_corr off: the ratio gate keeps the group on a", `,"group_spread_open_corr":0`, 2048, "a", 0},
+		{"open_corr and open ratio off: the ratio gate keeps the group on a", `,"group_spread_open_corr":0,"group_spread_open_ratio":0`, 2048, "a", 0},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			k := build(t, "kvc_aware", `{"group_spread":0.1,"group_spread_open_corr":0.25,"session_weight":0`+g.params+`}`)

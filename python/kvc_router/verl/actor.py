@@ -90,8 +90,9 @@ def session_turns(block: Any, rollout_config: Any) -> Any:
     ``rollout.response_length`` in kvc_aware mode, each unless the user set
     it: a fresh router then spreads an agent task's trajectories from the
     first request (task_spread), keeps a first GRPO step's groups whole
-    when responses are short next to prompts, and spreads them when
-    responses may be long (group_spread's gate)."""
+    when responses are shorter than prompts, splits them in two when
+    responses may be up to a few times longer, and spreads them when
+    responses may be far longer (group_spread's gates)."""
     if not isinstance(block, Mapping) or block.get("type") != "kvc_aware":
         return block
     from .detection import get
