@@ -497,8 +497,10 @@ render: venv ## copy the last arena/held-out JSON to docs/results/ and render th
 	$(PYH) testbed/scripts/render_results.py
 
 # Freezes kvc_aware's whole configuration at the current commit (clean tree).
-# Seeds any tuning of kvc_aware used (group_spread: 101-106, issue 26).
-TUNE_SEEDS ?= 101,102,103,104,105,106,107,108,109,110,111,112
+# Seeds any tuning of kvc_aware used (group_spread: 101-106, issue 26;
+# group_spread_open_ratio's default: 101-140 on kvbench's model of the arena's
+# GRPO shape).
+TUNE_SEEDS ?= $(shell seq -s, 101 140)
 freeze-kvc-aware: venv $(PYLIB) ## write docs/frozen-kvc-aware.json: kvc_aware's configuration at this commit
 	$(PYH) testbed/scripts/freeze_kvc_aware.py --tune-seeds $(TUNE_SEEDS)
 
