@@ -429,14 +429,18 @@ kvbench-mean-prompt: ## the group spread's gate on the rollout's mean prompt: he
 # prompts, rho 0.6, epoch correlation 0.8) and first-epoch steps at rho 0,
 # 0.5 (the step that headlined before) and 0.8, kvc_aware at its freeze beside its opt-in modes, the
 # true-length reference and the peers at their launcher defaults. Fresh seeds
-# DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/
-# renders into docs/demo.md; the 8ef0422 freeze's run, seeds 451-460, is
-# docs/results/kvbench-demo-shape-8ef0422/). ~2 min. The opt-in openings'
-# runs (docs/rl-workloads.md) are the same target with
-# RL_FROZEN=docs/results/frozen-kvc-aware-9c839a2.json (group_spread_open_corr)
-# or RL_FROZEN=docs/results/kvbench-demo-shape-open-ratio/frozen-kvc-aware.json
-# (group_spread_open_ratio), each build/kvbench-demo-shape/ copied to its folder.
-DEMO_SHAPE_SEEDS ?= 461 462 463 464 465 466 467 468 469 470
+# DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/results/kvbench-demo-shape/,
+# the f0be7ad freeze on seeds 471-480, renders into docs/demo.md; the df6a711
+# freeze's run of seeds 461-470 is docs/results/kvbench-demo-shape-df6a711/, the
+# 8ef0422 freeze's of 451-460 docs/results/kvbench-demo-shape-8ef0422/). ~1 min.
+# The openings' runs (docs/rl-workloads.md) are the same target with
+# RL_FROZEN=docs/results/frozen-kvc-aware-9c839a2.json (group_spread_open_corr),
+# RL_FROZEN=docs/results/kvbench-demo-shape-open-ratio/frozen-kvc-aware.json
+# (group_spread_open_ratio, seeds 461-470) or
+# RL_FROZEN=docs/results/frozen-kvc-aware-df6a711.json (the defaults before
+# f0be7ad, seeds 471-480: kvbench-demo-shape-df6a711-471-480/), each
+# build/kvbench-demo-shape/ copied to its folder.
+DEMO_SHAPE_SEEDS ?= 471 472 473 474 475 476 477 478 479 480
 DEMO_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 64 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1024 --prompt-sigma 0.3 --system-tokens 0 --response-median 192 --response-sigma 0.9 --response-max 2048 --arrivals verl --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 DEMO_SHAPE_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+engine_queue,kvc_aware+admit+lengths+engine_queue,kvc_aware+admit+truelen,sglang_cache_aware,vllm_router_sticky_least_loaded,dynamo_cost+queue
 kvbench-demo-shape: ## kvbench on make demo's step: the recurring headline step and first epochs at rho 0 / 0.5 / 0.8, fresh seeds DEMO_SHAPE_SEEDS -> build/kvbench-demo-shape/ (docs/demo.md)

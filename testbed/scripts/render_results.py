@@ -975,7 +975,7 @@ RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 
 # kvbench's model of make demo's step (`make kvbench-demo-shape`), rendered into docs/demo.md.
 DEMO_SHAPE = "kvbench-demo-shape"
 # The freeze DEMO_SHAPE's runs record (kvc_frozen's commit).
-DEMO_SHAPE_FREEZE = "df6a711"
+DEMO_SHAPE_FREEZE = "f0be7ad"
 DEMO_SHAPE_TITLE = ("the demo's GRPO shape (128 prompts × 8, 4 engines × 64 slots, 3,072 KV blocks, responses of "
                     "median 192)")
 
@@ -1245,33 +1245,38 @@ def render_mean_prompt(docs_root: str) -> Optional[str]:
     return "\n".join(out)
 
 
-# The group spread's opt-in openings on the demo's shape, each run as `make
-# kvbench-demo-shape` on the defaults' fresh seeds (DEMO_SHAPE): the 9c839a2
-# freeze, which had group_spread_open_corr 0.25 on, and the df6a711 freeze
-# with group_spread_open_ratio 1 (the run's own frozen-kvc-aware.json).
+# The group spread's openings on the demo's shape, each run as `make
+# kvbench-demo-shape` and paired seed by seed with a run of the defaults
+# before it: the 9c839a2 freeze (group_spread_open_corr 0.25 on) and the
+# df6a711 freeze with group_spread_open_ratio 1 (the run's own
+# frozen-kvc-aware.json), each against the df6a711 defaults on seeds 461-470;
+# and the f0be7ad freeze, which made group_spread_open_ratio 1 the default,
+# against the df6a711 defaults on its own fresh seeds 471-480.
 OPEN_CORR = "kvbench-demo-shape-open-corr-9c839a2"
 OPEN_RATIO = "kvbench-demo-shape-open-ratio"
+DEMO_SHAPE_BEFORE = "kvbench-demo-shape-df6a711"  # the df6a711 defaults, seeds 461-470
+DEMO_SHAPE_BEFORE_FRESH = "kvbench-demo-shape-df6a711-471-480"  # the same on DEMO_SHAPE's seeds
 DEMO_SHAPE_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                        ("rl-r8", "first epoch, ρ 0.8", None),
                        ("rl-rec", "recurring prompts (epoch 2), ρ 0.6, epoch correlation 0.8", 1))
 
 
-def render_opening(docs_root: str, folder: str, what: str, note: str) -> Optional[str]:
-    """docs/rl-workloads.md's block for one opt-in opening of the group
-    spread on the demo's shape: per setting, kvc_aware with it (FOLDER) over
-    the defaults (DEMO_SHAPE), paired by seed (step time, TTFT p99, the worst
-    and best seed), and each over verl_default, and with it over
-    vllm-router's sticky_least_loaded and Dynamo's router queue."""
+def render_opening(docs_root: str, folder: str, base: str, what: str, base_what: str, note: str) -> Optional[str]:
+    """docs/rl-workloads.md's block for one opening of the group spread on
+    the demo's shape: per setting, kvc_aware in FOLDER over kvc_aware in BASE,
+    paired by seed (step time, TTFT p99, the worst and best seed), each over
+    verl_default, and FOLDER's over vllm-router's sticky_least_loaded and
+    Dynamo's router queue."""
     res = os.path.join(docs_root, "docs", "results")
     sticky, queue = "vllm_router_sticky_least_loaded", "dynamo_cost+queue"
-    out = [f"Rendered from `docs/results/{folder}/` ({what}) and `docs/results/{DEMO_SHAPE}/` (the defaults), both "
+    out = [f"Rendered from `docs/results/{folder}/` ({what}) and `docs/results/{base}/` ({base_what}), both "
            "`make kvbench-demo-shape` on the same fresh seeds; each cell a paired ratio by seed, mean ± 95% CI. "
            + note, "",
-           "| setting | seeds | with it ÷ the defaults: step | TTFT p99 | worst, best seed | with it ÷ verl_default "
-           "| defaults ÷ verl_default | with it ÷ sticky_least_loaded | with it ÷ dynamo_cost+queue |",
+           "| setting | seeds | with it ÷ without: step | TTFT p99 | worst, best seed | with it ÷ verl_default "
+           "| without ÷ verl_default | with it ÷ sticky_least_loaded | with it ÷ dynamo_cost+queue |",
            "|---|---|---|---|---|---|---|---|---|"]
     rows = 0
-    for _, label, now, per in _paired_settings(res, folder, DEMO_SHAPE, DEMO_SHAPE_SETTINGS):
+    for _, label, now, per in _paired_settings(res, folder, base, DEMO_SHAPE_SETTINGS):
         seeds = sorted(sd for p, sd in now if p == "kvc_aware")
         each = [per[("kvc_aware", sd)]["step"] / per[("kvc_aware before", sd)]["step"] for sd in seeds]
         cells = [_paired_cell(per, "kvc_aware", "kvc_aware before", "step"),
@@ -1286,13 +1291,17 @@ def render_opening(docs_root: str, folder: str, what: str, note: str) -> Optiona
     return "\n".join(out) if rows else None
 
 
-# Each opening's block: (block, folder, what the run is, a note on its rows).
-OPENINGS = (("rl-open-corr", OPEN_CORR, "the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
-             "`group_spread_open_max_servers` 2",
+# Each opening's block: (block, folder, base, what the run is, what the base is, a note on its rows).
+OPENINGS = (("rl-open-corr", OPEN_CORR, DEMO_SHAPE_BEFORE, "the 9c839a2 freeze: `group_spread_open_corr` 0.25, "
+             "`group_spread_open_max_servers` 2", "the df6a711 defaults",
              "A first epoch measures nothing before it places, so its rows must be identical."),
-            ("rl-open-ratio", OPEN_RATIO, "the df6a711 freeze with `group_spread_open_ratio` 1",
+            ("rl-open-ratio", OPEN_RATIO, DEMO_SHAPE_BEFORE, "the df6a711 freeze with `group_spread_open_ratio` 1",
+             "the df6a711 defaults",
              "A step after a measured one closes the band where its samples' lengths are independent "
-             "(`group_spread_min_corr`)."))
+             "(`group_spread_min_corr`)."),
+            ("rl-open-ratio-default", DEMO_SHAPE, DEMO_SHAPE_BEFORE_FRESH,
+             "the f0be7ad defaults: `group_spread_open_ratio` 1", "the df6a711 defaults, `group_spread_open_ratio` off",
+             "The seeds were never run before f0be7ad was frozen."))
 
 
 # Issue 26's "Done when" targets, each against the committed runs that measure it.
@@ -1409,8 +1418,9 @@ def render_targets(docs_root: str) -> Optional[str]:
            f"defaults in every row but the ones marked opt-in (frozen at `{RL_DEFAULTS[3:]}`; the `{MEAN_PROMPT}/`, "
            f"`{ADMIT_SPREAD_TODAY}/` and `{HELDOUT_NOW}/` rows at `{HELDOUT_NOW[8:]}`, whose "
            "response-length gate "
-           f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, the same "
-           "behaviour with `group_spread_open_corr` off); each cell is "
+           f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, which splits a "
+           "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
+           "`group_spread_open_ratio`); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1798,8 +1808,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mean_prompt = render_mean_prompt(a.docs)
         if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
             targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt
-        for block, folder, what, note in OPENINGS:
-            opening = render_opening(a.docs, folder, what, note)
+        for block, folder, base, what, base_what, note in OPENINGS:
+            opening = render_opening(a.docs, folder, base, what, base_what, note)
             if f"<!-- BEGIN RENDERED: {block} -->" in rl_text and opening:
                 targets.setdefault(rl_doc, {})[block] = opening
         admit_spread = render_admit_spread(a.docs)

@@ -588,20 +588,25 @@ def _rl_block_renderer(tmp_path, block: str):
     return render
 
 
-@pytest.mark.parametrize("block,folder", [("rl-open-corr", "kvbench-demo-shape-open-corr-9c839a2"),
-                                          ("rl-open-ratio", "kvbench-demo-shape-open-ratio")])
-def test_opening_blocks_pair_with_the_defaults_seed_by_seed(tmp_path, block, folder):
-    """The group spread's opt-in openings on the demo's shape (rl-open-corr,
-    rl-open-ratio) pair each run with the defaults' on the same seeds: every
-    setting's row is the mean of the per-seed ratios (step 2 on the recurring
-    step), the open-corr run's first epochs (nothing measured before
-    placement) are exact ties, and editing one run moves its row alone."""
+@pytest.mark.parametrize("block,folder,base", [
+    ("rl-open-corr", "kvbench-demo-shape-open-corr-9c839a2", "kvbench-demo-shape-df6a711"),
+    ("rl-open-ratio", "kvbench-demo-shape-open-ratio", "kvbench-demo-shape-df6a711"),
+    ("rl-open-ratio-default", "kvbench-demo-shape", "kvbench-demo-shape-df6a711-471-480"),
+])
+def test_opening_blocks_pair_with_the_defaults_seed_by_seed(tmp_path, block, folder, base):
+    """The group spread's openings on the demo's shape (rl-open-corr,
+    rl-open-ratio, and rl-open-ratio-default, the freeze that made the open
+    ratio a default) pair each run with the defaults before it on the same
+    seeds: every setting's row is the mean of the per-seed ratios (step 2 on
+    the recurring step), the open-corr run's first epochs (nothing measured
+    before placement) are exact ties, and editing one run moves its row
+    alone."""
     import shutil
 
     from kvc_harness.stats import mean_ci
 
     res = tmp_path / "docs" / "results"
-    for sub in ("kvbench-demo-shape", folder):
+    for sub in (base, folder):
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     render = _rl_block_renderer(tmp_path, block)
 
@@ -613,7 +618,7 @@ def test_opening_blocks_pair_with_the_defaults_seed_by_seed(tmp_path, block, fol
     for row, (prefix, step) in zip(first, (("rl-r0", None), ("rl-r5", None), ("rl-r8", None), ("rl-rec", 1))):
         ratios = []
         for f in sorted((res / folder).glob(f"{prefix}-*.json")):
-            now, then = (json.loads(p.read_text()) for p in (f, res / "kvbench-demo-shape" / f.name))
+            now, then = (json.loads(p.read_text()) for p in (f, res / base / f.name))
             mk = [r["policies"]["kvc_aware"]["makespan_s"] if step is None else r["makespan_steps_s"]["kvc_aware"][step]
                   for r in (now, then)]
             ratios.append(mk[0] / mk[1])
@@ -1055,3 +1060,25 @@ def test_mean_prompt_block_pairs_now_and_before(tmp_path):
         "| 0.788 ± 1.540 (a tie) | 0.788 ± 1.540 (a tie) | 75.0% → 60.0% | 1.500 → 1.000 |"], rows
     assert ("- held-out `grpo` shape, ρ 0.8: sglang_cache_aware ÷ verl_default 1.250 ± 0.000 (longer), "
             "kvc_aware ÷ sglang_cache_aware 0.800 ± 0.000 (shorter)") in page, page
+
+
+def test_archived_freezes_name_every_parameter():
+    """A rerun of an archived freeze (kvbench's and the arena's --kvc-frozen)
+    takes today's default for any strategy parameter its file does not name,
+    so a parameter whose default is not its off value would silently change
+    the rerun (group_spread_open_ratio, 1 since f0be7ad). Every freeze kept
+    under docs/results/ names every parameter today's freeze does, and lists
+    the ones added after it."""
+    import glob
+
+    with open(os.path.join(REPO, "docs", "frozen-kvc-aware.json"), encoding="utf-8") as f:
+        today = set(json.load(f)["strategy"])
+    files = glob.glob(os.path.join(REPO, "docs", "results", "**", "frozen-kvc-aware*.json"), recursive=True)
+    assert len(files) >= 10, files
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        missing = today - set(doc["strategy"])
+        assert not missing, f"{path} does not name {sorted(missing)}"
+        later = doc.get("added_later", {}).get("keys", [])
+        assert all(doc["strategy"][k] == 0 for k in later), (path, later)
