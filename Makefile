@@ -279,6 +279,9 @@ arena: venv build $(PYLIB) peers-venv ## real Dynamo (+ttl), sglang-router, SMG,
 # ARENA_ARGS=--nohold-only: Dynamo's queue waits for engines to report
 # progress, which held engines never do), and kvc_aware with its admission on
 # (ARENA_POLICIES=kvc_aware+admit ARENA_ARGS=--nohold-only, for the same reason));
+# kvc_aware's three row sets were re-run at the f0be7ad freeze
+# (ARENA_POLICIES=kvc_aware, then with ARENA_ARGS=--nohold-only, then
+# kvc_aware+admit) and merged the same way, one merge per set;
 # seeds 351-355 (never tuned on,
 # never used before). -> build/arena-rl/
 ARENA_RL_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur,agent_task
