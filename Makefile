@@ -354,13 +354,18 @@ kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at 
 	$(PYH) testbed/scripts/render_rl.py build
 
 # kvbench on the arena's GRPO shape (arena-rl's grpo_rho*: 128 prompts x 8 on
-# 4 engines x 16 running slots, 3,072 KV blocks, responses of median 192
-# tokens, verl's order): where the arena measured admission's gain, against
-# kvbench-rl's shape (256-slot engines, responses to 16k) where none shows.
-# Fresh seeds 381-385 -> build/kvbench-arena-shape/ (docs/results/kvbench-arena-shape/
-# renders into docs/rl-workloads.md). ~1 min.
-ARENA_SHAPE_SEEDS ?= 381 382 383 384 385
-ARENA_SHAPE = --workload grpo_sat --engines 4 --max-num-seqs 16 --gpu-blocks 3072 --grpo-prompts 128 --grpo-n 8 --prompt-median 1000 --response-median 192 --arrivals verl --engine-model hbm --steps 1 --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
+# 4 engines x 16 running slots, 3,072 KV blocks, prompts near 1,024 tokens,
+# responses of median 192 tokens up to 2,048, kvc_aware told turns single and
+# response_tokens 2,048 as the arena's router is, vllm-sim's engine model,
+# verl's order: make demo's shape, DEMO_SHAPE, at the arena's 16 slots): where
+# the arena measured admission's gain, against kvbench-rl's shape (256-slot
+# engines, responses to 16k) where none shows. Fresh seeds 481-490 ->
+# build/kvbench-arena-shape/ (docs/results/kvbench-arena-shape/ renders into
+# docs/rl-workloads.md). ~1 min. Its run of seeds 381-385 before f0be7ad
+# (docs/results/kvbench-arena-shape-16k/) ran the HBM engine model with
+# responses up to 16k tokens, kvbench's grpo_sat default, not the arena's.
+ARENA_SHAPE_SEEDS ?= 481 482 483 484 485 486 487 488 489 490
+ARENA_SHAPE = $(subst --max-num-seqs 64,--max-num-seqs 16,$(DEMO_SHAPE)) --steps 1
 kvbench-arena-shape: ## kvbench on the arena's GRPO shape at rho 0 / 0.5 / 0.8, fresh seeds ARENA_SHAPE_SEEDS -> build/kvbench-arena-shape/
 	@mkdir -p build/kvbench-arena-shape
 	@for s in $(ARENA_SHAPE_SEEDS); do for r in 0 0.5 0.8; do t=$${r#0.}; \

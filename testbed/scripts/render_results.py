@@ -969,7 +969,7 @@ RL_CHARGE = "rl-abcbba2"
 # kvbench on the arena's GRPO shape (`make kvbench-arena-shape`).
 RL_ARENA_SHAPE = "kvbench-arena-shape"
 RL_ARENA_SHAPE_TITLE = ("the arena's GRPO shape (128 prompts × 8, 4 engines × 16 slots, 3,072 KV blocks, responses "
-                        "of median 192)")
+                        "of median 192 up to 2,048)")
 
 
 # kvbench's model of make demo's step (`make kvbench-demo-shape`), rendered into docs/demo.md.

@@ -558,8 +558,9 @@ def test_arena_shape_tables_name_their_shape(tmp_path):
 
     d = tmp_path / "docs" / "results" / "kvbench-arena-shape"
     d.mkdir(parents=True)
-    for name in ("rl-r5-381.json", "rl-r5-382.json"):
-        shutil.copy(os.path.join(REPO, "docs", "results", "kvbench-arena-shape", name), d / name)
+    src = os.path.join(REPO, "docs", "results", "kvbench-arena-shape")
+    for name in sorted(n for n in os.listdir(src) if n.startswith("rl-r5-"))[:2]:
+        shutil.copy(os.path.join(src, name), d / name)
     (tmp_path / "docs" / "rl-workloads.md").write_text(
         "# r\n\n<!-- BEGIN RENDERED: rl-arena-shape -->\nold\n<!-- END RENDERED: rl-arena-shape -->\n")
     (tmp_path / "README.md").write_text("# r\n")
@@ -569,6 +570,7 @@ def test_arena_shape_tables_name_their_shape(tmp_path):
     titles = [ln for ln in text.splitlines() if ln.startswith("#### ")]
     assert len(titles) == 1 and "old" not in text
     assert titles[0].startswith("#### the arena's GRPO shape (128 prompts × 8") and "grpo_sat" not in titles[0]
+    assert "up to 2,048" in titles[0], titles[0]
     assert "(2 fresh seeds, `docs/results/kvbench-arena-shape/rl-r5-*.json`)" in titles[0]
     assert "| kvc_aware+admit |" in text and "| dynamo_cost+queue |" in text
 
