@@ -5,12 +5,15 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	json "github.com/goccy/go-json"
 
+	"github.com/kvc-router/kvc-router/core/kvcrouter"
 	"github.com/kvc-router/kvc-router/testbed/bench"
 )
 
@@ -536,6 +539,24 @@ func sweepSpread(c *config, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// unnamedParams lists, sorted, the kvc_aware parameters that strategy (a
+// JSON object that decodes as kvc_aware's) does not name.
+func unnamedParams(strategy json.RawMessage) []string {
+	var all, named map[string]json.RawMessage
+	b, err := json.Marshal(kvcrouter.DefaultKVCAware())
+	if err != nil || json.Unmarshal(b, &all) != nil || json.Unmarshal(strategy, &named) != nil {
+		return []string{"(unreadable)"}
+	}
+	var out []string
+	for k := range all {
+		if _, ok := named[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // frozenFile is docs/frozen-kvc-aware.json (testbed/scripts/freeze_kvc_aware.py):
 // kvc_aware's whole configuration as the library reported it at a commit.
 type frozenFile struct {
@@ -560,6 +581,12 @@ func readFrozen(path string) (json.RawMessage, string, error) {
 	}
 	if _, err := bench.NewPolicy("kvc_aware", bench.PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": f.Strategy}}); err != nil {
 		return nil, "", fmt.Errorf("--kvc-frozen %s: %w", path, err)
+	}
+	if missing := unnamedParams(f.Strategy); len(missing) > 0 {
+		// Left out, they would take today's defaults, and a rerun of an
+		// old freeze would silently run a later behaviour.
+		return nil, "", fmt.Errorf("--kvc-frozen %s: \"strategy\" does not name %s: a freeze names every kvc_aware "+
+			"parameter (set each added after it to its value at that commit, its off value)", path, strings.Join(missing, ", "))
 	}
 	commit := f.Commit
 	if f.Status != "" && f.Status != "frozen" {

@@ -267,12 +267,39 @@ func TestSweepSpreadSmall(t *testing.T) {
 	}
 }
 
+// frozenStrategy is kvc_aware's every parameter at its default, with edit's
+// keys replaced, as a freeze file's "strategy" object.
+func frozenStrategy(t *testing.T, edit map[string]any) string {
+	t.Helper()
+	b, err := json.Marshal(kvcrouter.DefaultKVCAware())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range edit {
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+	}
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // --kvc-frozen: kvc_aware runs the frozen strategy, is not tuned, and its
-// row records the commit; a bad frozen file is refused.
+// row records the commit; a bad frozen file is refused, and so is one that
+// leaves a parameter out (a rerun would take today's default for it).
 func TestHeldoutFrozenKVCAware(t *testing.T) {
 	dir := t.TempDir()
 	frozen := filepath.Join(dir, "frozen.json")
-	if err := os.WriteFile(frozen, []byte(`{"commit":"abc123","status":"frozen","strategy":{"alpha":0.5}}`), 0o644); err != nil {
+	if err := os.WriteFile(frozen, []byte(`{"commit":"abc123","status":"frozen","strategy":`+
+		frozenStrategy(t, map[string]any{"alpha": 0.5})+`}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
@@ -312,6 +339,15 @@ func TestHeldoutFrozenKVCAware(t *testing.T) {
 	if code := run(append(append([]string{}, tinyGRPO...), "--kvc-frozen", frozen), &out, &errb); code == 0 ||
 		!strings.Contains(errb.String(), "alpha") {
 		t.Fatalf("bad frozen file accepted (exit %d): %s", code, errb.String())
+	}
+	partial := `{"commit":"abc","strategy":` + frozenStrategy(t, map[string]any{"group_spread_open_ratio": nil, "work_weight": nil}) + `}`
+	if err := os.WriteFile(frozen, []byte(partial), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := run(append(append([]string{}, tinyGRPO...), "--kvc-frozen", frozen), &out, &errb); code == 0 ||
+		!strings.Contains(errb.String(), "does not name group_spread_open_ratio, work_weight") {
+		t.Fatalf("a freeze that leaves parameters out was accepted (exit %d): %s", code, errb.String())
 	}
 }
 

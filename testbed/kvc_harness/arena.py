@@ -1120,12 +1120,22 @@ FROZEN_DEFAULT = os.path.join(REPO, "docs", "frozen-kvc-aware.json")
 
 def load_frozen(path: str) -> Tuple[Dict[str, Any], str]:
     """kvc_aware's frozen strategy configuration and its commit (with its
-    status when it is not "frozen"), from testbed/scripts/freeze_kvc_aware.py's file."""
+    status when it is not "frozen"), from testbed/scripts/freeze_kvc_aware.py's file,
+    which names every strategy parameter."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     strategy, commit = doc.get("strategy"), doc.get("commit")
     if not isinstance(strategy, dict) or not commit:
         raise ValueError(f"{path}: needs \"commit\" and a \"strategy\" object")
+    import kvc_router
+
+    # A parameter left out would take today's default, so a rerun of an old
+    # freeze would silently run a later behaviour (kvbench refuses it too).
+    params = kvc_router.library_defaults("kvc_aware")["router"]["strategies"][0]["params"]
+    missing = sorted(set(params) - set(strategy))
+    if missing:
+        raise ValueError(f"{path}: \"strategy\" does not name {', '.join(missing)}: a freeze names every kvc_aware "
+                         "parameter (set each added after it to its value at that commit, its off value)")
     status = doc.get("status") or "frozen"
     return dict(strategy), commit if status == "frozen" else f"{commit} ({status})"
 

@@ -495,3 +495,20 @@ def test_satstep_policy_config_tells_the_router_what_verls_hook_tells() -> None:
     assert "turns" not in quiet["config"] and "response_tokens" not in quiet["config"]
     assert quiet["config"]["lengths"] == {"enabled": True} and "admission" not in quiet["config"]
     assert satstep.policy_config("default", [], 64, response_tokens=2048) is None
+
+
+def test_arena_load_frozen_refuses_a_freeze_that_leaves_parameters_out(tmp_path) -> None:
+    """The arena's --kvc-frozen reads docs/frozen-kvc-aware.json whole, and
+    refuses a file whose strategy leaves a parameter out (it would run
+    today's default for it), naming the parameters."""
+    from kvc_harness.arena import FROZEN_DEFAULT, load_frozen
+
+    knobs, commit = load_frozen(FROZEN_DEFAULT)
+    with open(FROZEN_DEFAULT, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert knobs == doc["strategy"] and commit == doc["commit"]
+    del doc["strategy"]["group_spread_open_ratio"], doc["strategy"]["work_weight"]
+    path = tmp_path / "frozen.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="does not name group_spread_open_ratio, work_weight"):
+        load_frozen(str(path))
