@@ -1043,6 +1043,36 @@ def _paired_cell(per: Dict[Tuple[str, int], Dict[str, float]], a: str, b: str, m
     return f"{ci.fmt(3)} ({words[_clear(ci)]})" if ci else "–"
 
 
+# kvc_aware's arena-rl rows before the f0be7ad re-run replaced them (the
+# f591d2b freeze's), kept beside arena-rl-details.json for the pairing.
+ARENA_RL_BEFORE = "arena-rl-kvc-f591d2b-details.json"
+ARENA_RL_REFROZEN = ("kvc_aware", "kvc_aware+nohold", "kvc_aware+admit+nohold")
+
+
+def render_arena_refreeze(rl_doc: dict, before: dict) -> str:
+    """docs/arena.md's block pairing kvc_aware's re-run arena-rl rows (RL_DOC)
+    with the same rows before it (BEFORE), seed by seed per workload: step
+    time now over before, and the hit rate before and now."""
+    now_at, before_at = (d["config"]["kvc_frozen_commit"][:7] for d in (rl_doc, before))
+    out = [f"kvc_aware's rows in `docs/results/arena-rl-details.json` (commit `{now_at}`'s freeze) over the same "
+           f"rows at commit `{before_at}`'s "
+           f"(`docs/results/{ARENA_RL_BEFORE}`), paired by seed, mean ± 95% CI; hit rate: mean over seeds, "
+           "before → now.", "",
+           "| workload | " + " | ".join(f"{p}: step, now ÷ before | hit rate" for p in ARENA_RL_REFROZEN) + " |",
+           "|---|" + "---|---|" * len(ARENA_RL_REFROZEN)]
+    for w in ARENA_RL_WORKLOADS:
+        now, then = arena_per_seed(rl_doc["runs"], w), arena_per_seed(before["runs"], w)
+        per = {k: v for k, v in now.items() if k[0] in ARENA_RL_REFROZEN}
+        per.update({(p + " before", seed): v for (p, seed), v in then.items() if p in ARENA_RL_REFROZEN})
+        cells = []
+        for p in ARENA_RL_REFROZEN:
+            hits = [[v["hit"] for (q, _), v in d.items() if q == p] for d in (then, now)]
+            cells += [_paired_cell(per, p, p + " before", "step"),
+                      " → ".join(f"{sum(h) / len(h):.1%}" if h else "–" for h in hits)]
+        out.append(f"| {w} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def render_admit_lengths(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's arena block for the opt-in longest-first order:
     per workload, its step time paired by seed with verl_default's, the
@@ -1756,6 +1786,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             rl_doc, rrel, rl_tuned, rl_trel, tuned_target="`, `".join(ttargets) or "make arena-rl-tuned")
         targets.setdefault(os.path.join(a.docs, "README.md"), {})["headline-rl"] = render_headline(
             rl_doc, rrel, rl_tuned, shown=ARENA_RL_WORKLOADS, target="make arena-rl")
+        before_path = os.path.join(os.path.dirname(rl_arena), ARENA_RL_BEFORE)
+        if os.path.isfile(before_path):
+            with open(before_path, encoding="utf-8") as f:
+                targets[os.path.join(a.docs, "docs", "arena.md")]["arena-rl-refreeze"] = render_arena_refreeze(
+                    rl_doc, json.load(f))
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}
         step_doc = os.path.join(a.docs, "docs", "step-time.md")

@@ -1065,12 +1065,11 @@ def test_mean_prompt_block_pairs_now_and_before(tmp_path):
 
 
 def test_archived_freezes_name_every_parameter():
-    """A rerun of an archived freeze (kvbench's and the arena's --kvc-frozen)
-    takes today's default for any strategy parameter its file does not name,
-    so a parameter whose default is not its off value would silently change
-    the rerun (group_spread_open_ratio, 1 since f0be7ad). Every freeze kept
-    under docs/results/ names every parameter today's freeze does, and lists
-    the ones added after it."""
+    """kvbench's and the arena's --kvc-frozen refuse a freeze that leaves a
+    strategy parameter out (a rerun would run today's default for it, as
+    group_spread_open_ratio, 1 since f0be7ad, once did), so every freeze kept
+    under docs/results/ names every parameter today's freeze does, the ones
+    added after it at their off value and listed."""
     import glob
 
     with open(os.path.join(REPO, "docs", "frozen-kvc-aware.json"), encoding="utf-8") as f:
@@ -1084,3 +1083,52 @@ def test_archived_freezes_name_every_parameter():
         assert not missing, f"{path} does not name {sorted(missing)}"
         later = doc.get("added_later", {}).get("keys", [])
         assert all(doc["strategy"][k] == 0 for k in later), (path, later)
+
+
+def test_arena_refreeze_block_pairs_the_rerun_with_the_rows_it_replaced(tmp_path):
+    """docs/arena.md's arena-rl-refreeze block pairs kvc_aware's re-run
+    arena-rl rows with the rows they replaced, seed by seed: each step cell
+    is the mean of the per-seed ratios of the two committed files, and
+    doubling one replaced row's step moves only its own workload's cell."""
+    import shutil
+
+    from kvc_harness.stats import mean_ci
+
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    for name in ("arena-rl-details.json", "arena-rl-kvc-f591d2b-details.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
+    def blocks(*names: str) -> str:
+        return "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n" for b in names)
+
+    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + blocks("arena-rl", "arena-rl-refreeze"))
+    (tmp_path / "README.md").write_text("# r\n\n" + blocks("headline-rl"))
+
+    def rows() -> dict:
+        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        text = (tmp_path / "docs" / "arena.md").read_text()
+        block = text[text.index("BEGIN RENDERED: arena-rl-refreeze"):]
+        return {ln.split("|")[1].strip(): ln for ln in block.splitlines() if ln.startswith(("| grpo", "| agent"))}
+
+    first = rows()
+    assert set(first) == {"grpo_rho0", "grpo_rho05", "grpo_rho08", "grpo_recur", "agent_task"}, first
+    now, before = (json.loads((res / n).read_text())["runs"]
+                   for n in ("arena-rl-details.json", "arena-rl-kvc-f591d2b-details.json"))
+
+    def step(runs: list, w: str, p: str) -> dict:
+        return {r["row"]["seed"]: r["details"]["engine_makespan_s"] for r in runs
+                if r["row"]["workload"] == w and r["row"]["policy"] == p}
+
+    a, b = step(now, "grpo_rho05", "kvc_aware+nohold"), step(before, "grpo_rho05", "kvc_aware+nohold")
+    want = mean_ci([a[s] / b[s] for s in sorted(a)]).fmt(3)
+    assert first["grpo_rho05"].split("|")[4].strip().startswith(want), (first["grpo_rho05"], want)
+    doc = json.loads((res / "arena-rl-kvc-f591d2b-details.json").read_text())
+    for r in doc["runs"]:
+        if r["row"]["workload"] == "grpo_rho08" and r["row"]["policy"] == "kvc_aware":
+            r["details"]["engine_makespan_s"] *= 2
+    (res / "arena-rl-kvc-f591d2b-details.json").write_text(json.dumps(doc))
+    second = rows()
+    assert second["grpo_rho08"] != first["grpo_rho08"]
+    assert {w: ln for w, ln in second.items() if w != "grpo_rho08"} == \
+        {w: ln for w, ln in first.items() if w != "grpo_rho08"}
