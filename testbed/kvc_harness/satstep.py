@@ -629,7 +629,13 @@ ADMIT_TOLERANCE: Dict[str, Tuple[float, float]] = {
     "step_time_s": (0.20, 0.0),
     "engine_span_s": (0.20, 0.0),
     "busiest_server_busy_s": (0.20, 0.0),
-    "hit_rate": (0.0, 0.02),
+    # 2 pt held until the CI run of 6ab80de (2026-12-06) gave seed 0's
+    # admission 56.5% against the committed 59.0%; four reruns here (idle and
+    # with one or two busy cores) gave 57.6-58.6%: 2.5 pt seen, 4 allowed.
+    # (With both of this host's two cores taken by busy loops kvc_aware's
+    # acquire wait grew 40x and other figures left their bands too: these
+    # tolerances are for a host with a core to spare.)
+    "hit_rate": (0.0, 0.04),
     # measured 29 and 57 in two runs of seed 0 with group_spread; 230-284 in
     # four runs of the recurring headline with lengths (longest first)
     "preemptions": (0.3, 60.0),
