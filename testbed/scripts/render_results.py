@@ -1073,6 +1073,41 @@ def render_arena_refreeze(rl_doc: dict, before: dict) -> str:
     return "\n".join(out)
 
 
+# The arena-rl rho 0.8 step on five more fresh seeds (356-360: verl_default
+# and kvc_aware with and without the hold, kvc_aware+admit without it, at
+# the freeze of arena-rl-details.json), so the published five seeds' reading
+# there can be checked on ten.
+ARENA_RL_MORE_SEEDS = "arena-rl-rho08-356-360-details.json"
+ARENA_RL_MORE_PAIRS = (("kvc_aware", "verl_default"), ("kvc_aware+nohold", "verl_default+nohold"),
+                       ("kvc_aware+admit+nohold", "verl_default+nohold"),
+                       ("kvc_aware+admit+nohold", "kvc_aware+nohold"))
+
+
+def render_arena_more_seeds(rl_doc: dict, more: dict) -> str:
+    """docs/arena.md's block reading the arena-rl ρ 0.8 pairs on the
+    published seeds, on MORE's seeds and on both together: step time and
+    TTFT p99 (admission's wait counted), paired by seed."""
+    w = str(more["runs"][0]["row"]["workload"])
+    at = {d["config"]["kvc_frozen_commit"][:7] for d in (rl_doc, more)}
+    pub, ext = arena_per_seed(rl_doc["runs"], w), arena_per_seed(more["runs"], w)
+    ranges = []
+    for d in (pub, ext):
+        seeds = sorted({sd for p, sd in d if p == ARENA_RL_MORE_PAIRS[0][0]})
+        ranges.append(f"{seeds[0]}–{seeds[-1]}" if seeds else "–")
+    both = {**pub, **ext}
+    out = [f"The arena's `{w}` step (freeze `{'`, `'.join(sorted(at))}`) on the seeds "
+           f"`docs/results/arena-rl-details.json` reports ({ranges[0]}), on five more never used before "
+           f"({ranges[1]}, `docs/results/{ARENA_RL_MORE_SEEDS}`) and on all ten; paired by seed, mean ± 95% CI. "
+           "TTFT p99 counts admission's wait.", "",
+           f"| pair | step, {ranges[0]} | step, {ranges[1]} | step, all ten | TTFT p99, all ten |",
+           "|---|---|---|---|---|"]
+    for a, b in ARENA_RL_MORE_PAIRS:
+        cells = [_paired_cell(d, a, b, "step") for d in (pub, ext, both)]
+        cells.append(_paired_cell(both, a, b, "ttft_acq_p99"))
+        out.append(f"| {a} ÷ {b} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def render_admit_lengths(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's arena block for the opt-in longest-first order:
     per workload, its step time paired by seed with verl_default's, the
@@ -1790,6 +1825,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if os.path.isfile(before_path):
             with open(before_path, encoding="utf-8") as f:
                 targets[os.path.join(a.docs, "docs", "arena.md")]["arena-rl-refreeze"] = render_arena_refreeze(
+                    rl_doc, json.load(f))
+        more_path = os.path.join(os.path.dirname(rl_arena), ARENA_RL_MORE_SEEDS)
+        if os.path.isfile(more_path):
+            with open(more_path, encoding="utf-8") as f:
+                targets[os.path.join(a.docs, "docs", "arena.md")]["arena-rl-more-seeds"] = render_arena_more_seeds(
                     rl_doc, json.load(f))
     if kv:
         targets[os.path.join(a.docs, "docs", "kvbench.md")] = {"kvbench": render_kvbench(kv)}

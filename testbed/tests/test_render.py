@@ -1132,3 +1132,59 @@ def test_arena_refreeze_block_pairs_the_rerun_with_the_rows_it_replaced(tmp_path
     assert second["grpo_rho08"] != first["grpo_rho08"]
     assert {w: ln for w, ln in second.items() if w != "grpo_rho08"} == \
         {w: ln for w, ln in first.items() if w != "grpo_rho08"}
+
+
+def test_arena_more_seeds_block_reads_both_seed_sets(tmp_path):
+    """docs/arena.md's arena-rl-more-seeds block reads each ρ 0.8 pair on the
+    published seeds, on the extension's and on the union: the ten-seed cell
+    is the mean of the ten per-seed ratios of the two committed files, and
+    doubling kvc_aware's steps in the extension moves its own row's
+    extension and ten-seed cells only."""
+    import shutil
+
+    from kvc_harness.stats import mean_ci
+
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    for name in ("arena-rl-details.json", "arena-rl-rho08-356-360-details.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
+    blocks = "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n"
+                     for b in ("arena-rl", "arena-rl-more-seeds"))
+    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + blocks)
+    (tmp_path / "README.md").write_text("# r\n\n<!-- BEGIN RENDERED: headline-rl -->\nold\n"
+                                        "<!-- END RENDERED: headline-rl -->\n")
+
+    def rows() -> dict:
+        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        text = (tmp_path / "docs" / "arena.md").read_text()
+        block = text[text.index("BEGIN RENDERED: arena-rl-more-seeds"):text.index("END RENDERED: arena-rl-more-seeds")]
+        assert "(351–355)" in block and "(356–360," in block, block
+        return {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:6]]
+                for ln in block.splitlines() if ln.startswith("| kvc_aware")}
+
+    first = rows()
+    assert len(first) == 4, first
+
+    def step(path, p: str) -> dict:
+        return {r["row"]["seed"]: r["details"]["engine_makespan_s"] for r in json.loads(path.read_text())["runs"]
+                if r["row"]["workload"] == "grpo_rho08" and r["row"]["policy"] == p}
+
+    a, b = {}, {}
+    for n in ("arena-rl-details.json", "arena-rl-rho08-356-360-details.json"):
+        a.update(step(res / n, "kvc_aware+nohold"))
+        b.update(step(res / n, "verl_default+nohold"))
+    assert sorted(a) == list(range(351, 361)), sorted(a)
+    want = mean_ci([a[s] / b[s] for s in sorted(a)]).fmt(3)
+    assert first["kvc_aware+nohold ÷ verl_default+nohold"][2].startswith(want), first
+
+    doc = json.loads((res / "arena-rl-rho08-356-360-details.json").read_text())
+    for r in doc["runs"]:
+        if r["row"]["policy"] == "kvc_aware":
+            r["details"]["engine_makespan_s"] *= 2
+    (res / "arena-rl-rho08-356-360-details.json").write_text(json.dumps(doc))
+    second = rows()
+    held = "kvc_aware ÷ verl_default"
+    assert second[held][0] == first[held][0]
+    assert second[held][1] != first[held][1] and second[held][2] != first[held][2]
+    assert {k: v for k, v in second.items() if k != held} == {k: v for k, v in first.items() if k != held}
