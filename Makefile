@@ -301,7 +301,9 @@ ARENA_RL_TUNE_PEERS ?= $(ARENA_TUNE_PEERS),dynamo_kv_router+agentic
 # The opt-in longest-first admission (admission and lengths on) in the arena,
 # beside verl_default, kvc_aware and kvc_aware+admit, without the burst hold
 # (admission holds requests itself); docs/results/arena-admit-lengths-details.json
-# renders into docs/rl-workloads.md. ~15 min.
+# (re-run at the f0be7ad freeze; the 373c8bc run is
+# docs/results/arena-admit-lengths-373c8bc-details.json) renders into
+# docs/rl-workloads.md. ~17 min.
 ARENA_ADMIT_LENGTHS_WORKLOADS ?= grpo_rho0,grpo_rho05,grpo_rho08,grpo_recur
 arena-admit-lengths: venv build $(PYLIB) ## the arena's rho 0 / 0.5 / 0.8 and recurring-prompt steps: kvc_aware+admit+lengths beside verl_default, kvc_aware and kvc_aware+admit, no hold, seeds ARENA_RL_SEEDS -> build/arena-admit-lengths/ (docs/rl-workloads.md)
 	$(PYH) testbed/scripts/arena.py --workloads $(ARENA_ADMIT_LENGTHS_WORKLOADS) --seeds $(ARENA_RL_SEEDS) --repeat verl_default --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths --no-hold --out build/arena-admit-lengths $(ARENA_ARGS)

@@ -1117,11 +1117,14 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        runs = json.load(f)["runs"]
+        doc = json.load(f)
+    runs = doc["runs"]
+    at = str((doc.get("config") or {}).get("kvc_frozen_commit") or "")[:7]
+    frozen = f"kvc_aware frozen at `{at}`" if at else "kvc_aware frozen as in every arena row"
     ours = OPT_IN_ORDER
     out = [f"Rendered from `docs/results/{ARENA_ADMIT_LENGTHS}` (the arena's Python path: "
            "`KVCAwareAdmissionBalancer` over vllm-sim HTTP servers, releases carrying request ids and output "
-           "counts as the verl hook sends them; no burst hold; kvc_aware frozen as in every arena row). Paired "
+           f"counts as the verl hook sends them; no burst hold; {frozen}). Paired "
            "by seed, mean ± 95% CI; TTFT p99 counts the wait in admission (verl_default's acquire takes "
            "microseconds).", "",
            f"| workload | seeds | {ours} ÷ verl_default | ÷ kvc_aware | ÷ kvc_aware+admit "
