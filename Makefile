@@ -259,7 +259,10 @@ $(VENV_PEERS)/.stamp: testbed/scripts/peers_venv.sh
 # defaults (ARENA_POLICIES=all adds SMG's other policies, vllm-router kv_aware's
 # session variant and Dynamo's +agentic row, ~1.7x the time; Dynamo's router
 # queue, +queue, cannot run under the burst hold and is left out: its rows
-# come from ARENA_ARGS=--nohold-only).
+# come from ARENA_ARGS=--nohold-only). kvc_aware's rows were re-run at the
+# f0be7ad freeze (ARENA_POLICIES=kvc_aware, merged by arena_merge.py; the
+# f591d2b rows and that freeze run again the same hour are kept beside
+# docs/results/arena-details.json).
 # Measured here: ~70 min for the default set (2 cores, ~15 s a run).
 # arena-full adds mooncake, grpo, agent, agent_open and round_robin.
 ARENA_POLICIES ?= verl_default,kvc_aware,dynamo_kv_router,dynamo_kv_router+ttl,sglang_router_cache_aware,smg_cache_aware,vllm_router_cache_aware,vllm_router_kv_aware,vllm_router_sticky_least_loaded

@@ -1047,28 +1047,48 @@ def _paired_cell(per: Dict[Tuple[str, int], Dict[str, float]], a: str, b: str, m
 # f591d2b freeze's), kept beside arena-rl-details.json for the pairing.
 ARENA_RL_BEFORE = "arena-rl-kvc-f591d2b-details.json"
 ARENA_RL_REFROZEN = ("kvc_aware", "kvc_aware+nohold", "kvc_aware+admit+nohold")
+# The same for `make arena`'s kvc_aware rows (re-run at f0be7ad; the f591d2b
+# rows kept beside arena-details.json).
+ARENA_BEFORE = "arena-kvc-f591d2b-details.json"
+# ... and the f591d2b freeze run again beside that re-run (host drift).
+ARENA_BEFORE_RERUN = "arena-kvc-f591d2b-rerun-details.json"
+ARENA_REFROZEN = ("kvc_aware", "kvc_aware+nohold")
 
 
-def render_arena_refreeze(rl_doc: dict, before: dict) -> str:
-    """docs/arena.md's block pairing kvc_aware's re-run arena-rl rows (RL_DOC)
-    with the same rows before it (BEFORE), seed by seed per workload: step
-    time now over before, and the hit rate before and now."""
+def render_arena_refreeze(rl_doc: dict, before: dict, workloads: Sequence[str] = ARENA_RL_WORKLOADS,
+                          now_file: str = "arena-rl-details.json", before_file: str = ARENA_RL_BEFORE,
+                          policies: Sequence[str] = ARENA_RL_REFROZEN, rerun: Optional[dict] = None,
+                          rerun_file: str = "") -> str:
+    """docs/arena.md's block pairing kvc_aware's re-run arena rows (RL_DOC,
+    from NOW_FILE) with the same rows before it (BEFORE, from BEFORE_FILE),
+    seed by seed per workload: step time now over before, and the hit rate
+    before and now. RERUN (from RERUN_FILE), the earlier freeze run again
+    beside the re-run, adds now ÷ it: the freeze's own effect, without
+    the host's drift between the two runs."""
     now_at, before_at = (d["config"]["kvc_frozen_commit"][:7] for d in (rl_doc, before))
-    out = [f"kvc_aware's rows in `docs/results/arena-rl-details.json` (commit `{now_at}`'s freeze) over the same "
+    out = [f"kvc_aware's rows in `docs/results/{now_file}` (commit `{now_at}`'s freeze) over the same "
            f"rows at commit `{before_at}`'s "
-           f"(`docs/results/{ARENA_RL_BEFORE}`), paired by seed, mean ± 95% CI; hit rate: mean over seeds, "
-           "before → now.", "",
-           "| workload | " + " | ".join(f"{p}: step, now ÷ before | hit rate" for p in ARENA_RL_REFROZEN) + " |",
-           "|---|" + "---|---|" * len(ARENA_RL_REFROZEN)]
-    for w in ARENA_RL_WORKLOADS:
+           f"(`docs/results/{before_file}`), paired by seed, mean ± 95% CI; hit rate: mean over seeds, "
+           "before → now."
+           + (f" \"÷ {before_at} re-run\": over the `{before_at}` freeze run again beside the re-run, on the "
+              f"same host in the same hour (`docs/results/{rerun_file}`)." if rerun is not None else ""), "",
+           "| workload | " + " | ".join(f"{p}: step, now ÷ before"
+                                        + (f" | ÷ {before_at} re-run" if rerun is not None else "")
+                                        + " | hit rate" for p in policies) + " |",
+           "|---|" + ("---|---|---|" if rerun is not None else "---|---|") * len(policies)]
+    for w in workloads:
         now, then = arena_per_seed(rl_doc["runs"], w), arena_per_seed(before["runs"], w)
-        per = {k: v for k, v in now.items() if k[0] in ARENA_RL_REFROZEN}
-        per.update({(p + " before", seed): v for (p, seed), v in then.items() if p in ARENA_RL_REFROZEN})
+        again = arena_per_seed(rerun["runs"], w) if rerun is not None else {}
+        per = {k: v for k, v in now.items() if k[0] in policies}
+        per.update({(p + " before", seed): v for (p, seed), v in then.items() if p in policies})
+        per.update({(p + " again", seed): v for (p, seed), v in again.items() if p in policies})
         cells = []
-        for p in ARENA_RL_REFROZEN:
+        for p in policies:
             hits = [[v["hit"] for (q, _), v in d.items() if q == p] for d in (then, now)]
-            cells += [_paired_cell(per, p, p + " before", "step"),
-                      " → ".join(f"{sum(h) / len(h):.1%}" if h else "–" for h in hits)]
+            cells.append(_paired_cell(per, p, p + " before", "step"))
+            if rerun is not None:
+                cells.append(_paired_cell(per, p, p + " again", "step"))
+            cells.append(" → ".join(f"{sum(h) / len(h):.1%}" if h else "–" for h in hits))
         out.append(f"| {w} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -1800,6 +1820,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         trel = os.path.relpath(a.arena_tuned, REPO) if tuned else ""
         targets[os.path.join(a.docs, "docs", "arena.md")] = {"arena": render_arena(arena, rel, tuned, trel)}
         targets[os.path.join(a.docs, "README.md")] = {"headline": render_headline(arena, rel, tuned)}
+        before_main = os.path.join(os.path.dirname(os.path.abspath(a.arena)), ARENA_BEFORE)
+        if os.path.isfile(before_main):
+            with open(before_main, encoding="utf-8") as f:
+                before_doc = json.load(f)
+            rerun_path = os.path.join(os.path.dirname(before_main), ARENA_BEFORE_RERUN)
+            rerun_doc = None
+            if os.path.isfile(rerun_path):
+                with open(rerun_path, encoding="utf-8") as f:
+                    rerun_doc = json.load(f)
+            targets[os.path.join(a.docs, "docs", "arena.md")]["arena-refreeze"] = render_arena_refreeze(
+                arena, before_doc, workloads=list(dict.fromkeys(r["row"]["workload"] for r in arena["runs"])),
+                now_file="arena-details.json", before_file=ARENA_BEFORE, policies=ARENA_REFROZEN,
+                rerun=rerun_doc, rerun_file=ARENA_BEFORE_RERUN)
     # `make arena-rl`: the realistic-arrival arena, its own file and blocks.
     rl_arena = os.path.join(os.path.dirname(os.path.abspath(a.arena)), "arena-rl-details.json")
     if os.path.isfile(rl_arena):

@@ -1188,3 +1188,51 @@ def test_arena_more_seeds_block_reads_both_seed_sets(tmp_path):
     assert second[held][0] == first[held][0]
     assert second[held][1] != first[held][1] and second[held][2] != first[held][2]
     assert {k: v for k, v in second.items() if k != held} == {k: v for k, v in first.items() if k != held}
+
+
+def test_arena_refreeze_block_parts_the_freeze_from_the_host(tmp_path):
+    """docs/arena.md's arena-refreeze block pairs `make arena`'s re-run
+    kvc_aware rows with the published rows they replaced and with the old
+    freeze run again beside them: the re-run column is the mean of the
+    per-seed ratios to the same-hour file, and without that file the column
+    is gone."""
+    import shutil
+
+    from kvc_harness.stats import mean_ci
+
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    for name in ("arena-details.json", "arena-kvc-f591d2b-details.json", "arena-kvc-f591d2b-rerun-details.json"):
+        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
+    blocks = "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n"
+                     for b in ("arena", "arena-refreeze"))
+    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + blocks)
+    (tmp_path / "README.md").write_text("# r\n\n<!-- BEGIN RENDERED: headline -->\nold\n"
+                                        "<!-- END RENDERED: headline -->\n")
+
+    def rows() -> dict:
+        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        text = (tmp_path / "docs" / "arena.md").read_text()
+        block = text[text.index("BEGIN RENDERED: arena-refreeze"):text.index("END RENDERED: arena-refreeze")]
+        return {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
+                for ln in block.splitlines() if ln.startswith(("| grpo", "| agent", "| long"))}
+
+    first = rows()
+    assert set(first) == {"grpo_sat", "agent_scale", "long_agent"}, first
+    assert all(len(c) == 6 for c in first.values()), first
+
+    def step(name: str, w: str, p: str) -> dict:
+        return {r["row"]["seed"]: r["details"]["engine_makespan_s"]
+                for r in json.loads((res / name).read_text())["runs"]
+                if r["row"]["workload"] == w and r["row"]["policy"] == p}
+
+    now, again = step("arena-details.json", "long_agent", "kvc_aware"), \
+        step("arena-kvc-f591d2b-rerun-details.json", "long_agent", "kvc_aware")
+    assert sorted(now) == sorted(again) == list(range(321, 326))
+    want = mean_ci([now[s] / again[s] for s in sorted(now)]).fmt(3)
+    assert first["long_agent"][1].startswith(want), (first["long_agent"], want)
+    (res / "arena-kvc-f591d2b-rerun-details.json").unlink()
+    second = rows()
+    assert all(len(c) == 4 for c in second.values()), second
+    assert [c[0] for c in second.values()] == [c[0] for c in first.values()]
