@@ -1134,31 +1134,46 @@ def test_arena_refreeze_block_pairs_the_rerun_with_the_rows_it_replaced(tmp_path
         {w: ln for w, ln in first.items() if w != "grpo_rho08"}
 
 
+def _arena_docs(tmp_path, files, blocks, readme_block):
+    """A docs tree under TMP_PATH: the committed FILES copied into
+    docs/results/, docs/arena.md holding BLOCKS and README.md README_BLOCK
+    (placeholders). Returns the results folder and a function that renders
+    the tree and returns the text of the last of BLOCKS."""
+    import shutil
+
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    for name in files:
+        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
+
+    def placeholders(*names: str) -> str:
+        return "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n" for b in names)
+
+    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + placeholders(*blocks))
+    (tmp_path / "README.md").write_text("# r\n\n" + placeholders(readme_block))
+
+    def render() -> str:
+        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        text = (tmp_path / "docs" / "arena.md").read_text()
+        return text[text.index(f"BEGIN RENDERED: {blocks[-1]}"):text.index(f"END RENDERED: {blocks[-1]}")]
+
+    return res, render
+
+
 def test_arena_more_seeds_block_reads_both_seed_sets(tmp_path):
     """docs/arena.md's arena-rl-more-seeds block reads each ρ 0.8 pair on the
     published seeds, on the extension's and on the union: the ten-seed cell
     is the mean of the ten per-seed ratios of the two committed files, and
     doubling kvc_aware's steps in the extension moves its own row's
     extension and ten-seed cells only."""
-    import shutil
-
     from kvc_harness.stats import mean_ci
 
-    res = tmp_path / "docs" / "results"
-    res.mkdir(parents=True)
-    for name in ("arena-rl-details.json", "arena-rl-rho08-356-360-details.json"):
-        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
-    blocks = "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n"
-                     for b in ("arena-rl", "arena-rl-more-seeds"))
-    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + blocks)
-    (tmp_path / "README.md").write_text("# r\n\n<!-- BEGIN RENDERED: headline-rl -->\nold\n"
-                                        "<!-- END RENDERED: headline-rl -->\n")
+    res, render = _arena_docs(tmp_path, ("arena-rl-details.json", "arena-rl-rho08-356-360-details.json"),
+                              ("arena-rl", "arena-rl-more-seeds"), "headline-rl")
 
     def rows() -> dict:
-        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
-        assert r.returncode == 0, r.stderr
-        text = (tmp_path / "docs" / "arena.md").read_text()
-        block = text[text.index("BEGIN RENDERED: arena-rl-more-seeds"):text.index("END RENDERED: arena-rl-more-seeds")]
+        block = render()
         assert "(351–355)" in block and "(356–360," in block, block
         return {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:6]]
                 for ln in block.splitlines() if ln.startswith("| kvc_aware")}
@@ -1196,25 +1211,13 @@ def test_arena_refreeze_block_parts_the_freeze_from_the_host(tmp_path):
     freeze run again beside them: the re-run column is the mean of the
     per-seed ratios to the same-hour file, and without that file the column
     is gone."""
-    import shutil
-
     from kvc_harness.stats import mean_ci
 
-    res = tmp_path / "docs" / "results"
-    res.mkdir(parents=True)
-    for name in ("arena-details.json", "arena-kvc-f591d2b-details.json", "arena-kvc-f591d2b-rerun-details.json"):
-        shutil.copy(os.path.join(REPO, "docs", "results", name), res / name)
-    blocks = "".join(f"<!-- BEGIN RENDERED: {b} -->\nold\n<!-- END RENDERED: {b} -->\n"
-                     for b in ("arena", "arena-refreeze"))
-    (tmp_path / "docs" / "arena.md").write_text("# a\n\n" + blocks)
-    (tmp_path / "README.md").write_text("# r\n\n<!-- BEGIN RENDERED: headline -->\nold\n"
-                                        "<!-- END RENDERED: headline -->\n")
+    files = ("arena-details.json", "arena-kvc-f591d2b-details.json", "arena-kvc-f591d2b-rerun-details.json")
+    res, render = _arena_docs(tmp_path, files, ("arena", "arena-refreeze"), "headline")
 
     def rows() -> dict:
-        r = _run("--arena", str(res / "arena-details.json"), "--kvbench", "--docs", str(tmp_path))
-        assert r.returncode == 0, r.stderr
-        text = (tmp_path / "docs" / "arena.md").read_text()
-        block = text[text.index("BEGIN RENDERED: arena-refreeze"):text.index("END RENDERED: arena-refreeze")]
+        block = render()
         return {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
                 for ln in block.splitlines() if ln.startswith(("| grpo", "| agent", "| long"))}
 
