@@ -12,8 +12,9 @@ VERL_VERSIONS ?= 0.9.1 0.9.0 0.8.0
 VENV_PEERS ?= .venv-peers
 # A fresh CI machine downloads GBs from PyPI (torch's wheel alone is ~530 MB):
 # a dropped connection is retried and the download resumed rather than
-# failing the run (the CI run of 94d46a6 lost the torch wheel after pip's
-# default five resumes). A pip without --resume-retries ignores it.
+# failing the run. (A CI run of 94d46a6 here stalled on that wheel through
+# pip's default five resumes, most likely because the disk was full of old
+# CI clones, not the network.) A pip without --resume-retries ignores it.
 export PIP_RETRIES ?= 10
 export PIP_RESUME_RETRIES ?= 30
 ARENA_ARGS ?=
