@@ -125,6 +125,9 @@ def test_verl_sglang_replicas_route_on_exact_events_and_live_metrics(sglang_mana
     assert st, status()["collectors"]
     assert {s["server"] for s in st["collectors"]["collectors"]["vllm_zmq"]} == {s0, s1}
     assert "sglang_metrics" in st["collectors"]["collectors"], st["collectors"]
+    # Both replicas' idle gauges are read before any routing, so neither
+    # turns unhealthy for want of engine metrics.
+    assert wait_for(lambda: all(x["load"]["has_metrics"] for x in status()["servers"])), status()["servers"]
     names = [s["name"] for s in st["index"]["servers"]]
 
     def index_of(sid):
@@ -157,7 +160,8 @@ def test_verl_sglang_replicas_route_on_exact_events_and_live_metrics(sglang_mana
     # BlockRemoved of the child node: 4 of the 6 pages stay on s1.
     ray.get(srv[s1].remove.remote("b"))
     assert wait_for(lambda: stored(s1) == 4), status()["index"]
-    assert detail("q-ab2", a + b)["hit_blocks"] == [4, 0, 0]
+    d = detail("q-ab2", a + b)
+    assert d["server"] == s1 and d["hit_blocks"] == [4, 0, 0], (d, status()["servers"])
     i1 = index_of(s1)
     assert (i1["stored_blocks"], i1["removed_blocks"], i1["unresolved_hashes"]) == (6, 2, 0), i1
 

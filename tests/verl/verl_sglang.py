@@ -83,6 +83,8 @@ class _TokenizerManagerStandIn:
 class CPUSGLangHttpServer(SGLangHttpServer):
     """verl's SGLangHttpServer, unchanged, with the GPU engine launch stood in."""
 
+    IDLE_MAX_TOTAL_NUM_TOKENS = 4096  # the KV pool the idle tick reports, in tokens
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.server_args: Any = None
@@ -124,6 +126,12 @@ class CPUSGLangHttpServer(SGLangHttpServer):
             server_args.resolve_once()
             publish(server_args, role="scheduler")
             self.metrics = SchedulerMetricsCollector(labels=labels, server_args=server_args)
+            # SGLang's idle scheduler loop publishes its gauges without any
+            # request (metrics_reporter's _maybe_log_idle_metrics), so a
+            # launched server's /metrics carries sglang:num_running_reqs at
+            # once; without this tick the balancer's scrapes find no engine
+            # gauges and mark the replica unhealthy after three.
+            self.set_load(0, 0, 0.0, self.IDLE_MAX_TOTAL_NUM_TOKENS)
         return _TokenizerManagerStandIn(), None, {}
 
     def launch_args(self) -> dict:
