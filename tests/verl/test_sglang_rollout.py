@@ -10,6 +10,7 @@ engine processes are the one part stood in.
 from __future__ import annotations
 
 import importlib
+import json
 import random
 
 import pytest
@@ -141,29 +142,34 @@ def test_verl_sglang_replicas_route_on_exact_events_and_live_metrics(sglang_mana
         ray.get(lb.release_server.remote(server_id=d["server"], request_id=rid))
         return d
 
-    # Exact events: SGLang's radix recorder stores a 64-token node and a
-    # 32-token child on s1 (6 pages, coalesced into one BlockStored).
-    a, b = _tokens(1, 64), _tokens(2, 32)
+    def why(d):  # a wrong route's message: the decision and what the router saw of each server
+        return json.dumps({"decision": d, "servers": status()["servers"], "index": status()["index"]["servers"]})
+
+    # Exact events: SGLang's radix recorder stores a 64-page node and a
+    # 32-page child on s1 (96 pages, coalesced into one BlockStored). The
+    # prompts are long enough (1.5k tokens) that the prefill a hit saves,
+    # not a fraction of a percent of live load, decides each route.
+    a, b = _tokens(1, 64 * BLOCK), _tokens(2, 32 * BLOCK)
     ray.get(srv[s1].store.remote("a", None, a))
     ray.get(srv[s1].store.remote("b", "a", b))
-    assert wait_for(lambda: stored(s1) == 6), status()["index"]
+    assert wait_for(lambda: stored(s1) == 96), status()["index"]
     d = detail("q-ab", a + b + [7, 8, 9])
-    assert d["server"] == s1 and d["hit_blocks"] == [6, 0, 0] and d["block_size"] == BLOCK, d
+    assert d["server"] == s1 and d["hit_blocks"] == [96, 0, 0] and d["block_size"] == BLOCK, why(d)
 
     # SGLang's host tier (medium CPU_PINNED) on s0: a hit in the cpu tier.
-    c = _tokens(3, 48)
+    c = _tokens(3, 48 * BLOCK)
     ray.get(srv[s0].store.remote("c", None, c, "CPU_PINNED"))
-    assert wait_for(lambda: stored(s0) == 3), status()["index"]
+    assert wait_for(lambda: stored(s0) == 48), status()["index"]
     d = detail("q-c", c + [1, 2])
-    assert d["server"] == s0 and d["hit_blocks"] == [0, 3, 0], d
+    assert d["server"] == s0 and d["hit_blocks"] == [0, 48, 0], why(d)
 
-    # BlockRemoved of the child node: 4 of the 6 pages stay on s1.
+    # BlockRemoved of the child node: 64 of the 96 pages stay on s1.
     ray.get(srv[s1].remove.remote("b"))
-    assert wait_for(lambda: stored(s1) == 4), status()["index"]
+    assert wait_for(lambda: stored(s1) == 64), status()["index"]
     d = detail("q-ab2", a + b)
-    assert d["server"] == s1 and d["hit_blocks"] == [4, 0, 0], (d, status()["servers"])
+    assert d["server"] == s1 and d["hit_blocks"] == [64, 0, 0], why(d)
     i1 = index_of(s1)
-    assert (i1["stored_blocks"], i1["removed_blocks"], i1["unresolved_hashes"]) == (6, 2, 0), i1
+    assert (i1["stored_blocks"], i1["removed_blocks"], i1["unresolved_hashes"]) == (96, 32, 0), i1
 
     # Live load from SGLang's SchedulerMetricsCollector through its /metrics mount.
     ray.get(srv[s1].set_load.remote(5, 3, 0.5, 4096))
