@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import itertools
 import json
 import math
@@ -1195,7 +1196,11 @@ class Runner:
                 url, sid, ticket = self.route.acquire(rid, ids, on_submitted=mine.set if mine is not None else None)
             else:
                 url, sid, ticket = self.route.acquire(rid, ids)
-            rec["acquire_s"] = time.perf_counter() - t0
+            t_sent = time.perf_counter()
+            rec["acquire_s"] = t_sent - t0
+            # Wall instants (this process's perf_counter) of the acquire and
+            # the send: engine_clock_holds maps them onto the engines' clocks.
+            rec["t_acquire"], rec["t_sent"] = t0, t_sent
             extra = {"prompt_token_ids": ids} if ids is not None and getattr(self.route, "sends_ids", False) else None
             rec["server"] = sid
             # The trajectory id as the peers' session keys (vllm-router:
@@ -1494,8 +1499,12 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
             route.close()
         cleanup.run()
     delta = {sid: {k: after[sid][k] - before[sid][k] for k in COUNTERS} for sid in urls}
+    # Admission's holds on the engines' clocks; every other route's acquire
+    # is a decision of microseconds (or returns a proxy's URL at once), kept
+    # as wall time x speed.
+    holds = engine_clock_holds(runner.records, timings, cfg.speed) if admission_held is not None else None
     res = summarize(spec, policy, seed, runner.records, delta, makespans, cfg.speed, overhead_ms, router_status,
-                    timings)
+                    timings, holds)
     # report_from_step: the row's step times count the reported steps only
     # (every step ran; step_makespans_s keeps them all).
     res["row"]["makespan_s"] = sum(makespans[spec.report_from_step:])
@@ -1534,12 +1543,15 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
     if router_args is not None:
         res["details"]["router_args"] = router_args
     if admission_held is not None:
-        # Wall time x speed: each request's acquire (the hold in admission
-        # included), which the engines' TTFT and an agent step leave out.
-        sim = [r["acquire_s"] * cfg.speed for r in runner.records if not r["error"]]
+        # Each request's acquire (the hold in admission included), which the
+        # engines' TTFT and an agent step leave out: on the engines' clocks
+        # (engine_clock_holds), and as wall time x speed (wall_*).
+        sim = list((holds or {}).values())
+        wall = [r["acquire_s"] * cfg.speed for r in runner.records if not r["error"]]
         res["details"]["admission_wait_s"] = {"p50": _pct(sim, 0.5), "p99": _pct(sim, 0.99),
                                               "mean": sum(sim) / len(sim) if sim else float("nan"),
-                                              "held_share": admission_held / max(1, len(sim))}
+                                              "wall_p50": _pct(wall, 0.5), "wall_p99": _pct(wall, 0.99),
+                                              "held_share": admission_held / max(1, len(wall))}
     return res
 
 
@@ -1635,9 +1647,57 @@ def engine_timings(servers: List[Server]) -> List[dict]:
     return out
 
 
+def engine_clock_holds(records: List[dict], timings: List[dict], speed: float) -> Dict[Any, float]:
+    """Each answered request's wait from its acquire to its arrival at an
+    engine, on that engine's clock (simulated seconds), by engine request id.
+
+    The engines' TTFT is on their paced clocks, which a busy engine advances
+    by its steps only, so a host that cannot keep up at ``speed`` adds no
+    simulated time to a request queued inside an engine. A wait in the
+    router (admission's hold) measured as wall time x speed would count the
+    host's stalls that the engine-queued waits of every other route leave
+    out. So each server's clock is read off its own requests instead: every
+    send (wall) and its arrival (the engine's clock) is a point of that
+    engine's wall -> clock map; an acquire's wall instant goes through the
+    map of the engine the request reached (linear between points, at
+    ``speed`` beyond them)."""
+    by_id = {t["id"]: t for t in timings}
+    points: Dict[str, List[Tuple[float, float]]] = {}
+    for r in records:
+        t = by_id.get(r.get("id"))
+        if t is not None and not r["error"] and "t_sent" in r:
+            points.setdefault(t["server"], []).append((r["t_sent"], t["arrival"]))
+    maps: Dict[str, Tuple[List[float], List[float]]] = {}
+    for sid, pts in points.items():
+        pts.sort()
+        walls, clock, top = [], [], float("-inf")
+        for w, c in pts:
+            top = max(top, c)  # a clock never runs back; a late stamp does not bend the map
+            walls.append(w)
+            clock.append(top)
+        maps[sid] = (walls, clock)
+
+    def clock_at(sid: str, w: float) -> float:
+        walls, clock = maps[sid]
+        i = bisect.bisect_right(walls, w)
+        if i == 0:
+            return clock[0] - (walls[0] - w) * speed
+        if i == len(walls):
+            return clock[-1] + (w - walls[-1]) * speed
+        w0, w1, c0, c1 = walls[i - 1], walls[i], clock[i - 1], clock[i]
+        return c0 + (c1 - c0) * (w - w0) / (w1 - w0) if w1 > w0 else c0
+
+    out: Dict[Any, float] = {}
+    for r in records:
+        t = by_id.get(r.get("id"))
+        if t is not None and not r["error"] and "t_acquire" in r and t["server"] in maps:
+            out[r["id"]] = max(0.0, t["arrival"] - clock_at(t["server"], r["t_acquire"]))
+    return out
+
+
 def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], delta: Dict[str, Dict[str, float]],
               makespans: List[float], speed: float, overhead_ms: float, router_status: Optional[dict],
-              timings: List[dict]) -> dict:
+              timings: List[dict], holds: Optional[Dict[Any, float]] = None) -> dict:
     ok = [r for r in records if not r["error"]]
     q = sum(v["queries"] for v in delta.values())
     h = sum(v["hits"] for v in delta.values())
@@ -1658,14 +1718,19 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         "imbalance": max(load) / mean_load if mean_load else float("nan"),
         "errors": len(records) - len(ok),
     }
-    # TTFT with the wait in the client's acquire added (wall x speed): for
-    # kvc_aware+admit that wait is admission's hold, which the engines'
-    # TTFT leaves out; for every other in-process route it is the routing
-    # decision. Routers behind an HTTP hop hold requests inside it, where
-    # the client cannot see the wait, so only in-process routes have it.
+    # TTFT with the wait in the client's acquire added: for kvc_aware+admit
+    # that wait is admission's hold, which the engines' TTFT leaves out,
+    # taken on the engine's clock (``holds``, engine_clock_holds); for every
+    # other in-process route it is the routing decision (wall x speed).
+    # Routers behind an HTTP hop hold requests inside it, where the client
+    # cannot see the wait, so only in-process routes have it. The same with
+    # every wait as wall time x speed (the host's stalls in a hold) is kept
+    # as ttft_with_acquire_wall_*.
     by_id = {t["id"]: t for t in eng}
-    with_acq = [by_id[r["id"]]["first_token"] - by_id[r["id"]]["arrival"] + r.get("acquire_s", 0.0) * speed
-                for r in ok if r.get("id") in by_id]
+    with_acq_wall = [by_id[r["id"]]["first_token"] - by_id[r["id"]]["arrival"] + r.get("acquire_s", 0.0) * speed
+                     for r in ok if r.get("id") in by_id]
+    with_acq = with_acq_wall if holds is None else [
+        by_id[r["id"]]["first_token"] - by_id[r["id"]]["arrival"] + holds[r["id"]] for r in ok if r.get("id") in holds]
     details = {
         "requests": len(records),
         "e2e_p99_s": _pct([t["finish"] - t["arrival"] for t in eng], 0.99),
@@ -1673,6 +1738,8 @@ def summarize(spec: WorkloadSpec, policy: str, seed: int, records: List[dict], d
         "client_ttft_p99_s": _pct(client_ttft, 0.99),
         "ttft_with_acquire_p50_s": _pct(with_acq, 0.5),
         "ttft_with_acquire_p99_s": _pct(with_acq, 0.99),
+        "ttft_with_acquire_wall_p50_s": _pct(with_acq_wall, 0.5),
+        "ttft_with_acquire_wall_p99_s": _pct(with_acq_wall, 0.99),
         "client_e2e_p99_s": _pct([r["e2e"] * speed for r in ok], 0.99),
         "step_makespans_s": makespans,
         "server_ttft_mean_s": (sum(v["ttft_sum"] for v in delta.values()) / srv_n) if srv_n else float("nan"),

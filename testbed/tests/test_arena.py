@@ -545,9 +545,12 @@ def test_admission_runs_in_the_arena_without_the_hold(tmp_path):
     assert "admission" not in plain["details"]["router_config"]["config"]
     waits = admit["details"]["admission_wait_s"]
     assert 0 < waits["held_share"] < 1 and waits["p99"] > waits["p50"] >= 0, waits
+    # On the engines' paced clocks, which never run ahead of wall x speed.
+    assert waits["p99"] <= waits["wall_p99"] * 1.05 and waits["wall_p99"] > waits["wall_p50"] >= 0, waits
     assert "admission_wait_s" not in plain["details"]
     # The engines' TTFT leaves the hold out; TTFT with the acquire puts it back.
     assert admit["details"]["ttft_with_acquire_p99_s"] > admit["row"]["ttft_p99_s"]
+    assert admit["details"]["ttft_with_acquire_wall_p99_s"] >= admit["details"]["ttft_with_acquire_p99_s"] * 0.95
     assert plain["details"]["ttft_with_acquire_p99_s"] >= plain["row"]["ttft_p99_s"]
     learnt = runs["kvc_aware+admit+lengths+nohold"]
     assert learnt["row"]["errors"] == 0 and learnt["details"]["requests"] == plain["details"]["requests"]
@@ -602,6 +605,50 @@ def test_engine_clock_holds_on_a_loaded_host(tmp_path):
         assert ls / lb == pytest.approx(qs / qb, rel=0.02), (p, qs, qb, ls, lb)
         assert ld["row"]["makespan_s"] == ls and ld["details"]["client_makespan_s"] > ls
         assert ld["row"]["hit_rate"] == pytest.approx(q["row"]["hit_rate"], abs=hit), (p, q["row"], ld["row"])
+
+
+@pytest.mark.parametrize(
+    "acquire, sent, server, want",
+    [
+        # Held from wall 2 to 10 on s0, whose busy clock ran half as fast as
+        # wall x speed (20): 8 wall s are 80 engine s, not 160.
+        (2.0, 10.0, "s0", 80.0),
+        # Past the stale stamp: between (6, 50) and (10, 100), not (6, 40).
+        (8.0, 10.0, "s0", 25.0),
+        # Between two of s1's points (its clock at wall x speed): linear.
+        (1.0, 1.0, "s1", 0.0),
+        (0.5, 3.0, "s1", 50.0),
+        # Acquired before s0's first send: at speed beyond the map.
+        (-1.0, 0.0, "s0", 20.0),
+    ],
+)
+def test_engine_clock_holds_map_waits_onto_each_engines_clock(acquire, sent, server, want):
+    """Admission's hold on the engine's clock (the one its TTFT is on): the
+    acquire's wall instant goes through the wall -> clock map that the
+    server's own sends and arrivals draw, so a host that fell behind
+    ``speed`` shortens the hold as it shortens an engine-queued wait."""
+    from kvc_harness.arena import engine_clock_holds
+
+    # s0: sends at wall 0, 5, 10 arrive at clock 0, 50, 100; s1: wall 0..4 at
+    # clock 0..80 (no stall). A stale stamp (wall 6, clock 40) must not bend
+    # s0's map backwards.
+    base = [("s0", 0.0, 0.0), ("s0", 5.0, 50.0), ("s0", 6.0, 40.0), ("s0", 10.0, 100.0),
+            ("s1", 0.0, 0.0), ("s1", 4.0, 80.0)]
+    records, timings = [], []
+    for i, (sid, w, c) in enumerate(base):
+        records.append({"id": f"b{i}", "error": None, "t_acquire": w, "t_sent": w})
+        timings.append({"id": f"b{i}", "server": sid, "arrival": c, "first_token": c + 1})
+    arrival = {"s0": {10.0: 100.0, 0.0: 0.0}, "s1": {1.0: 20.0, 3.0: 60.0}}[server][sent]
+    records.append({"id": "q", "error": None, "t_acquire": acquire, "t_sent": sent})
+    timings.append({"id": "q", "server": server, "arrival": arrival, "first_token": arrival + 1})
+    # A failed request and one without wall instants are left out.
+    records += [{"id": "e", "error": "boom", "t_acquire": 0.0, "t_sent": 9.0}, {"id": "old", "error": None}]
+    timings += [{"id": "e", "server": "s0", "arrival": 0.0, "first_token": 1.0},
+                {"id": "old", "server": "s0", "arrival": 0.0, "first_token": 1.0}]
+    holds = engine_clock_holds(records, timings, speed=20.0)
+    assert holds["q"] == pytest.approx(want)
+    assert "e" not in holds and "old" not in holds
+    assert all(holds[f"b{i}"] == pytest.approx(0.0) for i in range(len(base)))
 
 
 def test_turn_gap_delays_later_turns_and_is_recorded_only_when_set(tmp_path):
