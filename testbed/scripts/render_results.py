@@ -277,7 +277,10 @@ def arena_per_seed(runs: List[dict], w: str) -> Dict[Tuple[str, int], Dict[str, 
                 # lack the field; any other row without it is left out.
                 "ttft_acq_p99": r["details"].get(
                     "ttft_with_acquire_p99_s",
-                    r["row"]["ttft_p99_s"] if r["row"]["policy"].startswith("verl_default") else float("nan"))}
+                    r["row"]["ttft_p99_s"] if r["row"]["policy"].startswith("verl_default") else float("nan")),
+                # The same with admission's hold as wall time x speed (runs
+                # since admission's hold went onto the engines' clocks).
+                "ttft_acq_wall_p99": r["details"].get("ttft_with_acquire_wall_p99_s", float("nan"))}
     return out
 
 
@@ -1173,6 +1176,43 @@ def render_admit_lengths(docs_root: str) -> Optional[str]:
     return "\n".join(out)
 
 
+def render_admit_clock(docs_root: str) -> Optional[str]:
+    """docs/arena.md's block on the clock admission's hold is read on: from
+    the arena-admit-lengths run (verl_default in the same hour), per
+    workload and admission order, TTFT p99 with the hold counted ÷
+    verl_default's, the hold taken on the engines' clocks (what the tables
+    report) and as wall time x speed (what they reported before), and the
+    two holds' p99s over each other. None while the run lacks either."""
+    path = os.path.join(docs_root, "docs", "results", ARENA_ADMIT_LENGTHS)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        runs = json.load(f)["runs"]
+    admits = [r for r in runs if "admission_wait_s" in r["details"]]
+    if not admits or any("wall_p99" not in r["details"]["admission_wait_s"] for r in admits):
+        return None
+    out = [f"Rendered from `docs/results/{ARENA_ADMIT_LENGTHS}` (each run records both): TTFT p99 with the wait "
+           "in admission counted, ÷ verl_default's on the same seed (its acquire takes microseconds), mean ± 95% "
+           "CI; the hold's p99 as wall time × speed over its p99 on the engines' clocks, mean over seeds.", "",
+           "| workload | order | hold on the engines' clocks | hold as wall time × speed | hold p99, wall ÷ engines |",
+           "|---|---|---|---|---|"]
+    for w in dict.fromkeys(r["row"]["workload"] for r in runs):
+        per = arena_per_seed(runs, w)
+        for p in ("kvc_aware+admit", OPT_IN_ORDER):
+            waits = [r["details"]["admission_wait_s"] for r in admits
+                     if r["row"]["workload"] == w and r["row"]["policy"].partition(NOHOLD)[0] == p]
+            if not waits:
+                continue
+            for sd in {sd for q, sd in per if q == "verl_default"}:
+                # verl_default's own hold is its in-process decision: its
+                # engine TTFT is the wall figure too.
+                per[("verl_default", sd)]["ttft_acq_wall_p99"] = per[("verl_default", sd)]["ttft_acq_p99"]
+            cells = [_paired_cell(per, p, "verl_default", m) for m in ("ttft_acq_p99", "ttft_acq_wall_p99")]
+            stretch = mean_ci([x["wall_p99"] / x["p99"] for x in waits if x["p99"] > 0])
+            out.append(f"| `{w}` | {p} | " + " | ".join(cells) + f" | {stretch.fmt(2)} |")
+    return "\n".join(out)
+
+
 # Admission's opt-in longest-first order on the held-out GRPO workloads
 # (fresh prompts every step, independent lengths): `make
 # kvbench-heldout-admit` at the commit that gated it on the measured
@@ -1926,6 +1966,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         admit_spread = render_admit_spread(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
             targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread
+        admit_clock = render_admit_clock(a.docs)
+        arena_md = os.path.join(a.docs, "docs", "arena.md")
+        if admit_clock and os.path.isfile(arena_md):
+            with open(arena_md, encoding="utf-8") as f:
+                if "<!-- BEGIN RENDERED: arena-admit-clock -->" in f.read():
+                    targets.setdefault(arena_md, {})["arena-admit-clock"] = admit_clock
         admit_lengths = render_admit_lengths(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-lengths -->" in rl_text and admit_lengths:
             targets.setdefault(rl_doc, {})["rl-admit-lengths"] = admit_lengths

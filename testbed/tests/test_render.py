@@ -997,6 +997,48 @@ def test_admit_lengths_block_renders_longest_first_picks(tmp_path):
                     "| 1.010 ± 0.000 |"], rows
 
 
+def test_admit_clock_block_reads_both_holds_of_the_same_runs(tmp_path):
+    """docs/arena.md's block on admission's clock: per workload and order,
+    TTFT p99 with the hold on the engines' clocks and as wall time x speed,
+    each over verl_default's (whose acquire is its TTFT's), paired by seed,
+    and the holds' p99s over each other; a run without the wall figures
+    leaves the block as it was."""
+    runs = []
+    for seed in (351, 352):
+        for p in ("verl_default", "kvc_aware+admit", "kvc_aware+admit+lengths"):
+            r = _arena_run("grpo_rho08", p, seed, 100.0, 0.5)
+            r["details"]["ttft_with_acquire_p99_s"] = 0.1 * seed / 351 if p == "verl_default" else 0.08 * seed / 351
+            if p != "verl_default":
+                r["details"]["ttft_with_acquire_wall_p99_s"] = 0.15
+                r["details"]["admission_wait_s"] = {"p99": 0.05, "wall_p99": 0.1 if p.endswith("admit") else 0.125}
+            runs.append(r)
+    res = tmp_path / "docs" / "results"
+    res.mkdir(parents=True)
+    path = res / "arena-admit-lengths-details.json"
+    path.write_text(json.dumps({"runs": runs}))
+    arena = tmp_path / "docs" / "arena.md"
+    page = "# a\n\n<!-- BEGIN RENDERED: arena-admit-clock -->\nold\n<!-- END RENDERED: arena-admit-clock -->\n"
+    arena.write_text(page)
+    render = _rl_block_renderer(tmp_path, "none")
+    render()
+    rows = [ln for ln in arena.read_text().splitlines() if ln.startswith("| `")]
+    # Wall: 0.15 over verl_default's 0.1 x seed / 351 on each seed.
+    wall = [0.15 / (0.1 * sd / 351) for sd in (351, 352)]
+    wm = sum(wall) / 2
+    wci = 12.706 * abs(wall[0] - wall[1]) / 2
+    assert rows == [f"| `grpo_rho08` | kvc_aware+admit | 0.800 ± 0.000 (lower) | {wm:.3f} ± {wci:.3f} (higher) "
+                    "| 2.00 ± 0.00 |",
+                    f"| `grpo_rho08` | kvc_aware+admit+lengths | 0.800 ± 0.000 (lower) | {wm:.3f} ± {wci:.3f} (higher) "
+                    "| 2.50 ± 0.00 |"], rows
+    for r in runs:
+        r["details"].pop("ttft_with_acquire_wall_p99_s", None)
+        r["details"].get("admission_wait_s", {}).pop("wall_p99", None)
+    path.write_text(json.dumps({"runs": runs}))
+    arena.write_text(page)
+    render()
+    assert "\nold\n" in arena.read_text()
+
+
 def test_admit_spread_block_pairs_now_and_before(tmp_path):
     """`make kvbench-admit-spread`'s block: per RL setting, the defaults,
     admission alone and with lengths over verl_default now and before the
