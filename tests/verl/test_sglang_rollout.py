@@ -138,6 +138,12 @@ def test_verl_sglang_replicas_route_on_exact_events_and_live_metrics(sglang_mana
         return index_of(sid)["entries"]
 
     def detail(rid, ids):
+        # Each route is taken with both replicas healthy: a replica whose
+        # /metrics stalls past the balancer's 1 s scrape deadline is rightly
+        # avoided once three scrapes failed, which is not what these routes
+        # test (one CI run's s1 answered no scrape for 8 s after the stores,
+        # on a host where nothing here stalls it; cause not caught).
+        assert wait_for(lambda: all(x["load"]["healthy"] for x in status()["servers"])), status()["servers"]
         d = ray.get(lb.acquire_server_detail.remote(request_id=rid, prompt_ids=ids))
         ray.get(lb.release_server.remote(server_id=d["server"], request_id=rid))
         return d

@@ -20,6 +20,7 @@ launch with no workers and no devices.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from typing import Any, Dict, List, Optional
@@ -104,6 +105,12 @@ class CPUSGLangHttpServer(SGLangHttpServer):
         from sglang.srt.disaggregation.kv_events import EventPublisherFactory
         from sglang.srt.mem_cache.events import KVCacheEventRecorder
         from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+
+        # SGLang's radix cache lives in its scheduler process, loaded at
+        # launch; the stand-in drives it on this HTTP server's event loop, so
+        # it is loaded here too, before the server answers, and store() runs
+        # no import on the loop that serves /metrics.
+        importlib.import_module("sglang.srt.mem_cache.radix_cache")
 
         self.server_args = server_args
         # As SGLang's scheduler does: the publisher from the config string,
