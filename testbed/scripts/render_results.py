@@ -268,19 +268,19 @@ def arena_per_seed(runs: List[dict], w: str) -> Dict[Tuple[str, int], Dict[str, 
     out: Dict[Tuple[str, int], Dict[str, float]] = {}
     for r in runs:
         if r["row"]["workload"] == w and is_policy(r["row"]["policy"]):
+            # TTFT with the client's acquire (admission's hold) added.
+            # verl_default's acquire is an in-process decision of
+            # microseconds, so its engine TTFT stands in where older runs
+            # lack the field; any other row without it is left out. The same
+            # with admission's hold as wall time x speed is in runs since the
+            # hold went onto the engines' clocks (verl_default's is the same
+            # figure either way).
+            verl = r["row"]["policy"].startswith("verl_default")
+            acq = r["details"].get("ttft_with_acquire_p99_s", r["row"]["ttft_p99_s"] if verl else float("nan"))
             out[(r["row"]["policy"], r["row"]["seed"])] = {
                 "step": r["details"].get("engine_makespan_s", float("nan")),
-                "ttft_p99": r["row"]["ttft_p99_s"], "hit": r["row"]["hit_rate"],
-                # TTFT with the client's acquire (admission's hold) added.
-                # verl_default's acquire is an in-process decision of
-                # microseconds, so its engine TTFT stands in where older runs
-                # lack the field; any other row without it is left out.
-                "ttft_acq_p99": r["details"].get(
-                    "ttft_with_acquire_p99_s",
-                    r["row"]["ttft_p99_s"] if r["row"]["policy"].startswith("verl_default") else float("nan")),
-                # The same with admission's hold as wall time x speed (runs
-                # since admission's hold went onto the engines' clocks).
-                "ttft_acq_wall_p99": r["details"].get("ttft_with_acquire_wall_p99_s", float("nan"))}
+                "ttft_p99": r["row"]["ttft_p99_s"], "hit": r["row"]["hit_rate"], "ttft_acq_p99": acq,
+                "ttft_acq_wall_p99": r["details"].get("ttft_with_acquire_wall_p99_s", acq if verl else float("nan"))}
     return out
 
 
@@ -1203,10 +1203,6 @@ def render_admit_clock(docs_root: str) -> Optional[str]:
                      if r["row"]["workload"] == w and r["row"]["policy"].partition(NOHOLD)[0] == p]
             if not waits:
                 continue
-            for sd in {sd for q, sd in per if q == "verl_default"}:
-                # verl_default's own hold is its in-process decision: its
-                # engine TTFT is the wall figure too.
-                per[("verl_default", sd)]["ttft_acq_wall_p99"] = per[("verl_default", sd)]["ttft_acq_p99"]
             cells = [_paired_cell(per, p, "verl_default", m) for m in ("ttft_acq_p99", "ttft_acq_wall_p99")]
             stretch = mean_ci([x["wall_p99"] / x["p99"] for x in waits if x["p99"] > 0])
             out.append(f"| `{w}` | {p} | " + " | ".join(cells) + f" | {stretch.fmt(2)} |")
