@@ -216,7 +216,13 @@ def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
             lines.append(
                 f"The acquire wait of {s['policy']} is the admission hold: the balancer held "
                 f"{adm.get('queued_total', 0)} of {s['requests']} samples while every server had its cap in "
-                f"flight, a wait the other policies spend queued inside the engines; TTFT includes it.")
+                f"flight, a wait the other policies spend queued inside the engines; TTFT includes it."
+                + (f" The hold is read on the engines' clocks, as every wait inside an engine is (each server's "
+                   f"own sends and arrivals map the clients' wall clock onto its paced clock, so this host's "
+                   f"stalls add no simulated time to it); read as wall time × speed instead, the same waits give "
+                   f"an acquire wait p99 of {s['acquire_wall_p99_s']:.1f} and TTFT p50 / p99 of "
+                   f"{s['ttft_wall_p50_s']:.1f} / {s['ttft_wall_p99_s']:.1f} sim s."
+                   if s.get("acquire_clock") == "engines" else ""))
     worse = [f"{s['policy']} {key} {s[k] / base[k]:.3f}x" for s in sums[1:]
              for key, k in (("step time", "step_time_s"), ("TTFT p99", "ttft_p99_s"))
              if base.get(k) and s[k] > base[k]]

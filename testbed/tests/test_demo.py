@@ -201,6 +201,59 @@ def test_sat_summary_and_table():
     assert "cap (64) in flight" in flat and "p99 20.00s) is that hold" in flat
 
 
+def test_sat_summary_reads_an_admission_hold_on_the_engines_clocks():
+    """An admission run's acquire wait is a hold in the router; summarize
+    maps it onto the clock of the engine each request reached (its own
+    sends and arrivals), as the arena does, so a host stall that the wall
+    clock counts adds no simulated time; the wall x speed reading stays as
+    acquire_wall_* / ttft_wall_*. Runs without admission keep wall x speed."""
+    from kvc_harness import satstep
+
+    counters = {"a": {"queries": 3.0, "hits": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0, "preemptions": 0.0,
+                      "prompt_tokens": 3.0}}
+    # r0 goes at once; r1 and r2 are held until a slot frees. The host stalls:
+    # wall runs 10 s (20 sim s at speed 2) while the engine's clock runs 4.
+    recs = [
+        {"rid": "r0", "server": "a", "error": None, "submit": 100.0, "done": 111.0, "acquire_s": 0.0,
+         "t_sent": 100.0, "id": "x0"},
+        {"rid": "r1", "server": "a", "error": None, "submit": 100.0, "done": 112.0, "acquire_s": 10.0,
+         "t_sent": 110.0, "id": "x1"},
+        {"rid": "r2", "server": "a", "error": None, "submit": 105.0, "done": 112.0, "acquire_s": 5.0,
+         "t_sent": 110.0, "id": "x2"},
+    ]
+    timings = [
+        {"server": "a", "engine": 0, "id": "x0", "arrival": 10.0, "first_token": 10.5, "finish": 14.0},
+        {"server": "a", "engine": 0, "id": "x1", "arrival": 14.0, "first_token": 15.0, "finish": 18.0},
+        {"server": "a", "engine": 0, "id": "x2", "arrival": 14.0, "first_token": 15.0, "finish": 18.0},
+    ]
+    run = {"policy": "kvc_aware+admit", "records": recs, "counters": counters, "timings": timings, "busy": [8.0],
+           "router": {"admission": {"enabled": True, "queued_total": 2}}, "admit": True}
+    s = satstep.summarize(run, speed=2.0)
+    assert s["acquire_clock"] == "engines"
+    # r1 waited from clock 10 (its submit, the map's first point) to 14; r2
+    # from wall 105, halfway along the map: clock 12, so 2 s.
+    assert s["ttft_samples_s"] == pytest.approx([0.5, 1.0 + 2.0, 1.0 + 4.0])
+    assert s["acquire_p99_s"] == pytest.approx(percentile_of([0.0, 2.0, 4.0], 99))
+    assert s["acquire_wall_p99_s"] == pytest.approx(percentile_of([0.0, 10.0, 20.0], 99))
+    assert s["ttft_wall_p99_s"] == pytest.approx(percentile_of([0.5, 11.0, 21.0], 99))
+    assert s["ttft_p99_s"] < s["ttft_wall_p99_s"]
+    # Without admission (or a request the map cannot place) nothing moves.
+    plain = satstep.summarize(dict(run, admit=False), speed=2.0)
+    assert plain["acquire_clock"] == "clients" and "acquire_wall_p99_s" not in plain
+    assert plain["ttft_samples_s"] == pytest.approx([0.5, 11.0, 21.0])
+    unmapped = satstep.summarize(dict(run, records=[dict(r) for r in recs[:2]] + [
+        {k: v for k, v in recs[2].items() if k != "t_sent"}]), speed=2.0)
+    assert unmapped["acquire_clock"] == "clients"
+    text = " ".join(satstep.format_table([plain, s], "t", "sim s", cap=1).split())
+    assert "read on the engines' clocks" in text and f"its p99 is {s['acquire_wall_p99_s']:.2f}s" in text, text
+
+
+def percentile_of(xs, p):
+    from kvc_harness.satstep import percentile
+
+    return percentile(list(xs), p)
+
+
 def test_reproduction_errors_equal_engines_tolerant_host():
     """A seed-determined policy's engine figures must repeat exactly, its
     host-timed ones within TOLERANCE; a host-timed policy (admission) within
