@@ -2044,7 +2044,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from render_rl import render as render_rl_tables
 
             blocks["demo-shape"] = render_rl_tables(shape_dir, "docs/results/" + DEMO_SHAPE,
-                                                    shape=DEMO_SHAPE_TITLE)
+                                                    shape=DEMO_SHAPE_TITLE, counters=True)
         if blocks:
             targets.setdefault(demo_doc, {}).update(blocks)
     # docs/demo.md: the headline step on other seeds (docs/results/demo-seeds/demo-seed*.json),

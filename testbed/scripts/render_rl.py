@@ -43,18 +43,22 @@ def rows(results: str, prefix: str, step) -> Dict[str, Dict[str, List[float]]]:
         base = mk("verl_default")
         base_ttft = rep["policies"]["verl_default"]["ttft_p99_s"]
         for p in rep["policies"]:
-            r = out.setdefault(p, {"step": [], "ttft": [], "abs": []})
+            r = out.setdefault(p, {"step": [], "ttft": [], "abs": [], "hit": [], "preempt": []})
             r["step"].append(mk(p) / base)
             r["ttft"].append(rep["policies"][p]["ttft_p99_s"] / base_ttft)
             r["abs"].append(mk(p))
+            r["hit"].append(float(rep["policies"][p].get("hit_rate", float("nan"))))
+            r["preempt"].append(float(rep["policies"][p].get("preemptions", float("nan"))))
     return out
 
 
-def render(results: str, shown: str, shape: str = "", only: str = "") -> str:
+def render(results: str, shown: str, shape: str = "", only: str = "", counters: bool = False) -> str:
     """Every setting with files in RESULTS as a table (ONLY: that prefix
     alone); SHOWN is the directory's name in the titles (repository-relative);
     SHAPE, when the runs are not kvbench-rl's grpo_sat, names theirs in each
-    title."""
+    title. COUNTERS adds the engines' prefix-cache hit rate and preemptions
+    (over the whole run: a recurring table's count both steps), which say
+    what an order trades for its step."""
     out: List[str] = []
     for prefix, title, step in SETTINGS:
         if only and prefix != only:
@@ -65,12 +69,19 @@ def render(results: str, shown: str, shape: str = "", only: str = "") -> str:
         n = len(next(iter(data.values()))["step"])
         if shape:
             title = title.replace("grpo_sat", shape, 1)
-        out += [f"#### {title} ({n} fresh seeds, `{shown.rstrip('/')}/{prefix}-*.json`)", "",
-                "| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |",
-                "|---|---:|---:|---:|"]
+        head = "| row | step time (s) | step time / verl_default | TTFT p99 / verl_default |"
+        rule = "|---|---:|---:|---:|"
+        if counters:
+            head += " hit rate, whole run | preemptions per run |"
+            rule += "---:|---:|"
+        out += [f"#### {title} ({n} fresh seeds, `{shown.rstrip('/')}/{prefix}-*.json`)", "", head, rule]
         for p, r in data.items():
             a, s, t = mean_ci(r["abs"]), mean_ci(r["step"]), mean_ci(r["ttft"])
-            out.append(f"| {p} | {a.fmt(1)} | {s.fmt(3)} | {t.fmt(3)} |")
+            line = f"| {p} | {a.fmt(1)} | {s.fmt(3)} | {t.fmt(3)} |"
+            if counters:
+                h = mean_ci([x * 100 for x in r["hit"]])
+                line += f" {h.fmt(1)}% | {sum(r['preempt']) / len(r['preempt']):.0f} |"
+            out.append(line)
         out.append("")
     return "\n".join(out)
 

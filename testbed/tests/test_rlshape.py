@@ -156,3 +156,31 @@ def test_render_rl_pairs_seeds_against_verl_default(tmp_path) -> None:
     # Step 2 only, paired per seed: 0.9 and 0.95 -> mean 0.925.
     assert "| kvc_aware | 140.0 ± " in r.stdout and "| 0.925 ± " in r.stdout and "| 0.500 ± 0.000 |" in r.stdout
     assert "(2 fresh seeds" in r.stdout
+
+
+def test_render_rl_counters_are_the_runs_own(tmp_path) -> None:
+    """With counters, each row also gives its hit rate (mean ± CI over the
+    seeds, in %) and its mean preemptions per run, read from the same files;
+    without, the table is unchanged."""
+    sys_path = os.path.join(REPO, "testbed", "scripts")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        import render_rl
+    finally:
+        sys.path.remove(sys_path)
+    for seed, (hit, pre) in enumerate(((0.5, 10), (0.7, 30)), start=1):
+        rep = {"policies": {"verl_default": {"makespan_s": 100.0, "ttft_p99_s": 2.0, "hit_rate": 0.4,
+                                             "preemptions": 5},
+                            "kvc_aware": {"makespan_s": 90.0, "ttft_p99_s": 1.0, "hit_rate": hit,
+                                          "preemptions": pre}}}
+        (tmp_path / f"rl-r5-{seed}.json").write_text(json.dumps(rep))
+    with_counters = render_rl.render(str(tmp_path), "x", counters=True)
+    assert "| hit rate, whole run | preemptions per run |" in with_counters
+    row = next(ln for ln in with_counters.splitlines() if ln.startswith("| kvc_aware |"))
+    assert row.endswith("| 60.0 ± 127.1% | 20 |"), row
+    assert next(ln for ln in with_counters.splitlines() if ln.startswith("| verl_default |")).endswith(
+        "| 40.0 ± 0.0% | 5 |")
+    plain = render_rl.render(str(tmp_path), "x")
+    assert "hit rate" not in plain and "| kvc_aware | 90.0 ± 0.0 | 0.900 ± 0.000 | 0.500 ± 0.000 |" in plain
