@@ -162,25 +162,28 @@ def test_render_rl_counters_are_the_runs_own(tmp_path) -> None:
     """With counters, each row also gives its hit rate (mean ± CI over the
     seeds, in %) and its mean preemptions per run, read from the same files;
     without, the table is unchanged."""
-    sys_path = os.path.join(REPO, "testbed", "scripts")
+    import subprocess
     import sys
 
-    sys.path.insert(0, sys_path)
-    try:
-        import render_rl
-    finally:
-        sys.path.remove(sys_path)
+    def render(counters: bool) -> str:
+        path = os.pathsep.join([os.path.join(REPO, "testbed"), os.path.join(REPO, "testbed", "scripts")])
+        code = f"import render_rl; print(render_rl.render({str(tmp_path)!r}, 'x', counters={counters}))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=path))
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
     for seed, (hit, pre) in enumerate(((0.5, 10), (0.7, 30)), start=1):
         rep = {"policies": {"verl_default": {"makespan_s": 100.0, "ttft_p99_s": 2.0, "hit_rate": 0.4,
                                              "preemptions": 5},
                             "kvc_aware": {"makespan_s": 90.0, "ttft_p99_s": 1.0, "hit_rate": hit,
                                           "preemptions": pre}}}
         (tmp_path / f"rl-r5-{seed}.json").write_text(json.dumps(rep))
-    with_counters = render_rl.render(str(tmp_path), "x", counters=True)
+    with_counters = render(True)
     assert "| hit rate, whole run | preemptions per run |" in with_counters
     row = next(ln for ln in with_counters.splitlines() if ln.startswith("| kvc_aware |"))
     assert row.endswith("| 60.0 ± 127.1% | 20 |"), row
     assert next(ln for ln in with_counters.splitlines() if ln.startswith("| verl_default |")).endswith(
         "| 40.0 ± 0.0% | 5 |")
-    plain = render_rl.render(str(tmp_path), "x")
+    plain = render(False)
     assert "hit rate" not in plain and "| kvc_aware | 90.0 ± 0.0 | 0.900 ± 0.000 | 0.500 ± 0.000 |" in plain
