@@ -183,6 +183,8 @@ def render_seeds(docs: list, source: str) -> str:
         word = "shorter" if ci.hi < 1 else "longer" if ci.lo > 1 else "tie"
         summary.append(f"{ci.fmt(3)} ({word})")
     out.append("| mean ± 95% CI | | " + " | ".join(summary) + " | |")
+    out.append(f"| seeds shorter than {base} | | "
+               + " | ".join(f"{sum(r < 1 for r in ratios[p])} of {len(ratios[p])}" for p in pols[1:]) + " | |")
     return "\n".join(out) + "\n"
 
 

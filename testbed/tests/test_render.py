@@ -862,6 +862,7 @@ def test_demo_on_other_seeds_renders_paired_ratios(tmp_path):
     assert "old" not in text and "seeds 1, 2, 3" in text
     assert "| 2 | 102.0 | 0.920 | 0.970 | 74.0% / 86.0% / 84.0% |" in text
     assert "| mean ± 95% CI | | 0.910 ± 0.025 (shorter) | 1.010 ± 0.090 (tie) | |" in text
+    assert "| seeds shorter than default | | 3 of 3 | 1 of 3 | |" in text
 
 
 def test_demo_doc_renders_earlier_headlines_and_the_shape_runs(tmp_path):
