@@ -1284,6 +1284,11 @@ ADMIT_SPREAD_BEFORE = ("admit-spread-edcef9e", "edcef9e")
 # The same command at the 8ef0422 freeze (the gate on the rollout's mean prompt): its kvc_aware rows are
 # today's defaults on seeds 421-425, which the targets table reads.
 ADMIT_SPREAD_TODAY = "admit-spread-8ef0422"
+# Admission's split in two before a correlation is measured (the admitted
+# counterpart of group_spread_open_max_servers): the same command at the commit
+# that made it, and at the f0be7ad freeze before it, on fresh seeds.
+ADMIT_SPLIT = "admit-split"
+ADMIT_SPLIT_BEFORE = ("admit-split-f0be7ad", "f0be7ad")
 ADMIT_SPREAD_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                          ("rl-r8", "first epoch, ρ 0.8", None),
                          ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1),
@@ -1291,22 +1296,24 @@ ADMIT_SPREAD_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first 
                          ("rl8-r8", "first epoch, ρ 0.8, 8 engines (512 prompts × 16)", None))
 
 
-def render_admit_spread(docs_root: str) -> Optional[str]:
+def render_admit_spread(docs_root: str, folder: str = ADMIT_SPREAD,
+                        before: Tuple[str, str] = ADMIT_SPREAD_BEFORE) -> Optional[str]:
     """docs/rl-workloads.md's block for admission's group spread: per RL
     setting, the defaults, admission alone and admission with lengths over
-    verl_default now and before the change, the change's own effect (now over
-    before), and admission's TTFT p99, paired by seed."""
+    verl_default now (FOLDER) and before the change (BEFORE: its folder and
+    commit), the change's own effect (now over before), and admission's TTFT
+    p99, paired by seed."""
     res = os.path.join(docs_root, "docs", "results")
-    before_dir, _ = ADMIT_SPREAD_BEFORE
+    before_dir, _ = before
     ours = OPT_IN_ORDER
-    out = [_now_and_before(ADMIT_SPREAD, "kvbench-admit-spread", ADMIT_SPREAD_BEFORE, "the change")
+    out = [_now_and_before(folder, "kvbench-admit-spread", before, "the change")
            + "each cell a paired ratio by seed, mean ± 95% CI.", "",
            "| setting | seeds | kvc_aware ÷ verl_default | kvc_aware+admit ÷ verl_default | before | "
            f"admission's change (now ÷ before) | {ours} ÷ verl_default | before | its change (now ÷ before) "
            "| kvc_aware+admit's TTFT p99 (from arrival: the wait in admission counted) ÷ verl_default's |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     rows = 0
-    for _, label, now, per in _paired_settings(res, ADMIT_SPREAD, before_dir, ADMIT_SPREAD_SETTINGS):
+    for _, label, now, per in _paired_settings(res, folder, before_dir, ADMIT_SPREAD_SETTINGS):
         seeds = sorted(sd for p, sd in now if p == ours)
         cells = [_paired_cell(per, a, b, m) for a, b, m in (
             ("kvc_aware", "verl_default", "step"),
@@ -1962,6 +1969,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         admit_spread = render_admit_spread(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-spread -->" in rl_text and admit_spread:
             targets.setdefault(rl_doc, {})["rl-admit-spread"] = admit_spread
+        admit_split = render_admit_spread(a.docs, ADMIT_SPLIT, ADMIT_SPLIT_BEFORE)
+        if "<!-- BEGIN RENDERED: rl-admit-split -->" in rl_text and admit_split:
+            targets.setdefault(rl_doc, {})["rl-admit-split"] = admit_split
         admit_clock = render_admit_clock(a.docs)
         arena_md = os.path.join(a.docs, "docs", "arena.md")
         if admit_clock and os.path.isfile(arena_md):

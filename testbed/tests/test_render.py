@@ -1040,14 +1040,19 @@ def test_admit_clock_block_reads_both_holds_of_the_same_runs(tmp_path):
     assert "\nold\n" in arena.read_text()
 
 
-def test_admit_spread_block_pairs_now_and_before(tmp_path):
-    """`make kvbench-admit-spread`'s block: per RL setting, the defaults,
-    admission alone and with lengths over verl_default now and before the
-    change (its own folder), and the change's effect, each paired seed by
-    seed; the recurring setting reads its second step; a setting without
-    the run from before has no row."""
+@pytest.mark.parametrize("block,folder,base", [
+    ("rl-admit-spread", "admit-spread", "admit-spread-edcef9e"),
+    ("rl-admit-split", "admit-split", "admit-split-f0be7ad"),
+])
+def test_admit_spread_block_pairs_now_and_before(tmp_path, block, folder, base):
+    """`make kvbench-admit-spread`'s blocks (the spread once measured, and
+    the split in two before): per RL setting, the defaults, admission alone
+    and with lengths over verl_default now and before the change (its own
+    folder), and the change's effect, each paired seed by seed; the
+    recurring setting reads its second step; a setting without the run from
+    before has no row."""
     res = tmp_path / "docs" / "results"
-    now, before = res / _const("ADMIT_SPREAD"), res / "admit-spread-edcef9e"
+    now, before = res / folder, res / base
     now.mkdir(parents=True)
     before.mkdir()
 
@@ -1064,8 +1069,10 @@ def test_admit_spread_block_pairs_now_and_before(tmp_path):
         # The recurring run's first step is 5 x longer; its second decides.
         (now / f"rl-rec-{seed}.json").write_text(doc(rows, verl))
         (before / f"rl-rec-{seed}.json").write_text(doc(rows, verl))
-    render = _rl_block_renderer(tmp_path, "rl-admit-spread")
-    rows = [ln for ln in render().splitlines() if ln.startswith("| first") or ln.startswith("| recurring")]
+    render = _rl_block_renderer(tmp_path, block)
+    page = render()
+    assert f"`docs/results/{folder}/`" in page and f"`docs/results/{base}/`" in page
+    rows = [ln for ln in page.splitlines() if ln.startswith("| first") or ln.startswith("| recurring")]
     assert rows == [
         "| first epoch, ρ 0.8 | 421–422 | 1.000 ± 0.000 (a tie) | 0.900 ± 0.000 (shorter) | 1.200 ± 0.000 (longer) "
         "| 0.750 ± 0.000 (shorter) | 0.800 ± 0.000 (shorter) | 0.800 ± 0.000 (shorter) | 1.000 ± 0.000 (a tie) "

@@ -280,8 +280,10 @@ func teachStep(t *testing.T, r *Router, base int32, prompts, samples int, alike 
 // group_spread applies (the rollout's responses may reach more than 4 x
 // the prompt) and a measured within-prompt correlation is at least
 // group_spread_min_corr, over the last step or this step's finishers.
-// Unmeasured or unalike, siblings go first (shared prefill and KV), and
-// group_spread_min_corr 0 spreads without measuring.
+// Unalike, siblings go first (shared prefill and KV); unmeasured, a
+// group splits over at most group_spread_open_max_servers (here the pool
+// of two; TestGroupFullRule checks the cap), and 0 there keeps it whole
+// until measured; group_spread_min_corr 0 spreads without measuring.
 func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -298,8 +300,16 @@ func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
 			teachStep(t, r, 1<<20, 12, 4, false)
 			r.ResetCache()
 		}, false},
-		{"too few prompts to measure", `{}`, 8192, func(t *testing.T, r *Router) {
+		{"too few prompts to measure: split in two", `{}`, 8192, func(t *testing.T, r *Router) {
 			teachStep(t, r, 1<<20, 4, 12, true)
+			r.ResetCache()
+		}, true},
+		{"too few prompts to measure, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 4, 12, true)
+			r.ResetCache()
+		}, false},
+		{"unalike last step, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192, func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, 12, 4, false)
 			r.ResetCache()
 		}, false},
 		// 65 prompts x 6 finished in this step (read every 64 responses).
@@ -366,17 +376,22 @@ func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
 // s1, none on s2), once its samples are measured alike: a server holding
 // more than the fewest passes the sibling over; group_spread_max_servers
 // takes the fewest over the servers already holding the group once it is
-// on that many, and a server outside them takes none.
+// on that many, and a server outside them takes none. Before anything is
+// measured group_spread_open_max_servers is that cap (0: never spread).
 func TestGroupFullRule(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		params string
-		full   map[string]bool
+		name       string
+		params     string
+		unmeasured bool
+		full       map[string]bool
 	}{
-		{"no cap: even over the pool", `{}`, map[string]bool{"s0": true, "s1": true, "s2": false}},
-		{"cap 2: even over its two servers", `{"group_spread_max_servers":2}`, map[string]bool{"s0": true, "s1": false, "s2": true}},
-		{"cap 3: not reached", `{"group_spread_max_servers":3}`, map[string]bool{"s0": true, "s1": true, "s2": false}},
-		{"group_spread 0: never", `{"group_spread":0}`, map[string]bool{"s0": false, "s1": false, "s2": false}},
+		{"no cap: even over the pool", `{}`, false, map[string]bool{"s0": true, "s1": true, "s2": false}},
+		{"cap 2: even over its two servers", `{"group_spread_max_servers":2}`, false, map[string]bool{"s0": true, "s1": false, "s2": true}},
+		{"cap 3: not reached", `{"group_spread_max_servers":3}`, false, map[string]bool{"s0": true, "s1": true, "s2": false}},
+		{"group_spread 0: never", `{"group_spread":0}`, false, map[string]bool{"s0": false, "s1": false, "s2": false}},
+		{"unmeasured: split in two", `{}`, true, map[string]bool{"s0": true, "s1": false, "s2": true}},
+		{"unmeasured, open cap 3: not reached", `{"group_spread_open_max_servers":3}`, true, map[string]bool{"s0": true, "s1": true, "s2": false}},
+		{"unmeasured, open cap 0: whole until measured", `{"group_spread_open_max_servers":0}`, true, map[string]bool{"s0": false, "s1": false, "s2": false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := admitConfig(4)
@@ -387,7 +402,7 @@ func TestGroupFullRule(t *testing.T) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			r.bound = 200 // one-request sessions: a GRPO step
-			if r.lens != nil {
+			if r.lens != nil && !tc.unmeasured {
 				r.lens.measured, r.lens.measuredOK = 0.9, true
 			}
 			for _, id := range []string{"s0", "s0", "s1"} {

@@ -178,10 +178,11 @@ type KVCAware struct {
 	// It applies only where group_spread_min_ratio's gate is open. Under
 	// router-side admission (which gives a freed slot to a held request
 	// instead of scoring) it passes over a held sibling whose group has
-	// more on the freed server than on another, and only once a
+	// more on the freed server than on another: over every server once a
 	// correlation is measured at or above group_spread_min_corr (the last
-	// step's, or this step's finishers'): admission places a step as its
-	// first requests finish, so it can wait for one.
+	// step's, or this step's finishers'), over at most
+	// group_spread_open_max_servers before one is: admission places a
+	// step as its first requests finish, so it can wait for one.
 	// When to change: 0 to keep every group whole (lengths known to be
 	// independent of the prompt, or a KV cache too small to hold a prompt
 	// on every server); higher when long groups still straggle.
@@ -237,7 +238,9 @@ type KVCAware struct {
 	// only group_spread_open_corr or group_spread_open_ratio opened its
 	// gate: there responses are short next to the prompt, so each server
 	// past the first re-pays a prefill that is large next to the decode it
-	// balances. 0: no cap of its own.
+	// balances. 0: no cap of its own. Admission reads it too: until a
+	// correlation is measured (group_spread_min_corr), a held group splits
+	// over at most this many servers, and 0 keeps it whole until then.
 	// When to change: raise it on large fleets whose stragglers a split in
 	// two does not end.
 	GroupSpreadOpenMaxServers int `json:"group_spread_open_max_servers"`
@@ -414,19 +417,27 @@ func (k *KVCAware) ReadsLengthCorr() bool {
 // SpreadsGroup implements GroupSpreader: group_spread's gates are open for
 // req and its weight on one-request siblings outweighs task_spread's on
 // multi-turn ones; its cap is group_spread_max_servers. Where
-// group_spread_min_corr is set, a correlation not
-// measured yet reads as closed, unlike in Score: a placement made at
-// arrival cannot wait for one, but admission places a step's requests as
-// its first ones finish, so it measures before it spreads, and where a
-// prompt's samples are not alike, whole groups share prefill and KV
-// (docs/rl-workloads.md, "Admission spreads a group once its samples
-// are measured alike").
+// group_spread_min_corr is set and no correlation is measured yet, a
+// group splits over at most group_spread_open_max_servers servers (0:
+// it stays whole until one is measured), unlike in Score: admission
+// places a step's requests as its first ones finish, so it measures
+// before it spreads further, and where a prompt's samples are not alike,
+// groups kept on few servers share prefill and KV. Whole until measured
+// made admission's correlated first epochs longer than placement by
+// score (the burst's first slots went to whole groups), spread over every
+// server before measuring gave up what keeping groups together saves at
+// rho 0; a split in two kept both (docs/rl-workloads.md, "Admission
+// spreads a group once its samples are measured alike").
 func (k *KVCAware) SpreadsGroup(req *Request, promptTokens int) (bool, int) {
-	if k.GroupSpreadMinCorr > 0 && !req.LengthCorrKnown {
+	unmeasured := k.GroupSpreadMinCorr > 0 && !req.LengthCorrKnown
+	if unmeasured && k.GroupSpreadOpenMaxServers == 0 {
 		return false, 0
 	}
 	gs, servers := k.groupSpread(req, promptTokens, false)
 	gs *= 1 - multiTurn(req)
+	if unmeasured && (servers == 0 || k.GroupSpreadOpenMaxServers < servers) {
+		servers = k.GroupSpreadOpenMaxServers
+	}
 	return gs > 0 && gs > k.taskSpread(req)*taskTurns(req), servers
 }
 

@@ -618,30 +618,38 @@ func TestKVCAwareWorkWeight(t *testing.T) {
 	}
 }
 
-// SpreadsGroup is admission's reading of group_spread: its gates with an
-// unmeasured correlation read as closed (where group_spread_min_corr is
-// set), and only while one-request siblings outweigh multi-turn ones.
+// SpreadsGroup is admission's reading of group_spread: its gates, and
+// the servers a group may spread over: group_spread_max_servers once a
+// correlation is measured (where group_spread_min_corr is set), at most
+// group_spread_open_max_servers before (0 there: whole until measured);
+// only while one-request siblings outweigh multi-turn ones.
 func TestKVCAwareSpreadsGroup(t *testing.T) {
 	grpo := func(corr float64, known bool) *Request { // 200 sessions, no later turn
 		return &Request{SessionsBound: 200, ResponseTokens: 8192, LengthCorr: corr, LengthCorrKnown: known}
 	}
 	for _, tc := range []struct {
-		name   string
-		params string
-		req    *Request
-		prompt int
-		want   bool
+		name    string
+		params  string
+		req     *Request
+		prompt  int
+		want    bool
+		servers int // the cap returned with want true (0: none)
 	}{
-		{"measured alike", `{}`, grpo(0.6, true), 1000, true},
-		{"measured alike, capped at 3 servers", `{"group_spread_max_servers":3}`, grpo(0.6, true), 1000, true},
-		{"measured unalike", `{}`, grpo(0.1, true), 1000, false},
-		{"not measured", `{}`, grpo(0, false), 1000, false},
-		{"not measured, group_spread_min_corr 0", `{"group_spread_min_corr":0}`, grpo(0, false), 1000, true},
-		{"responses at 4 x the prompt", `{}`, grpo(0.6, true), 2048, false},
-		{"group_spread 0", `{"group_spread":0}`, grpo(0.6, true), 1000, false},
-		{"a fresh router presumes multi-turn", `{}`, &Request{ResponseTokens: 8192, LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false},
+		{"measured alike", `{}`, grpo(0.6, true), 1000, true, 0},
+		{"measured alike, capped at 3 servers", `{"group_spread_max_servers":3}`, grpo(0.6, true), 1000, true, 3},
+		{"measured unalike", `{}`, grpo(0.1, true), 1000, false, 0},
+		{"not measured: split over group_spread_open_max_servers", `{}`, grpo(0, false), 1000, true, 2},
+		{"not measured, open cap 3", `{"group_spread_open_max_servers":3}`, grpo(0, false), 1000, true, 3},
+		{"not measured, group_spread_max_servers lower", `{"group_spread_open_max_servers":3,"group_spread_max_servers":1}`, grpo(0, false), 1000, true, 1},
+		{"not measured, open cap 0: whole until measured", `{"group_spread_open_max_servers":0}`, grpo(0, false), 1000, false, 0},
+		{"not measured, responses at 4 x the prompt", `{}`, grpo(0, false), 2048, false, 0},
+		{"not measured, group_spread_min_corr 0", `{"group_spread_min_corr":0}`, grpo(0, false), 1000, true, 0},
+		{"responses at 4 x the prompt", `{}`, grpo(0.6, true), 2048, false, 0},
+		{"group_spread 0", `{"group_spread":0}`, grpo(0.6, true), 1000, false, 0},
+		{"group_spread 0, not measured", `{"group_spread":0}`, grpo(0, false), 1000, false, 0},
+		{"a fresh router presumes multi-turn", `{}`, &Request{ResponseTokens: 8192, LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false, 0},
 		{"multi-turn sessions (agent tasks)", `{}`, &Request{SessionsBound: 200, LaterTurns: 800, ResponseTokens: 8192,
-			LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false},
+			LengthCorr: 0.6, LengthCorrKnown: true}, 1000, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kv := DefaultKVCAware()
@@ -649,8 +657,9 @@ func TestKVCAwareSpreadsGroup(t *testing.T) {
 				t.Fatal(err)
 			}
 			k := &kv
-			if got, capped := SpreadsGroup(k, tc.req, tc.prompt); got != tc.want || capped != kv.GroupSpreadMaxServers {
-				t.Fatalf("SpreadsGroup = %v, %d; want %v, %d", got, capped, tc.want, kv.GroupSpreadMaxServers)
+			got, servers := SpreadsGroup(k, tc.req, tc.prompt)
+			if got != tc.want || (got && servers != tc.servers) {
+				t.Fatalf("SpreadsGroup = %v, %d; want %v, %d", got, servers, tc.want, tc.servers)
 			}
 			w := &Weighted{Parts: []Strategy{&LeastInflight{}, k}, Weights: []float64{0.5, 0.5}}
 			if got, _ := SpreadsGroup(w, tc.req, tc.prompt); got != tc.want {
