@@ -407,7 +407,11 @@ kvbench-work: ## placement by predicted work and its true-length references, rho
 # (docs/results/admit-spread/; the same command at edcef9e, before it, is
 # docs/results/admit-spread-edcef9e/; both render into docs/rl-workloads.md; at the
 # 8ef0422 freeze it is docs/results/admit-spread-8ef0422/, whose kvc_aware rows the
-# targets table reads). ~12 min.
+# targets table reads). Admission's split in two before a correlation is measured
+# (0c3bbe8): ADMIT_SPREAD_SEEDS="501 502 503 504 505 506 507 508" at the 0c3bbe8
+# freeze is docs/results/admit-split/, and at the f0be7ad freeze, before it, with
+# ADMIT_SPREAD_POLICIES=verl_default,kvc_aware+admit,kvc_aware+admit+lengths,
+# docs/results/admit-split-f0be7ad/. ~12 min.
 ADMIT_SPREAD_SEEDS ?= 421 422 423 424 425
 ADMIT_SPREAD_POLICIES = verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths
 kvbench-admit-spread: ## admission's group spread on the RL settings (rho 0 / 0.5 / 0.8, recurring prompts), fresh seeds ADMIT_SPREAD_SEEDS -> build/admit-spread/ (docs/rl-workloads.md)

@@ -1289,6 +1289,7 @@ ADMIT_SPREAD_TODAY = "admit-spread-8ef0422"
 # that made it, and at the f0be7ad freeze before it, on fresh seeds.
 ADMIT_SPLIT = "admit-split"
 ADMIT_SPLIT_BEFORE = ("admit-split-f0be7ad", "f0be7ad")
+ADMIT_SPLIT_FREEZE = "0c3bbe8"
 ADMIT_SPREAD_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 0.5", None),
                          ("rl-r8", "first epoch, ρ 0.8", None),
                          ("rl-rec", "recurring prompts, epoch 2 (ρ 0.6, epoch correlation 0.8)", 1),
@@ -1544,14 +1545,16 @@ def render_targets(docs_root: str) -> Optional[str]:
     # Today's defaults on more fresh seeds: the kvc_aware rows of `make kvbench-admit-spread` re-run at the
     # same freeze (seeds no tuning saw).
     today = [(mp, src_mp),
-             (os.path.join(res, ADMIT_SPREAD_TODAY), f"`{ADMIT_SPREAD_TODAY}/` (`make kvbench-admit-spread`)")]
+             (os.path.join(res, ADMIT_SPREAD_TODAY), f"`{ADMIT_SPREAD_TODAY}/` (`make kvbench-admit-spread`)"),
+             (os.path.join(res, ADMIT_SPLIT), f"`{ADMIT_SPLIT}/` (`make kvbench-admit-spread`)")]
     out = ["Rendered from the committed runs named in each row (under `docs/results/`); kvc_aware at the library "
            f"defaults in every row but the ones marked opt-in (frozen at `{RL_DEFAULTS[3:]}`; the `{MEAN_PROMPT}/`, "
            f"`{ADMIT_SPREAD_TODAY}/` and `{HELDOUT_NOW}/` rows at `{HELDOUT_NOW[8:]}`, whose "
            "response-length gate "
            f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, which splits a "
            "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
-           "`group_spread_open_ratio`); each cell is "
+           f"`group_spread_open_ratio`; the `{ADMIT_SPLIT}/` rows at `{ADMIT_SPLIT_FREEZE}`, whose defaults are "
+           f"`{DEMO_SHAPE_FREEZE}`'s, admission alone changed); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]

@@ -323,7 +323,8 @@ type AdmissionStatus struct {
 	// GroupSpread counts the groups a freed slot passed over (once per
 	// group and slot, however many of its siblings were held) because the
 	// group already had more on that server than on another (kvc_aware's
-	// group_spread, once the step's samples are measured alike).
+	// group_spread: over group_spread_open_max_servers until the step's
+	// samples are measured, over the pool once measured alike).
 	GroupSpread uint64 `json:"group_spread_total"`
 }
 
@@ -860,8 +861,10 @@ func (siblingsFirst) pick(r *Router, s *server, q *heldQueue, window int) *held 
 // the correlation measured so far: this step's finishers, else the last
 // step's; see strategy.GroupSpreader) and s already has more of it placed
 // this step than the pool server with the fewest (than the fewest of the
-// servers holding it, once it is on group_spread_max_servers of them: a
-// server outside that cap takes none). Without it, a freed
+// servers holding it, once it is on as many as the strategy's cap allows,
+// group_spread_max_servers, or before anything is measured
+// group_spread_open_max_servers: a server outside that cap takes none).
+// Without it, a freed
 // slot keeps taking the siblings of the prompts its server holds, so a
 // group runs on one server, and where a prompt's samples are alike a
 // long group makes that server the step's straggler; r.mu held.
