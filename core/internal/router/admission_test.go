@@ -285,6 +285,17 @@ func teachStep(t *testing.T, r *Router, base int32, prompts, samples int, alike 
 // of two; TestGroupFullRule checks the cap), and 0 there keeps it whole
 // until measured; group_spread_min_corr 0 spreads without measuring.
 func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
+	// lastStep teaches a finished step of prompts x samples, then syncs
+	// weights; thisStep teaches finishers of the step still running.
+	lastStep := func(prompts, samples int, alike bool) func(*testing.T, *Router) {
+		return func(t *testing.T, r *Router) {
+			teachStep(t, r, 1<<20, prompts, samples, alike)
+			r.ResetCache()
+		}
+	}
+	thisStep := func(prompts, samples int, alike bool) func(*testing.T, *Router) {
+		return func(t *testing.T, r *Router) { teachStep(t, r, 1<<20, prompts, samples, alike) }
+	}
 	for _, tc := range []struct {
 		name   string
 		params string
@@ -292,45 +303,19 @@ func TestAdmissionSpreadsAGroupOnceMeasuredAlike(t *testing.T) {
 		teach  func(t *testing.T, r *Router)
 		spread bool
 	}{
-		{"alike last step", `{}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 12, 4, true)
-			r.ResetCache()
-		}, true},
-		{"unalike last step", `{}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 12, 4, false)
-			r.ResetCache()
-		}, false},
-		{"too few prompts to measure: split in two", `{}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 4, 12, true)
-			r.ResetCache()
-		}, true},
-		{"too few prompts to measure, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 4, 12, true)
-			r.ResetCache()
-		}, false},
-		{"unalike last step, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 12, 4, false)
-			r.ResetCache()
-		}, false},
+		{"alike last step", `{}`, 8192, lastStep(12, 4, true), true},
+		{"unalike last step", `{}`, 8192, lastStep(12, 4, false), false},
+		{"too few prompts to measure: split in two", `{}`, 8192, lastStep(4, 12, true), true},
+		{"too few prompts to measure, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192,
+			lastStep(4, 12, true), false},
+		{"unalike last step, group_spread_open_max_servers 0", `{"group_spread_open_max_servers":0}`, 8192,
+			lastStep(12, 4, false), false},
 		// 65 prompts x 6 finished in this step (read every 64 responses).
-		{"alike within this step", `{}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, livePrompts+1, 6, true)
-		}, true},
-		{"unalike within this step", `{}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, livePrompts+1, 6, false)
-		}, false},
-		{"responses under 4 x the prompt", `{}`, 256, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 12, 4, true)
-			r.ResetCache()
-		}, false},
-		{"group_spread 0", `{"group_spread":0}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 12, 4, true)
-			r.ResetCache()
-		}, false},
-		{"group_spread_min_corr 0: nothing to measure", `{"group_spread_min_corr":0}`, 8192, func(t *testing.T, r *Router) {
-			teachStep(t, r, 1<<20, 4, 12, false)
-			r.ResetCache()
-		}, true},
+		{"alike within this step", `{}`, 8192, thisStep(livePrompts+1, 6, true), true},
+		{"unalike within this step", `{}`, 8192, thisStep(livePrompts+1, 6, false), false},
+		{"responses under 4 x the prompt", `{}`, 256, lastStep(12, 4, true), false},
+		{"group_spread 0", `{"group_spread":0}`, 8192, lastStep(12, 4, true), false},
+		{"group_spread_min_corr 0: nothing to measure", `{"group_spread_min_corr":0}`, 8192, lastStep(4, 12, false), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := admitConfig(1)
