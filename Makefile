@@ -220,7 +220,9 @@ kvbench-heldout-defaults: ## the held-out workloads' kvc_aware rows at today's d
 # lengths are independent: lengths.min_corr's gate closes it there. The
 # published seeds; -> build/heldout-admit/ (docs/results/heldout-admit/
 # renders into docs/rl-workloads.md beside the same run before the gate,
-# docs/results/heldout-admit-234dd89/). ~15 min.
+# docs/results/heldout-admit-234dd89/). Its grpo_sat command at the 0c3bbe8 freeze is
+# docs/results/heldout-admit-0c3bbe8/, at f0be7ad (RL_FROZEN=docs/results/frozen-kvc-aware-f0be7ad.json,
+# that commit's code) docs/results/heldout-admit-f0be7ad/. ~15 min.
 HELDOUT_ADMIT = --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(RL_FROZEN) --policies verl_default,kvc_aware+admit,kvc_aware+admit+lengths --quiet
 kvbench-heldout-admit: ## admission+lengths (opt-in) on the held-out GRPO workloads, published seeds -> build/heldout-admit/ (docs/rl-workloads.md)
 	@mkdir -p build/heldout-admit
