@@ -1216,6 +1216,10 @@ def render_admit_clock(docs_root: str) -> Optional[str]:
 HELDOUT_ADMIT = "heldout-admit"
 HELDOUT_ADMIT_BEFORE = ("heldout-admit-234dd89", "234dd89")
 HELDOUT_ADMIT_WORKLOADS = ("grpo_sat", "grpo")
+# Its grpo_sat command at the 0c3bbe8 freeze (admission splits a group in two
+# until a correlation is measured) and at f0be7ad, before it.
+HELDOUT_ADMIT_SPLIT = "heldout-admit-0c3bbe8"
+HELDOUT_ADMIT_SPLIT_BEFORE = ("heldout-admit-f0be7ad", "f0be7ad")
 
 
 def _now_and_before(folder: str, target: str, before: Tuple[str, str], what: str,
@@ -1241,22 +1245,24 @@ def _paired_settings(res: str, folder: str, before_dir: str,
             yield prefix, label, now, per
 
 
-def render_heldout_admit(docs_root: str) -> Optional[str]:
+def render_heldout_admit(docs_root: str, folder: str = HELDOUT_ADMIT,
+                         before: Tuple[str, str] = HELDOUT_ADMIT_BEFORE, what: str = "the gate") -> Optional[str]:
     """docs/rl-workloads.md's block for the opt-in order on the held-out GRPO
-    workloads: admission alone and with lengths over verl_default, the two
-    over each other, the same row before lengths.min_corr's gate, and the
-    gate's own effect (now over before), paired by seed."""
+    workloads (FOLDER): admission alone and with lengths over verl_default,
+    the two over each other, the same row before WHAT (BEFORE: its folder and
+    commit; lengths.min_corr's gate by default), and WHAT's own effect (now
+    over before), paired by seed."""
     res = os.path.join(docs_root, "docs", "results")
-    before_dir, _ = HELDOUT_ADMIT_BEFORE
+    before_dir, _ = before
     ours = OPT_IN_ORDER
-    out = [_now_and_before(HELDOUT_ADMIT, "kvbench-heldout-admit", HELDOUT_ADMIT_BEFORE, "the gate")
+    out = [_now_and_before(folder, "kvbench-heldout-admit", before, what)
            + "paired by seed, mean ± 95% CI.", "",
            f"| workload | seeds | kvc_aware+admit ÷ verl_default | {ours} ÷ verl_default | ÷ kvc_aware+admit "
-           f"| before the gate ÷ verl_default | the gate's effect (now ÷ before) | TTFT p99 ÷ verl_default "
+           f"| before {what} ÷ verl_default | {what}'s effect (now ÷ before) | TTFT p99 ÷ verl_default "
            "| hit rate, ours / admission's |", "|---|---|---|---|---|---|---|---|---|"]
     rows = 0
     for w in HELDOUT_ADMIT_WORKLOADS:
-        now_p = os.path.join(res, HELDOUT_ADMIT, f"kvbench-{w}.json")
+        now_p = os.path.join(res, folder, f"kvbench-{w}.json")
         then_p = os.path.join(res, before_dir, f"kvbench-{w}.json")
         if not (os.path.isfile(now_p) and os.path.isfile(then_p)):
             continue
@@ -1554,7 +1560,7 @@ def render_targets(docs_root: str) -> Optional[str]:
            f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, which splits a "
            "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
            f"`group_spread_open_ratio`; the `{ADMIT_SPLIT}/` rows at `{ADMIT_SPLIT_FREEZE}`, whose defaults are "
-           f"`{DEMO_SHAPE_FREEZE}`'s, admission alone changed); each cell is "
+           f"`{ADMIT_SPLIT_BEFORE[1]}`'s, admission alone changed); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1962,6 +1968,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         heldout_admit = render_heldout_admit(a.docs)
         if "<!-- BEGIN RENDERED: rl-heldout-admit -->" in rl_text and heldout_admit:
             targets.setdefault(rl_doc, {})["rl-heldout-admit"] = heldout_admit
+        heldout_split = render_heldout_admit(a.docs, HELDOUT_ADMIT_SPLIT, HELDOUT_ADMIT_SPLIT_BEFORE, "the split")
+        if "<!-- BEGIN RENDERED: rl-heldout-admit-split -->" in rl_text and heldout_split:
+            targets.setdefault(rl_doc, {})["rl-heldout-admit-split"] = heldout_split
         mean_prompt = render_mean_prompt(a.docs)
         if "<!-- BEGIN RENDERED: rl-mean-prompt -->" in rl_text and mean_prompt:
             targets.setdefault(rl_doc, {})["rl-mean-prompt"] = mean_prompt

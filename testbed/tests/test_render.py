@@ -946,13 +946,18 @@ def test_cap_block_pairs_cap_and_no_cap_by_seed(tmp_path):
                     "| 0.500 ± 0.000 | 60.0 ± 0.0% → 80.0 ± 0.0% |"], rows
 
 
-def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path):
-    """`make kvbench-heldout-admit`'s block: the opt-in order over verl_default
-    and admission alone, the same row before lengths.min_corr's gate (its own
-    folder) and the gate's effect, each paired seed by seed; a workload
-    without the run from before has no row."""
+@pytest.mark.parametrize("block,folder,base,what", [
+    ("rl-heldout-admit", "heldout-admit", "heldout-admit-234dd89", "the gate"),
+    ("rl-heldout-admit-split", "heldout-admit-0c3bbe8", "heldout-admit-f0be7ad", "the split"),
+])
+def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path, block, folder, base, what):
+    """`make kvbench-heldout-admit`'s blocks (lengths.min_corr's gate, and
+    admission's split in two): the opt-in order over verl_default and
+    admission alone, the same row before the change (its own folder) and the
+    change's effect, each paired seed by seed; a workload without the run
+    from before has no row."""
     res = tmp_path / "docs" / "results"
-    now, before = res / _const("HELDOUT_ADMIT"), res / "heldout-admit-234dd89"
+    now, before = res / folder, res / base
     now.mkdir(parents=True)
     before.mkdir()
 
@@ -968,8 +973,11 @@ def test_heldout_admit_block_pairs_now_and_before_the_gate(tmp_path):
     (now / "kvbench-grpo.json").write_text(doc(now_rows))  # nothing from before: no row
     (before / "kvbench-grpo_sat.json").write_text(doc({"verl_default": 1.0, "kvc_aware+admit": 0.9,
                                                         "kvc_aware+admit+lengths": 1.2}))
-    render = _rl_block_renderer(tmp_path, "rl-heldout-admit")
-    rows = [ln for ln in render().splitlines() if ln.startswith("| `")]
+    render = _rl_block_renderer(tmp_path, block)
+    page = render()
+    assert f"`docs/results/{folder}/`" in page and f"`docs/results/{base}/`" in page
+    assert f"| before {what} ÷ verl_default | {what}'s effect (now ÷ before) |" in page
+    rows = [ln for ln in page.splitlines() if ln.startswith("| `")]
     assert rows == ["| `grpo_sat` | 311–312 | 0.900 ± 0.000 (shorter) | 0.900 ± 0.000 (shorter) "
                     "| 1.000 ± 0.000 (a tie) | 1.200 ± 0.000 (longer) | 0.750 ± 0.000 (shorter) "
                     "| 0.810 ± 0.000 (lower) | 80.0 ± 0.0% / 80.0 ± 0.0% |"], rows
