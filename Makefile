@@ -498,7 +498,10 @@ kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0
 # f591d2b freeze are kept in docs/results/rl-tuned-f591d2b/): the one peer set of
 # KVBENCH_POLICIES plus Dynamo's agentic preset, each variant tuned on its own
 # grid on TUNE_SEEDS for step time alone, reported on fresh seeds; kvc_aware
-# frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/.
+# frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/
+# (the 668a343 freeze, seeds 371-375) and docs/results/rl-tuned-0c3bbe8/ (the
+# 0c3bbe8 freeze, RL_TUNED_SEEDS=511,...,520; ~55 min), each build/rl-tuned/
+# copied to its folder.
 RL_TUNED_SEEDS ?= 371,372,373,374,375
 RL_TUNED_POLICIES ?= $(KVBENCH_POLICIES),dynamo_cost+agentic,dynamo_cost+queue
 RL_TUNED = --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_SEEDS) --tune-objective step

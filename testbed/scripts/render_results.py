@@ -700,8 +700,12 @@ def _kvc_row(rows: List[dict]) -> Optional[dict]:
     return next((r for r in rows if r["policy"] == "kvc_aware"), None)
 
 
-# `make kvbench-rl-tuned`'s files (docs/results/rl-tuned/heldout-rl-KEY.json), in report order.
+# `make kvbench-rl-tuned`'s files (docs/results/RUN/heldout-rl-KEY.json), in report order.
 RL_TUNED = ("r0", "r5", "r8", "rec", "agt")
+# Its committed runs, oldest first, with kvc_aware's freeze: rl-tuned/ (the 668a343 freeze, seeds
+# 371-375) and the same protocol at the 0c3bbe8 freeze on seeds 511-520. Each renders into the block
+# named after its folder; the targets table reads every run present.
+RL_TUNED_RUNS = (("rl-tuned", "668a343"), ("rl-tuned-0c3bbe8", "0c3bbe8"))
 
 
 def kvbench_title(d: dict) -> str:
@@ -1528,11 +1532,18 @@ def render_targets(docs_root: str) -> Optional[str]:
     95% CI, Student's t), with a verdict."""
     res = os.path.join(docs_root, "docs", "results")
     cur, prev, work = (os.path.join(res, x) for x in (RL_DEFAULTS, RL_PREV, RL_WORK))
-    tuned = {k: os.path.join(res, "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED}
-    if not (all(os.path.isfile(p) for p in tuned.values()) and glob.glob(os.path.join(cur, "rl-r5-*.json"))
-            and glob.glob(os.path.join(work, "rl-rec-*.json"))):
+    # Every committed `make kvbench-rl-tuned` run (the first is required): (source, runs by key, files by key).
+    tuned_runs: List[Tuple[str, Dict[str, PerSeed], Dict[str, str]]] = []
+    for sub, _ in RL_TUNED_RUNS:
+        files = {k: os.path.join(res, sub, f"heldout-rl-{k}.json") for k in RL_TUNED}
+        if all(os.path.isfile(p) for p in files.values()):
+            tuned_runs.append((f"`{sub}/` (`make kvbench-rl-tuned`)", {k: _heldout_runs(p) for k, p in files.items()},
+                               files))
+        elif sub == RL_TUNED_RUNS[0][0]:
+            return None
+    if not (glob.glob(os.path.join(cur, "rl-r5-*.json")) and glob.glob(os.path.join(work, "rl-rec-*.json"))):
         return None
-    t = {k: _heldout_runs(p) for k, p in tuned.items()}
+    src_t, t, _ = tuned_runs[0]
 
     def seeds(runs: PerSeed) -> str:
         s = sorted(seed for p, seed in runs if p == "verl_default")
@@ -1544,7 +1555,6 @@ def render_targets(docs_root: str) -> Optional[str]:
         return ci
 
     src_cur = f"`{RL_DEFAULTS}/` (`make kvbench-rl`)"
-    src_t = "`rl-tuned/` (`make kvbench-rl-tuned`)"
     src_w = f"`{RL_WORK}/` (`make kvbench-work`)"
     mp = os.path.join(res, MEAN_PROMPT)
     src_mp = f"`{MEAN_PROMPT}/` (`make kvbench-mean-prompt`)"
@@ -1560,7 +1570,9 @@ def render_targets(docs_root: str) -> Optional[str]:
            f"reads the rollout's mean prompt; the `{DEMO_SHAPE}/` rows at `{DEMO_SHAPE_FREEZE}`, which splits a "
            "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
            f"`group_spread_open_ratio`; the `{ADMIT_SPLIT}/` rows at `{ADMIT_SPLIT_FREEZE}`, whose defaults are "
-           f"`{ADMIT_SPLIT_BEFORE[1]}`'s, admission alone changed); each cell is "
+           f"`{ADMIT_SPLIT_BEFORE[1]}`'s, admission alone changed"
+           + "".join(f"; the `{sub}/` rows at `{at}`" for sub, at in RL_TUNED_RUNS[1:]
+                     if os.path.isdir(os.path.join(res, sub))) + "); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
            "| target | setting | runs (seeds) | kvc_aware, paired | verdict |", "|---|---|---|---|---|"]
@@ -1570,7 +1582,7 @@ def render_targets(docs_root: str) -> Optional[str]:
 
     for rho, key in (("0.5", "r5"), ("0.8", "r8")):
         setting = f"first epoch, ρ {rho}"
-        runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None)), (src_t, t[key])]
+        runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None))] + [(src, tr[key]) for src, tr, _ in tuned_runs]
         if glob.glob(os.path.join(work, f"rl-{key}-*.json")):
             runs.append((src_w, _kvb_runs(work, f"rl-{key}", None)))
         runs += [(src, _kvb_runs(d, f"rl-{key}", None)) for d, src in today
@@ -1584,11 +1596,12 @@ def render_targets(docs_root: str) -> Optional[str]:
                 ci = vs(r, "kvc_aware", "verl_default")
                 row("≤ 0.98 × verl_default", setting + ", full size (512 prompts × 16, 8 engines)", src, r, ci,
                     _at_most(ci, 0.98))
-        for peer in TARGET_PEERS:
-            best = _at_best(t[key], peer)
-            if best:
-                ci = vs(t[key], "kvc_aware", best)
-                row(f"≤ {best}", setting, src_t, t[key], ci, _at_most(ci, 1.0))
+        for src, tr, _ in tuned_runs:
+            for peer in TARGET_PEERS:
+                best = _at_best(tr[key], peer)
+                if best:
+                    ci = vs(tr[key], "kvc_aware", best)
+                    row(f"≤ {best}", setting, src, tr[key], ci, _at_most(ci, 1.0))
     r0, r0_prev = _kvb_runs(cur, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
     both = _with_before(r0, r0_prev)
     ci = vs(both, "kvc_aware", "before")
@@ -1598,15 +1611,21 @@ def render_targets(docs_root: str) -> Optional[str]:
     rec = [(src_cur, _kvb_runs(cur, "rl-rec", 1)), (src_t, t["rec"]), (src_w, _kvb_runs(work, "rl-rec", 1))]
     rec_rows = rec + [(src, _kvb_runs(d, "rl-rec", 1)) for d, src in today
                       if glob.glob(os.path.join(d, "rl-rec-*.json"))]
+    rec_rows += [(src, tr["rec"]) for src, tr, _ in tuned_runs[1:]]
     for src, r in rec_rows:
         ci = vs(r, "kvc_aware", "verl_default")
         row("≤ 0.90 × verl_default", "recurring prompts, epoch 2", src, r, ci, _at_most(ci, 0.90))
-    for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(t["rec"])} - {"verl_default"}):
-        if peer.startswith("kvc_aware"):
-            continue
-        best = _at_best(t["rec"], peer)
-        ci = vs(t["rec"], "kvc_aware", best)
-        row(f"ahead of {best}", "recurring prompts, epoch 2", src_t, t["rec"], ci, _at_most(ci, 1.0))
+
+    def ahead_of_peers(target: str, setting: str, src: str, runs: PerSeed) -> None:
+        for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(runs)} - {"verl_default"}):
+            if peer.startswith("kvc_aware"):
+                continue
+            best = _at_best(runs, peer)
+            ci = vs(runs, "kvc_aware", best)
+            row(f"{target} {best}", setting, src, runs, ci, _at_most(ci, 1.0))
+
+    for src, tr, _ in tuned_runs:
+        ahead_of_peers("ahead of", "recurring prompts, epoch 2", src, tr["rec"])
     # The demo's shape (`make kvbench-demo-shape`): the same step-time targets on make demo's fleet and step.
     demo_dir = os.path.join(res, DEMO_SHAPE)
     src_d = f"`{DEMO_SHAPE}/` (`make kvbench-demo-shape`)"
@@ -1647,18 +1666,14 @@ def render_targets(docs_root: str) -> Optional[str]:
                        f"and `lengths` on, `{OPT_IN_ORDER}`) | {where} | {src} ({seeds(w)}) "
                        f"| {opt.fmt(3)} × verl_default; best reference {ref} {refs[ref].fmt(3)} | "
                        f"{way(opt, OPT_IN_ORDER, refs, ref)} |")
-    agt = t["agt"]
-    for peer in sorted({x.removesuffix(" (tuned)") for x in _rows(agt)} - {"verl_default"}):
-        if peer.startswith("kvc_aware"):
-            continue
-        best = _at_best(agt, peer)
-        ci = vs(agt, "kvc_aware", best)
-        row(f"≤ {best}", "agent, task difficulty ρ 0.6", src_t, agt, ci, _at_most(ci, 1.0))
-    for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
-                         ("rec", "recurring prompts, epoch 2"), ("agt", "agent")):
-        ci = vs(t[key], "kvc_aware", "verl_default", "ttft_p99")
-        row("TTFT p99 no worse than verl_default's", setting, src_t, t[key], ci,
-            "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
+    for src, tr, _ in tuned_runs:
+        ahead_of_peers("≤", "agent, task difficulty ρ 0.6", src, tr["agt"])
+    for src, tr, _ in tuned_runs:
+        for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
+                             ("rec", "recurring prompts, epoch 2"), ("agt", "agent")):
+            ci = vs(tr[key], "kvc_aware", "verl_default", "ttft_p99")
+            row("TTFT p99 no worse than verl_default's", setting, src, tr[key], ci,
+                "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
     # Against kvc_aware before issue 26 (the 520d43c freeze), same seeds.
     before_rows: List[Tuple[str, str, PerSeed]] = []
     for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
@@ -1706,8 +1721,10 @@ def render_targets(docs_root: str) -> Optional[str]:
                     g = _with_before(now, e)
                     cells += [vs(g, "kvc_aware", "before", m).fmt(3) for m in ("step", "ttft_p99")]
             out.append(f"| `{w}` | " + " | ".join(cells) + " |")
+    # The room each setting leaves, from the newest tuned run (the most seeds, today's defaults).
+    src_room, _, tuned = tuned_runs[-1]
     out += ["", "What the engine model leaves a router on each setting (kvbench's own references, computed seed by "
-            f"seed in the same {src_t} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
+            f"seed in the same {src_room} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
             "every prompt is served as if cached (all that prefix caching could buy without moving a request), and "
             "how far the shortest row stays above kvbench's work lower bound (every engine's work spread evenly, or "
             "the longest request chain alone; no router reaches it).", "",
@@ -1993,14 +2010,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         admit_lengths = render_admit_lengths(a.docs)
         if "<!-- BEGIN RENDERED: rl-admit-lengths -->" in rl_text and admit_lengths:
             targets.setdefault(rl_doc, {})["rl-admit-lengths"] = admit_lengths
-        # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`).
-        tuned_rl = [os.path.join(a.docs, "docs", "results", "rl-tuned", f"heldout-rl-{k}.json") for k in RL_TUNED]
-        if "<!-- BEGIN RENDERED: rl-tuned -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):
-            tdocs = []
-            for p in tuned_rl:
-                with open(p, encoding="utf-8") as f:
-                    tdocs.append((p, json.load(f)))
-            targets.setdefault(rl_doc, {})["rl-tuned"] = render_kvbench(tdocs)
+        # Every peer tuned for step time on the same settings (`make kvbench-rl-tuned`), one block per run.
+        for sub, _ in RL_TUNED_RUNS:
+            tuned_rl = [os.path.join(a.docs, "docs", "results", sub, f"heldout-rl-{k}.json") for k in RL_TUNED]
+            if f"<!-- BEGIN RENDERED: {sub} -->" in rl_text and all(os.path.isfile(p) for p in tuned_rl):
+                tdocs = []
+                for p in tuned_rl:
+                    with open(p, encoding="utf-8") as f:
+                        tdocs.append((p, json.load(f)))
+                targets.setdefault(rl_doc, {})[sub] = render_kvbench(tdocs)
     readme = os.path.join(a.docs, "README.md")
     has_rl = False
     if os.path.isfile(readme):

@@ -675,8 +675,8 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd",
-            "heldout-373c8bc", "kvbench-demo-shape")
+    subs = ("rl-tuned", "rl-tuned-0c3bbe8", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343",
+            "heldout-583ebbd", "heldout-373c8bc", "kvbench-demo-shape")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
@@ -687,8 +687,9 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
         return [ln for ln in render().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
 
     before = rows()
-    assert len(before) == 4 and all("**missed**" in ln for ln in before), before
-    assert "the demo's shape" in before[3] and "`kvbench-demo-shape/`" in before[3], before[3]
+    assert len(before) == 5 and all("**missed**" in ln for ln in before), before
+    assert "the demo's shape" in before[4] and "`kvbench-demo-shape/`" in before[4], before[4]
+    assert "`rl-tuned-0c3bbe8/`" in before[3] and "(511–520)" in before[3], before[3]
     path = res / "kvbench-work"
     for f in sorted(path.glob("rl-rec-*.json")):
         rep = json.loads(f.read_text())
@@ -696,7 +697,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
         steps["kvc_aware"][1] = 0.85 * steps["verl_default"][1]
         f.write_text(json.dumps(rep))
     after = rows()
-    assert after[:2] == before[:2] and after[3] == before[3]
+    assert after[:2] == before[:2] and after[3:] == before[3:]
     assert "`kvbench-work/`" in after[2] and "| 0.850 ± 0.000 |" in after[2]
     assert after[2].endswith("| **met** (interval below) |")
     text = render()
@@ -715,8 +716,12 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
                 and "the demo's shape" in ln)
     assert f"| {opt.fmt(3)} × verl_default; best reference kvc_aware+admit+truelen {ref.fmt(3)} |" in line, line
     assert line.endswith(f"{100 * (1 - opt.mean) / (1 - ref.mean):.0f}% of the way |"), line
-    # The room each setting leaves is read from the same runs' own references.
-    agt = res / "rl-tuned" / "heldout-rl-agt.json"
+    # Each tuned run judges the peer targets on its own seeds.
+    for sub, seeds in (("rl-tuned", "371–375"), ("rl-tuned-0c3bbe8", "511–520")):
+        assert any(ln.startswith("| ≤ vllm_router_sticky_least_loaded | first epoch, ρ 0.8 |")
+                   and f"`{sub}/` (`make kvbench-rl-tuned`) ({seeds})" in ln for ln in text.splitlines()), sub
+    # The room each setting leaves is read from the newest tuned run's own references.
+    agt = res / "rl-tuned-0c3bbe8" / "heldout-rl-agt.json"
     rep = json.loads(agt.read_text())
     line = next(ln for ln in text.splitlines() if ln.startswith("| agent, task difficulty ρ 0.6 |"))
     gain = rep["achievable_gain_over_verl"]
@@ -726,6 +731,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     agt.write_text(json.dumps(rep))
     text = render()
     assert "| agent, task difficulty ρ 0.6 | 20.0 ± 1.0% | 1.500 ± 0.250 |" in text.splitlines()
+    assert "in the same `rl-tuned-0c3bbe8/` (`make kvbench-rl-tuned`) runs" in text
     # The held-out workloads present on both sides (grpo, agent here) are paired with kvc_aware's rows
     # before issue 26, and verl_default's rows are checked identical seed for seed.
     held = [ln for ln in text.splitlines() if ln.startswith("| `grpo` |") or ln.startswith("| `agent` |")]
@@ -757,6 +763,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     (res / HELDOUT_NOW / "kvbench-grpo.json").write_text(json.dumps(now))
     held = [ln for ln in render().splitlines() if ln.startswith("| `grpo` |")]
     assert held and "| **no** |" in held[0], held
+    # Without the newer tuned run its rows go and the room table reads the older one.
+    shutil.rmtree(res / "rl-tuned-0c3bbe8")
+    text = render()
+    assert "rl-tuned-0c3bbe8" not in text and "in the same `rl-tuned/` (`make kvbench-rl-tuned`) runs" in text
 
 
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
