@@ -1724,10 +1724,10 @@ def render_targets(docs_root: str) -> Optional[str]:
     # The room each setting leaves, from the newest tuned run (the most seeds, today's defaults).
     src_room, _, tuned = tuned_runs[-1]
     out += ["", "What the engine model leaves a router on each setting (kvbench's own references, computed seed by "
-            f"seed in the same {src_room} runs, mean ± 95% CI): the step a replay of verl_default's placement saves when "
-            "every prompt is served as if cached (all that prefix caching could buy without moving a request), and "
-            "how far the shortest row stays above kvbench's work lower bound (every engine's work spread evenly, or "
-            "the longest request chain alone; no router reaches it).", "",
+            f"seed in the same {src_room} runs, mean ± 95% CI): the step a replay of verl_default's placement saves "
+            "when every prompt is served as if cached (all that prefix caching could buy without moving a request), "
+            "and how far the shortest row stays above kvbench's work lower bound (every engine's work spread evenly, "
+            "or the longest request chain alone; no router reaches it).", "",
             "| setting | verl_default's step shortened by caching every prompt | shortest row ÷ work lower bound |",
             "|---|---|---|"]
     for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
