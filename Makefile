@@ -344,7 +344,9 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# The library defaults (docs/frozen-kvc-aware.json, 373c8bc: docs/results/rl-373c8bc/,
+# Today's defaults (docs/frozen-kvc-aware.json, the 0c3bbe8 freeze, copied beside its runs):
+# docs/results/rl-0c3bbe8/, which README's RL table leads with. The library defaults at 373c8bc
+# (RL_FROZEN=docs/results/rl-373c8bc/frozen-kvc-aware.json): docs/results/rl-373c8bc/,
 # identical row for row to the 583ebbd, 81ebcf0, 8df1902 and 668a343 freezes'
 # rl-583ebbd/, rl-81ebcf0/, rl-8df1902/, rl-668a343/;
 # without group_spread: RL_FROZEN=docs/results/rl-f591d2b/frozen-kvc-aware.json, rl-f591d2b/);

@@ -967,6 +967,11 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
 RL_DEFAULTS = "rl-373c8bc"
+# The same `make kvbench-rl` seeds (341-345) re-run at today's defaults (the 0c3bbe8 freeze: 8ef0422's
+# gate on the rollout's mean prompt, f0be7ad's open ratio band, admission's split in two). Where the
+# folder exists, README's RL table and the targets table's same-seed rows (against the 520d43c rows
+# before issue 26) read it; the RL_DEFAULTS rows stay as that freeze's record.
+RL_TODAY = ("rl-0c3bbe8", "0c3bbe8")
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -1555,6 +1560,10 @@ def render_targets(docs_root: str) -> Optional[str]:
         return ci
 
     src_cur = f"`{RL_DEFAULTS}/` (`make kvbench-rl`)"
+    today_dir = os.path.join(res, RL_TODAY[0])
+    has_today = bool(glob.glob(os.path.join(today_dir, "rl-r0-*.json")))
+    # The same seeds at today's defaults where they were re-run, else the RL_DEFAULTS freeze's.
+    same_dir, same_src = (today_dir, f"`{RL_TODAY[0]}/` (`make kvbench-rl`)") if has_today else (cur, src_cur)
     src_w = f"`{RL_WORK}/` (`make kvbench-work`)"
     mp = os.path.join(res, MEAN_PROMPT)
     src_mp = f"`{MEAN_PROMPT}/` (`make kvbench-mean-prompt`)"
@@ -1571,7 +1580,7 @@ def render_targets(docs_root: str) -> Optional[str]:
            "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
            f"`group_spread_open_ratio`; the `{ADMIT_SPLIT}/` rows at `{ADMIT_SPLIT_FREEZE}`, whose defaults are "
            f"`{ADMIT_SPLIT_BEFORE[1]}`'s, admission alone changed"
-           + "".join(f"; the `{sub}/` rows at `{at}`" for sub, at in RL_TUNED_RUNS[1:]
+           + "".join(f"; the `{sub}/` rows at `{at}`" for sub, at in (*RL_TUNED_RUNS[1:], RL_TODAY)
                      if os.path.isdir(os.path.join(res, sub))) + "); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
@@ -1583,6 +1592,8 @@ def render_targets(docs_root: str) -> Optional[str]:
     for rho, key in (("0.5", "r5"), ("0.8", "r8")):
         setting = f"first epoch, ρ {rho}"
         runs = [(src_cur, _kvb_runs(cur, f"rl-{key}", None))] + [(src, tr[key]) for src, tr, _ in tuned_runs]
+        if has_today:
+            runs.append((same_src, _kvb_runs(today_dir, f"rl-{key}", None)))
         if glob.glob(os.path.join(work, f"rl-{key}-*.json")):
             runs.append((src_w, _kvb_runs(work, f"rl-{key}", None)))
         runs += [(src, _kvb_runs(d, f"rl-{key}", None)) for d, src in today
@@ -1602,16 +1613,18 @@ def render_targets(docs_root: str) -> Optional[str]:
                 if best:
                     ci = vs(tr[key], "kvc_aware", best)
                     row(f"≤ {best}", setting, src, tr[key], ci, _at_most(ci, 1.0))
-    r0, r0_prev = _kvb_runs(cur, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
+    r0, r0_prev = _kvb_runs(same_dir, "rl-r0", None), _kvb_runs(prev, "rl-r0", None)
     both = _with_before(r0, r0_prev)
     ci = vs(both, "kvc_aware", "before")
     row(f"no worse than before issue 26 (÷ kvc_aware at `{RL_PREV[3:]}`)", "first epoch, ρ 0", f"`{RL_PREV}/`, "
-        + src_cur, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
+        + same_src, both, ci, "**missed**: longer (interval above)" if ci.lo > 1 else
         ("not clearly worse, mean above 1" if ci.mean > 1 else "**met**"))
     rec = [(src_cur, _kvb_runs(cur, "rl-rec", 1)), (src_t, t["rec"]), (src_w, _kvb_runs(work, "rl-rec", 1))]
     rec_rows = rec + [(src, _kvb_runs(d, "rl-rec", 1)) for d, src in today
                       if glob.glob(os.path.join(d, "rl-rec-*.json"))]
     rec_rows += [(src, tr["rec"]) for src, tr, _ in tuned_runs[1:]]
+    if has_today:
+        rec_rows.append((same_src, _kvb_runs(today_dir, "rl-rec", 1)))
     for src, r in rec_rows:
         ci = vs(r, "kvc_aware", "verl_default")
         row("≤ 0.90 × verl_default", "recurring prompts, epoch 2", src, r, ci, _at_most(ci, 0.90))
@@ -1679,9 +1692,9 @@ def render_targets(docs_root: str) -> Optional[str]:
     for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
                          ("rec", "recurring prompts, epoch 2"), ("agt", "agent, task difficulty ρ 0.6")):
         step = 1 if key == "rec" else None
-        now, then = _kvb_runs(cur, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
+        now, then = _kvb_runs(same_dir, f"rl-{key}", step), _kvb_runs(prev, f"rl-{key}", step)
         if now and then:
-            before_rows.append((setting, f"`{RL_PREV}/`, {src_cur}", _with_before(now, then)))
+            before_rows.append((setting, f"`{RL_PREV}/`, {same_src}", _with_before(now, then)))
     # workload: (today's runs, the published 520d43c ones, each earlier freeze's or None)
     held: Dict[str, Tuple[PerSeed, PerSeed, List[Optional[PerSeed]]]] = {}
     for w in HELDOUT_WORKLOADS:
@@ -1826,33 +1839,43 @@ def render_rl_block(docs_root: str) -> Optional[str]:
     from render_rl import rows
 
     res = os.path.join(docs_root, "docs", "results")
-    current, off, prev = (os.path.join(res, d) for d in (RL_DEFAULTS, RL_GS_OFF, RL_PREV))
+    current, off, prev, today = (os.path.join(res, d) for d in (RL_DEFAULTS, RL_GS_OFF, RL_PREV, RL_TODAY[0]))
     if not glob.glob(os.path.join(current, "rl-r0-*.json")):
         return None
+    has_today = bool(glob.glob(os.path.join(today, "rl-r0-*.json")))
+    first = today if has_today else current
+    # Today's defaults first (where re-run), then the freezes that each changed one thing.
+    cols = ([(today, f"kvc_aware, library defaults ({RL_TODAY[1]})", "kvc_aware"),
+             (today, f"kvc_aware + admission ({RL_TODAY[1]})", "kvc_aware+admit"),
+             (current, f"kvc_aware, defaults at {RL_DEFAULTS[3:]}", "kvc_aware")] if has_today else
+            [(current, f"kvc_aware, library defaults ({RL_DEFAULTS[3:]})", "kvc_aware"),
+             (current, "kvc_aware + admission, defaults", "kvc_aware+admit")])
+    cols += [(off, f"kvc_aware, group_spread off ({RL_GS_OFF[3:]})", "kvc_aware"),
+             (prev, f"kvc_aware, task_spread off ({RL_PREV[3:]})", "kvc_aware"),
+             (res, "kvc_aware, group_spread 0.1 ungated (3965cf8)", "kvc_aware")]
+    dirs = ([today] if has_today else []) + [current, off, prev]
     out = ["kvc_aware's step time ÷ verl_default's on the same seed (`make kvbench-rl`, grpo_sat at half size "
            "and kvbench's agent workload, "
            "verl-ordered arrivals, HBM engine model; mean ± 95% CI over the seeds; rendered from "
-           f"`docs/results/{RL_DEFAULTS}/`, `docs/results/{RL_GS_OFF}/`, `docs/results/{RL_PREV}/` and "
+           + ", ".join(f"`docs/results/{os.path.basename(d)}/`" for d in dirs) + " and "
            "`docs/results/rl-*.json`):", "",
-           f"| setting | seeds | kvc_aware, library defaults ({RL_DEFAULTS[3:]}) | kvc_aware + admission, defaults "
-           f"| kvc_aware, group_spread off ({RL_GS_OFF[3:]}) "
-           f"| kvc_aware, task_spread off ({RL_PREV[3:]}) | kvc_aware, group_spread 0.1 ungated (3965cf8) |",
-           "|---|---|---|---|---|---|---|"]
+           "| setting | seeds | " + " | ".join(label for _, label, _ in cols) + " |",
+           "|---|---|" + "---|" * len(cols)]
     for prefix, label, step in RL_SETTINGS:
-        d, f, o, g = (rows(x, prefix, step) for x in (current, off, prev, res))
-        if "kvc_aware" not in d:
+        data = {d: rows(d, prefix, step) for d in {d for d, _, _ in cols}}
+        if "kvc_aware" not in data[first]:
             continue
         seeds = sorted(int(os.path.basename(p)[len(prefix) + 1:-5])
-                       for p in glob.glob(os.path.join(current, f"{prefix}-*.json")))
+                       for p in glob.glob(os.path.join(first, f"{prefix}-*.json")))
 
-        def cell(data: Dict[str, Dict[str, List[float]]], p: str) -> str:
-            if p not in data:
+        def cell(d: Dict[str, Dict[str, List[float]]], p: str) -> str:
+            if p not in d:
                 return "n/a"
-            ci = mean_ci(data[p]["step"])
+            ci = mean_ci(d[p]["step"])
             return ci.fmt(3) + {1: " (longer)", -1: " (shorter)", 0: ""}[_clear(ci)]
 
-        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | {cell(d, 'kvc_aware')} | {cell(d, 'kvc_aware+admit')} "
-                   f"| {cell(f, 'kvc_aware')} | {cell(o, 'kvc_aware')} | {cell(g, 'kvc_aware')} |")
+        out.append(f"| {label} | {seeds[0]}–{seeds[-1]} | "
+                   + " | ".join(cell(data[d], p) for d, _, p in cols) + " |")
     return "\n".join(out)
 
 

@@ -274,6 +274,22 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     assert "| 1.200 ± 0.000 (longer) | 1.000 ± 0.000 | n/a | n/a | n/a |" in rec
     assert not any(ln.startswith("| first epoch, ρ 0.5") for ln in lines)
     assert "group_spread off (f591d2b)" in readme.read_text()
+    # The same seeds re-run at today's defaults lead the table; the older freeze keeps its column.
+    with open(SCRIPT, encoding="utf-8") as f:
+        m = re.search(r'^RL_TODAY = \("([^"]+)", "([^"]+)"\)$', f.read(), re.M)
+    assert m
+    today, at = m.groups()
+    (res / today).mkdir()
+    for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
+        (res / today / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.8 * w, 0.85 * w)))
+    r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    r0 = [ln for ln in text.splitlines() if ln.startswith("| first epoch, ρ 0 |")][0]
+    assert r0.startswith("| first epoch, ρ 0 | 341–343 | 0.800 ± 0.000 (shorter) | 0.850 ± 0.000 (shorter) "
+                         "| 0.900 ± 0.000 (shorter) | 0.970 ± 0.000 (shorter) |"), r0
+    assert f"library defaults ({at})" in text and f"defaults at {RL_DEFAULTS[3:]}" in text
+    assert f"`docs/results/{today}/`" in text
 
 
 def test_arena_tuned_rows_merge_after_their_default(tmp_path):
@@ -675,8 +691,8 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", "rl-tuned-0c3bbe8", RL_DEFAULTS, "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343",
-            "heldout-583ebbd", "heldout-373c8bc", "kvbench-demo-shape")
+    subs = ("rl-tuned", "rl-tuned-0c3bbe8", RL_DEFAULTS, "rl-0c3bbe8", "rl-520d43c", "kvbench-work", HELDOUT_NOW,
+            "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc", "kvbench-demo-shape")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
@@ -687,9 +703,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
         return [ln for ln in render().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
 
     before = rows()
-    assert len(before) == 5 and all("**missed**" in ln for ln in before), before
-    assert "the demo's shape" in before[4] and "`kvbench-demo-shape/`" in before[4], before[4]
+    assert len(before) == 6 and all("**missed**" in ln for ln in before), before
+    assert "the demo's shape" in before[5] and "`kvbench-demo-shape/`" in before[5], before[5]
     assert "`rl-tuned-0c3bbe8/`" in before[3] and "(511–520)" in before[3], before[3]
+    assert "`rl-0c3bbe8/` (`make kvbench-rl`) (341–345)" in before[4], before[4]
     path = res / "kvbench-work"
     for f in sorted(path.glob("rl-rec-*.json")):
         rep = json.loads(f.read_text())
@@ -702,6 +719,10 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     assert after[2].endswith("| **met** (interval below) |")
     text = render()
     assert "| TTFT p99 no worse than verl_default's | agent |" in text
+    # The same-seed rows against kvc_aware before issue 26 read today's re-run of those seeds.
+    before26 = [ln for ln in text.splitlines() if ln.startswith("| TTFT p99 no worse than before issue 26")
+                and "first epoch" in ln]
+    assert len(before26) == 3 and all("`rl-520d43c/`, `rl-0c3bbe8/`" in ln for ln in before26), before26
     assert "| ≥ 60% of the way to the true-length reference |" in text
     # On the demo's shape the way is measured against that run's own true-length reference, step 2.
     from kvc_harness.stats import mean_ci
