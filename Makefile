@@ -502,7 +502,7 @@ kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0
 # grid on TUNE_SEEDS for step time alone, reported on fresh seeds; kvc_aware
 # frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/
 # (the 668a343 freeze, seeds 371-375) and docs/results/rl-tuned-0c3bbe8/ (the
-# 0c3bbe8 freeze, RL_TUNED_SEEDS=511,...,520; ~55 min), each build/rl-tuned/
+# 0c3bbe8 freeze, RL_TUNED_SEEDS=511,...,520; 31 min here), each build/rl-tuned/
 # copied to its folder.
 RL_TUNED_SEEDS ?= 371,372,373,374,375
 RL_TUNED_POLICIES ?= $(KVBENCH_POLICIES),dynamo_cost+agentic,dynamo_cost+queue
