@@ -96,6 +96,48 @@ def test_the_integration_picks_the_admission_class_and_options():
     assert issubclass(bound, KVCAwareAdmissionBalancer) and bound.__name__ == "KVCAwareAdmissionBalancer"
 
 
+@pytest.mark.parametrize(
+    "block, hook_admits",
+    [
+        ({"type": "kvc_aware"}, True),  # the packaged defaults: auto
+        ("kvc_aware", True),
+        ({"type": "kvc_aware", "config": {"admission": {"enabled": "auto", "max_inflight": 3}}}, True),
+        ({"type": "kvc_aware", "config": {"admission": {"max_inflight": 3}}}, True),
+        ({"type": "kvc_aware", "config": {"admission": {"enabled": False}}}, False),
+        ({"type": "default"}, False),
+        (None, False),
+    ],
+)
+def test_admission_auto_is_on_where_the_balancer_can_hold(block, hook_admits):
+    """admission.enabled defaults to auto: verl's hook creates the async
+    admission class for kvc_aware and admission runs there; the synchronous
+    class takes the same block with admission off instead of refusing it."""
+    want = KVCAwareAdmissionBalancer if hook_admits else KVCAwareBalancer
+    assert verl_actor.balancer_class(block) is want
+    assert ("max_concurrency" in verl_actor.actor_options(block)) is hook_admits
+    sync = KVCAwareBalancer(servers(1), router_config=block)
+    try:
+        assert sync.get_status()["router"]["admission"]["enabled"] is False
+        assert sync._config.effective["router"]["admission"]["enabled"] is False
+    finally:
+        sync.close()
+    if block is not None:
+        adm = KVCAwareAdmissionBalancer(servers(1), router_config=block)
+        try:
+            assert adm.get_status()["router"]["admission"]["enabled"] is hook_admits
+        finally:
+            adm.close()
+
+
+def test_admission_enabled_takes_only_true_false_or_auto():
+    for bad in ("on", 1, "yes"):
+        with pytest.raises(ConfigError) as e:
+            block = {"type": "kvc_aware", "config": {"admission": {"enabled": bad}}}
+            KVCAwareAdmissionBalancer(servers(1), router_config=block)
+        assert e.value.key == "config.admission.enabled"
+        assert 'true, false or "auto"' in str(e.value)
+
+
 def test_the_verl_integration_tells_the_router_the_rollouts_turns():
     """turns from verl's rollout config: multi_turn.enable or an agent loop
     other than single_turn_agent -> multi, else single; a value the user

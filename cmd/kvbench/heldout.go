@@ -96,7 +96,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, 
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit})
+			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit})
 			if err != nil {
 				errs[i] = err
 				return
@@ -563,6 +563,31 @@ type frozenFile struct {
 	Commit   string          `json:"commit"`
 	Status   string          `json:"status"`
 	Strategy json.RawMessage `json:"strategy"`
+	// LibraryDefaults.Router.Admission.Enabled: whether the balancer verl's
+	// hook creates at those defaults runs router-side admission (true
+	// since admission.enabled's default became auto; freezes before it
+	// recorded false).
+	LibraryDefaults struct {
+		Router struct {
+			Admission struct {
+				Enabled bool `json:"enabled"`
+			} `json:"admission"`
+		} `json:"router"`
+	} `json:"library_defaults"`
+}
+
+// frozenAdmission says whether the freeze at path runs kvc_aware with
+// router-side admission (its library defaults as verl's hook runs them).
+func frozenAdmission(path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("--kvc-frozen: %w", err)
+	}
+	var f frozenFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
+	}
+	return f.LibraryDefaults.Router.Admission.Enabled, nil
 }
 
 // readFrozen returns the frozen strategy parameters and the commit they

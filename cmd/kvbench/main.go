@@ -91,6 +91,10 @@ type config struct {
 	// kvcFrozen is the frozen kvc_aware configuration file (docs/frozen-kvc-aware.json);
 	// frozenCommit the commit it records.
 	kvcFrozen, frozenCommit string
+	// kvcAdmit: the freeze runs kvc_aware with router-side admission (verl's
+	// hook does at its defaults since admission.enabled became auto);
+	// without a freeze, kvc_aware is the routing alone.
+	kvcAdmit bool
 	// kvcTurns is kvc_aware's router "turns"; "" = what verl's hook sets
 	// for the workload (bench.TurnsFor).
 	kvcTurns string
@@ -264,6 +268,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			return nil, err
 		}
 		c.params["kvc_aware"], c.frozenCommit = raw, commit
+		if c.kvcAdmit, err = frozenAdmission(c.kvcFrozen); err != nil {
+			return nil, err
+		}
 	}
 	if c.kvcAdmission != "" {
 		edit, err := admissionOverlay(c.kvcAdmission)
@@ -521,7 +528,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 	}
 	var progress atomic.Int64
 	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(),
-		KVCRouter: c.admissionEdit}
+		KVCRouter: c.admissionEdit, Admission: c.kvcAdmit}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)

@@ -479,3 +479,65 @@ func TestResponseMaxIsWhatTheHookTells(t *testing.T) {
 		}
 	}
 }
+
+// A freeze whose library defaults run admission (verl's hook since
+// admission.enabled became auto) runs it on the kvc_aware row: that row is
+// kvc_aware+admit's seed for seed, and kvc_aware+noadmit is the routing
+// alone (it differs on an oversubscribed step).
+func TestFrozenAdmissionDefault(t *testing.T) {
+	dir := t.TempDir()
+	frozen := filepath.Join(dir, "frozen.json")
+	doc := `{"commit":"abc123","status":"frozen","strategy":` + frozenStrategy(t, nil) +
+		`,"library_defaults":{"router":{"admission":{"enabled":true}}}}`
+	if err := os.WriteFile(frozen, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := frozenAdmission(frozen); err != nil || !on {
+		t.Fatalf("frozenAdmission = %v, %v", on, err)
+	}
+	old := filepath.Join("..", "..", "docs", "results", "frozen-kvc-aware-f0be7ad.json")
+	if on, err := frozenAdmission(old); err != nil || on {
+		t.Fatalf("a freeze from before auto runs admission: %v, %v", on, err)
+	}
+	jsonPath := filepath.Join(dir, "h.json")
+	args := []string{"--workload", "grpo", "--steps", "1", "--grpo-prompts", "16", "--grpo-n", "8", "--response-median", "60",
+		"--engines", "2", "--max-num-seqs", "8", "--gpu-blocks", "4000", "--quiet",
+		"--heldout", "--tune-seeds", "9", "--report-seeds", "1,2",
+		"--policies", "verl_default,kvc_aware,kvc_aware+admit,kvc_aware+noadmit", "--kvc-frozen", frozen, "--json", jsonPath}
+	var out, errb bytes.Buffer
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var res struct {
+		Rows []struct {
+			Policy  string            `json:"policy"`
+			PerSeed []json.RawMessage `json:"per_seed"`
+		} `json:"rows"`
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 4 || res.Rows[1].Policy != "kvc_aware" || res.Rows[3].Policy != "kvc_aware+noadmit" {
+		t.Fatalf("rows %+v", res.Rows)
+	}
+	seeds := func(i int) string {
+		var parts []string
+		for _, p := range res.Rows[i].PerSeed {
+			var m map[string]any
+			_ = json.Unmarshal(p, &m)
+			delete(m, "policy")
+			parts = append(parts, fmt.Sprint(m["makespan_s"], m["ttft_p99_s"], m["hit_rate"]))
+		}
+		return strings.Join(parts, ";")
+	}
+	if seeds(1) != seeds(2) {
+		t.Fatalf("kvc_aware under an admission freeze is not kvc_aware+admit:\n%s\n%s", seeds(1), seeds(2))
+	}
+	if seeds(3) == seeds(2) {
+		t.Fatalf("kvc_aware+noadmit held requests too: %s", seeds(3))
+	}
+}

@@ -217,6 +217,15 @@ func (g *gen) blockRows() ([]blockRow, error) {
 	if err := walk(reflect.TypeOf(Integration{}), at, "integration", "collector"); err != nil {
 		return nil, err
 	}
+	// The balancer's document resolves admission.enabled's "auto" by the
+	// class (translator.admission), so the library's boolean default is
+	// not the block's.
+	for i := range rows {
+		if rows[i].key == at+".admission.enabled" {
+			rows[i].typ = `boolean or "auto"`
+			rows[i].def = `"auto" (on in the async balancer, off in the synchronous one)`
+		}
+	}
 	return rows, nil
 }
 

@@ -38,9 +38,21 @@ type Balancer struct {
 	// the configuration leaves sticky_max_size unset.
 	MaxCacheSize *int `json:"max_cache_size"`
 	// SyncBalancer says the caller cannot hold acquire calls (the
-	// synchronous KVCAwareBalancer); admission.enabled is then an error.
+	// synchronous KVCAwareBalancer); admission.enabled: true is then an
+	// error and its default, auto, means off.
 	SyncBalancer bool `json:"sync_balancer"`
+	// AsyncBalancer says the caller can hold acquire calls (the async
+	// KVCAwareAdmissionBalancer, which verl's hook creates for kvc_aware);
+	// admission.enabled's default, auto, then means on. A caller that says
+	// neither gets auto as off: admission changes plain acquires too (a
+	// full server is passed over), so it is on only where it was asked for.
+	AsyncBalancer bool `json:"async_balancer"`
 }
+
+// AdmissionAuto is router.config.admission.enabled's default in the
+// balancer's document: on where the balancer can hold acquire calls
+// (Balancer.AsyncBalancer), off elsewhere.
+const AdmissionAuto = "auto"
 
 // Block is verl's router block, actor_rollout_ref.rollout.router.
 // router_config may be this block; {"router": <block>}; a whole verl
@@ -195,7 +207,10 @@ func parseBalancer(data []byte) (Config, error) {
 		}
 		innerAt = strictjson.Join(at, "config")
 	}
-	t := translator{at: innerAt, typeKey: strictjson.Join(at, "type"), mode: mode}
+	if b.SyncBalancer && b.AsyncBalancer {
+		return Config{}, &FieldError{Key: "async_balancer", Reason: "a balancer is either synchronous (sync_balancer) or async (async_balancer), not both"}
+	}
+	t := translator{at: innerAt, typeKey: strictjson.Join(at, "type"), mode: mode, canHold: b.AsyncBalancer}
 	c, err := t.translate(inner, b.MaxCacheSize)
 	if err != nil {
 		return c, err
@@ -363,6 +378,35 @@ type translator struct {
 	targetKey []string
 	// unhealthyAlias: router.load.unhealthy_after came from the collector.
 	unhealthyAlias bool
+	// canHold: the balancer can hold acquire calls, so admission.enabled's
+	// default (auto) means on (Balancer.AsyncBalancer).
+	canHold bool
+}
+
+// admission resolves router.config.admission.enabled, whose default in the
+// balancer's document is "auto" (AdmissionAuto), into the library's
+// boolean: on in kvc_aware mode where the balancer can hold acquire calls.
+// v is the user's admission mapping (nil when unset); the result is the
+// mapping to hand the library.
+func (t *translator) admission(v json.RawMessage) (json.RawMessage, error) {
+	m := map[string]json.RawMessage{}
+	if v != nil {
+		var err error
+		if m, err = object(v, t.key("admission"), "a mapping"); err != nil {
+			return nil, err
+		}
+	}
+	on := t.canHold && t.mode == router.ModeKVCAware
+	switch e, set := m["enabled"]; {
+	case !set || isNull(e):
+	case bytes.Equal(bytes.TrimSpace(e), []byte(`"`+AdmissionAuto+`"`)):
+	case kind(e) == "boolean":
+		return v, nil
+	default:
+		return nil, &FieldError{Key: t.key("admission.enabled"), Reason: fmt.Sprintf("must be true, false or %q, got %s", AdmissionAuto, strings.TrimSpace(string(e)))}
+	}
+	m["enabled"], _ = json.Marshal(on)
+	return json.Marshal(m)
 }
 
 func (t *translator) key(k string) string { return strictjson.Join(t.at, k) }
@@ -396,6 +440,10 @@ func (t *translator) translate(doc json.RawMessage, maxCacheSize *int) (Config, 
 			if col, err = object(v, t.key(k), "a mapping"); err != nil {
 				return c, err
 			}
+		case k == "admission":
+			if rdoc[k], err = t.admission(v); err != nil {
+				return c, err
+			}
 		case slices.Contains(routerKeys, k):
 			rdoc[k] = v
 		case slices.Contains(topKeys, k):
@@ -408,6 +456,11 @@ func (t *translator) translate(doc json.RawMessage, maxCacheSize *int) (Config, 
 			integ[k] = v
 		default:
 			return c, unknownKey(t.at, k, slices.Concat(own, routerKeys, topKeys, integKeys))
+		}
+	}
+	if _, set := rdoc["admission"]; !set {
+		if rdoc["admission"], err = t.admission(nil); err != nil {
+			return c, err
 		}
 	}
 	specs, err := t.collector(col, rdoc, integ, &names)

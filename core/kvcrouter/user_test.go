@@ -210,6 +210,60 @@ func TestBalancerDocument(t *testing.T) {
 	}
 }
 
+// TestAdmissionAuto: admission.enabled's default in the balancer's document
+// is auto, on only in kvc_aware mode and only where the balancer says it
+// can hold acquire calls; an explicit true or false wins everywhere it is
+// allowed.
+func TestAdmissionAuto(t *testing.T) {
+	kvc := func(adm string) string {
+		if adm == "" {
+			return `{"type": "kvc_aware"}`
+		}
+		return `{"type": "kvc_aware", "config": {"admission": ` + adm + `}}`
+	}
+	for _, tc := range []struct {
+		name, rc, host string
+		want           bool
+	}{
+		{"unset, async", kvc(""), `"async_balancer": true`, true},
+		{"unset, sync", kvc(""), `"sync_balancer": true`, false},
+		{"unset, host silent", kvc(""), `"max_cache_size": 5`, false},
+		{"auto, async", kvc(`{"enabled": "auto"}`), `"async_balancer": true`, true},
+		{"auto, sync", kvc(`{"enabled": "auto"}`), `"sync_balancer": true`, false},
+		{"null, async", kvc(`{"enabled": null, "max_inflight": 3}`), `"async_balancer": true`, true},
+		{"other keys only, async", kvc(`{"max_inflight": 3}`), `"async_balancer": true`, true},
+		{"false, async", kvc(`{"enabled": false}`), `"async_balancer": true`, false},
+		{"true, host silent", kvc(`{"enabled": true}`), `"max_cache_size": 5`, true},
+		{"default router, async", `{"type": "default"}`, `"async_balancer": true`, false},
+		{"bare config mapping, async", `{"alpha_unused": null}`, `"async_balancer": true`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(`{"router_config": ` + tc.rc + `, ` + tc.host + `}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Router.Admission.Enabled != tc.want {
+				t.Fatalf("admission.enabled = %v, want %v", c.Router.Admission.Enabled, tc.want)
+			}
+			if tc.want && c.Router.Admission.MaxQueue == 0 {
+				t.Fatalf("admission defaults not filled: %+v", c.Router.Admission)
+			}
+		})
+	}
+	for _, tc := range []struct{ doc, key, reason string }{
+		{`{"router_config": ` + kvc(`{"enabled": "on"}`) + `, "async_balancer": true}`, "config.admission.enabled", `must be true, false or "auto"`},
+		{`{"router_config": ` + kvc(`{"enabled": 1}`) + `}`, "config.admission.enabled", `must be true, false or "auto"`},
+		{`{"router_config": ` + kvc(`[1]`) + `}`, "config.admission", "must be a mapping"},
+		{`{"router_config": null, "sync_balancer": true, "async_balancer": true}`, "async_balancer", "not both"},
+	} {
+		_, err := Parse([]byte(tc.doc))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Key != tc.key || !strings.Contains(fe.Reason, tc.reason) {
+			t.Errorf("%s: got %v, want key %q and reason containing %q", tc.doc, err, tc.key, tc.reason)
+		}
+	}
+}
+
 // TestBlockKeysCoverTheLibrary: router.config takes every key of the
 // library's router section and top level (bar the sections it has its own
 // form of), so nothing the library accepts is out of the user's reach.

@@ -10,9 +10,10 @@
 
 Without ``router_config`` it routes exactly like verl's default balancer; with
 ``router_config="kvc_aware"`` (or a dict / DictConfig / YAML path) it routes on
-prefix-cache hits and live load. With ``admission: {enabled: true}`` in that
-configuration, use the async ``KVCAwareAdmissionBalancer`` (router-side
-admission, docs/verl.md). The routing core is the Go library
+prefix-cache hits and live load. The async ``KVCAwareAdmissionBalancer``
+adds router-side admission (on by default there, ``admission.enabled: auto``;
+verl's hook creates it for kvc_aware; docs/verl.md); this synchronous class
+runs without it. The routing core is the Go library
 ``libkvcrouter.so`` shipped inside this package, loaded lazily through ctypes.
 """
 

@@ -39,9 +39,11 @@ def _pool_kept_changing() -> NoServerError:
 class KVCAwareBalancer:
     """Routes requests to servers; same methods and semantics as verl's balancer.
 
-    Router-side admission (``admission: {enabled: true}``) needs the async
-    :class:`~kvc_router.KVCAwareAdmissionBalancer`; this class refuses such a
-    configuration with a :class:`~kvc_router.errors.ConfigError` naming it.
+    Router-side admission needs the async
+    :class:`~kvc_router.KVCAwareAdmissionBalancer` (which verl's hook creates
+    for kvc_aware, where admission's default, ``auto``, turns it on). Here
+    ``auto`` means off, and ``admission: {enabled: true}`` is refused with a
+    :class:`~kvc_router.errors.ConfigError` naming the class to use.
 
     Parameters
     ----------
@@ -87,9 +89,13 @@ class KVCAwareBalancer:
                 allowed=(True, False),
             )
         # The library checks max_cache_size and refuses admission to the
-        # synchronous class, naming the key.
+        # synchronous class, naming the key; admission's default (auto) is on
+        # only in the async class.
         self._config: RouterConfig = load_router_config(
-            router_config, max_cache_size=max_cache_size, sync_balancer=not self._ADMISSION
+            router_config,
+            max_cache_size=max_cache_size,
+            sync_balancer=not self._ADMISSION,
+            async_balancer=self._ADMISSION,
         )
         self._full_determinism = full_determinism
         self._flavor = _native.METRICS_FLAVORS[self._config.metrics_flavor]

@@ -198,9 +198,14 @@ class RouterConfig:
 KVCAwareConfig = RouterConfig  # upstream verl's name
 
 
-def library_defaults(router_type: str = "default") -> dict:
-    """The library's effective configuration for a router type with an empty config."""
-    return _validate({"router_config": {"type": router_type, "config": {}}})
+def library_defaults(router_type: str = "default", *, async_balancer: bool = False) -> dict:
+    """The library's effective configuration for a router type with an empty
+    config; with ``async_balancer``, as the admission balancer (the class
+    verl's hook creates for kvc_aware) runs it: admission on."""
+    doc: Dict[str, Any] = {"router_config": {"type": router_type, "config": {}}}
+    if async_balancer:
+        doc["async_balancer"] = True
+    return _validate(doc)
 
 
 def packaged_config_path(name: str) -> str:
@@ -209,22 +214,31 @@ def packaged_config_path(name: str) -> str:
 
 
 def load_router_config(
-    source: Any = None, validate: bool = True, *, max_cache_size: Optional[int] = None, sync_balancer: bool = False
+    source: Any = None,
+    validate: bool = True,
+    *,
+    max_cache_size: Optional[int] = None,
+    sync_balancer: bool = False,
+    async_balancer: bool = False,
 ) -> RouterConfig:
     """Any accepted input (``None``, a router type, a YAML path, verl's
     router block or the whole verl config, the bare ``config`` mapping, as
     dicts or OmegaConf, or a :class:`RouterConfig`) as a :class:`RouterConfig`.
     The library checks it (``validate`` is kept for compatibility: there is
     no unchecked configuration), so every error is a :class:`ConfigError`
-    naming the key as the user wrote it. ``max_cache_size`` and
-    ``sync_balancer`` are the balancer's (see :class:`KVCAwareBalancer`)."""
+    naming the key as the user wrote it. ``max_cache_size``,
+    ``sync_balancer`` and ``async_balancer`` are the balancer's (see
+    :class:`KVCAwareBalancer`): ``admission.enabled``'s default, ``auto``, is
+    on only where ``async_balancer`` says acquires can be held."""
     if isinstance(source, RouterConfig):
-        if max_cache_size is None and not sync_balancer:
+        if max_cache_size is None and not sync_balancer and not async_balancer:
             return source
         source = source.document.get("router_config")
     extra: Dict[str, Any] = {"max_cache_size": max_cache_size} if max_cache_size is not None else {}
     if sync_balancer:
         extra["sync_balancer"] = True
+    if async_balancer:
+        extra["async_balancer"] = True
     rc = RouterConfig.__new__(RouterConfig)
     rc.effective, rc.document = _load(source, extra)
     return rc

@@ -21,7 +21,7 @@ var PolicyNames = []string{
 	"llmd_weighted", "llmd_weighted+nohit", "llmd_precise", "llmd_precise+spec", "llmd_precise+session",
 	"llmd_precise+nohit", "llmd_precise+active",
 	"dynamo_cost", "dynamo_cost+ttl", "dynamo_cost+session", "dynamo_cost+agentic", "dynamo_cost+queue",
-	"kvc_aware", "kvc_aware+admit", "kvc_aware_approx",
+	"kvc_aware", "kvc_aware+admit", "kvc_aware+noadmit", "kvc_aware_approx",
 	"kvc_aware+lengths", "kvc_aware+admit+lengths", "kvc_aware+admit+truelen",
 	"kvc_aware+admit+engine_queue", "kvc_aware+admit+lengths+engine_queue",
 	"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
@@ -59,6 +59,11 @@ type PolicyOptions struct {
 	// hook sets it from rollout.response_length (the workload's longest
 	// response); 0 = not said.
 	ResponseTokens int
+	// Admission runs kvc_aware's routers with router-side admission without
+	// +admit, as verl's hook does at the defaults (admission.enabled:
+	// auto, the async balancer); +noadmit turns it off there (the
+	// synchronous KVCAwareBalancer). kvbench sets it from a freeze.
+	Admission bool
 }
 
 // TurnsFor is what verl's hook tells kvc_aware (router "turns") for a
@@ -172,6 +177,9 @@ func decodeOver(name string, raw json.RawMessage, v any) error {
 //     correlation group_spread_min_corr gates on).
 //   - kvc_aware+admit: ours with router-side admission (kvcrouter.AdmissionSpec:
 //     hold requests while every engine runs max_num_seqs, late binding).
+//     With PolicyOptions.Admission (a freeze whose defaults run admission,
+//     as verl's hook does) every kvc_aware row runs it; kvc_aware+noadmit
+//     is then the synchronous balancer's routing alone.
 //   - kvc_aware_approx: ours without events (speculative index only).
 //   - kvc_aware+lengths, kvc_aware+admit+lengths: ours learning response
 //     lengths from releases that report output tokens (router.LengthsSpec;
@@ -358,7 +366,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, Lane: &spec, Config: func(peers.Signals) kvcrouter.RouterConfig {
 			return kvcrouter.RouterConfig{Mode: kvcrouter.ModeDefault, Strategy: &peers.RoundRobin{}}
 		}}, nil
-	case "kvc_aware", "kvc_aware+admit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
+	case "kvc_aware", "kvc_aware+admit", "kvc_aware+noadmit", "kvc_aware_approx", "kvc_aware+lengths", "kvc_aware+admit+lengths",
 		"kvc_aware+evlengths", "kvc_aware+admit+evlengths",
 		"kvc_aware+admit+truelen", "kvc_aware+work+lengths", "kvc_aware+work+truelen", "kvc_aware+admit+work+truelen",
 		"kvc_aware+admit+engine_queue", "kvc_aware+admit+lengths+engine_queue":
@@ -390,12 +398,12 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		// verl's weight-update hook resets kvc-router's index
 		// (reset_prefix_index); no peer has such an API.
 		return Policy{Name: name, StickyIDs: true, Events: events, ResetIndexOnUpdate: true,
-			OutputCounts: strings.Contains(name, "+lengths") || name == "kvc_aware" || name == "kvc_aware+admit" || name == "kvc_aware_approx" ||
+			OutputCounts: strings.Contains(name, "+lengths") || name == "kvc_aware" || name == "kvc_aware+admit" || name == "kvc_aware+noadmit" || name == "kvc_aware_approx" ||
 				name == "kvc_aware+admit+engine_queue",
 			TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
-				c.Admission.Enabled = strings.Contains(name, "+admit")
+				c.Admission.Enabled = strings.Contains(name, "+admit") || o.Admission && !strings.HasSuffix(name, "+noadmit")
 				if strings.HasSuffix(name, "+engine_queue") {
 					c.Admission.EngineQueue = 1
 				}

@@ -23,3 +23,37 @@ func TestTurnsFor(t *testing.T) {
 		t.Fatalf("kvc_aware router turns %q, want multi", got)
 	}
 }
+
+// TestAdmissionDefault: a freeze whose defaults run admission (verl's hook
+// since admission.enabled became auto) runs it on every kvc_aware row but
+// +noadmit; without one, only +admit rows hold requests.
+func TestAdmissionDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		freezeOn bool
+		want     bool
+	}{
+		{"kvc_aware", false, false},
+		{"kvc_aware", true, true},
+		{"kvc_aware+admit", false, true},
+		{"kvc_aware+admit", true, true},
+		{"kvc_aware+noadmit", false, false},
+		{"kvc_aware+noadmit", true, false},
+		{"kvc_aware+lengths", true, true},
+		{"kvc_aware_approx", true, true},
+		{"kvc_aware_approx", false, false},
+	} {
+		p, err := NewPolicy(tc.name, PolicyOptions{Admission: tc.freezeOn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Config(nil).Admission.Enabled; got != tc.want {
+			t.Errorf("%s (freeze admission %v): admission %v, want %v", tc.name, tc.freezeOn, got, tc.want)
+		}
+	}
+	noadmit, _ := NewPolicy("kvc_aware+noadmit", PolicyOptions{})
+	plain, _ := NewPolicy("kvc_aware", PolicyOptions{})
+	if !noadmit.OutputCounts || !noadmit.Events || noadmit.OutputCounts != plain.OutputCounts || noadmit.Events != plain.Events {
+		t.Fatalf("kvc_aware+noadmit must see what kvc_aware sees: %+v vs %+v", noadmit, plain)
+	}
+}

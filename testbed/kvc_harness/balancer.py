@@ -91,7 +91,10 @@ def router_config(
     policy: str, servers: Sequence[Server], interval_ms: int = 100, max_num_seqs: int = 0
 ) -> Optional[Dict[str, Any]]:
     """None is verl's behaviour; kvc_aware gets the metrics poller and, where the
-    servers publish them, the KV-event subscriber."""
+    servers publish them, the KV-event subscriber. Router-side admission is
+    set off here, so a "kvc_aware" row is the routing alone whichever class
+    runs it (verl's hook runs admission at kvc_aware's defaults,
+    ``admission.enabled: auto``); the ``+admit`` rows turn it on."""
     if policy == "default":
         return None
     collectors = ["vllm_metrics"]
@@ -110,6 +113,7 @@ def router_config(
             "strategies": [{"_target_": "kvc_router.config.KVCAwareStrategyConfig", "collector_names": collectors}],
             "sticky_max_size": 10000,
             "collector": {"interval_ms": interval_ms, "timeout_ms": 1000, "endpoints": endpoints},
+            "admission": {"enabled": False},
         },
     }
     if max_num_seqs:

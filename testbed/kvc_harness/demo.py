@@ -27,12 +27,14 @@ from kvc_harness.workloads import WorkloadSpec
 
 POLICIES = ("default", "kvc_aware")
 # The oversubscribed step also runs kvc_aware with router-side admission
-# (opt-in: router.admission.enabled), where late binding pays off; on a step
-# whose prompts recur (a later epoch), with the length learning that ranks
-# admission by each prompt's earlier lengths (router.lengths.enabled), the
+# (kvc_aware+admit: what verl's hook runs at the defaults, admission.enabled
+# auto; the plain kvc_aware row is the routing alone, as the synchronous
+# class runs it), where late binding pays off; on a step whose prompts recur
+# (a later epoch), also with the length learning that ranks admission by each
+# prompt's earlier lengths (router.lengths.enabled, opt-in), the
 # configuration docs/verl.md gives for recurring prompts.
 SAT_POLICIES = POLICIES + ("kvc_aware+admit",)
-SAT_POLICIES_RECURRING = POLICIES + ("kvc_aware+admit+lengths",)
+SAT_POLICIES_RECURRING = SAT_POLICIES + ("kvc_aware+admit+lengths",)
 
 
 @dataclass
@@ -205,9 +207,14 @@ def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
     for s in sums:
         adm = ((s.get("router") or {}).get("admission") or {})
         learns = ((s.get("router") or {}).get("lengths") or {}).get("corr_only") is False
-        opt = " and length learning" if learns else ""
-        name = s["policy"] + (f" (admission{opt}, opt-in)" if adm.get("enabled") else "") + (
-            " †" if s.get("host_timed", True) else "")
+        if s["policy"] == "default":
+            what = ""
+        elif adm.get("enabled"):
+            what = (" (admission, the default through verl's hook, and length learning, opt-in)" if learns
+                    else " (the defaults through verl's hook: admission on)")
+        else:
+            what = " (admission off: the synchronous class's routing alone)"
+        name = s["policy"] + what + (" †" if s.get("host_timed", True) else "")
         lines.append(
             f"| {name} | {s['step_time_s']:.1f}{_ratio(s, base, 'step_time_s')} | {s['hit_rate'] * 100:.1f}% | "
             f"{s['ttft_p50_s']:.1f} / {s['ttft_p99_s']:.1f} | {s['acquire_p99_s']:.1f} | {s['preemptions']:.0f} |")

@@ -453,7 +453,7 @@ def run_policy(
 
     urls = {s.sid: s.url for s in servers}
     cfg = policy_config(policy, servers, max_num_seqs, response_tokens)
-    admit = cfg is not None and "admission" in cfg["config"]
+    admit = cfg is not None and actor.admission_enabled(cfg)
     reqs = [dict(r, order=i) for i, r in enumerate(reqs)]
     # The class and actor options as kvc_router's verl integration picks them.
     cls = ray.remote(actor.balancer_class(cfg))

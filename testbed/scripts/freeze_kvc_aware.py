@@ -1,7 +1,9 @@
 """Freezes kvc_aware's whole configuration: writes docs/frozen-kvc-aware.json
 with the library's kvc_aware defaults (``kvc_router.library_defaults``: the
-strategy parameters and every router, index, load and collector setting)
-and the commit they come from. Reported runs load it (``kvbench
+strategy parameters and every router, index, load and collector setting, as
+the balancer verl's hook creates runs them, so ``router.admission.enabled``
+records whether that balancer holds acquires: true since admission's default
+became ``auto``) and the commit they come from. Reported runs load it (``kvbench
 --kvc-frozen``, ``testbed/scripts/arena.py`` by default) and record its commit;
 nothing may be tuned on the reported seeds after it is written.
 
@@ -39,7 +41,7 @@ def main() -> int:
     seeds = [int(x) for x in a.tune_seeds.split(",") if x.strip()]
     import kvc_router
 
-    full = kvc_router.library_defaults("kvc_aware")
+    full = kvc_router.library_defaults("kvc_aware", async_balancer=True)
     strategies = full["router"]["strategies"]
     if len(strategies) != 1 or strategies[0]["name"] != "kvc_aware":
         print(f"freeze: unexpected strategies {strategies}", file=sys.stderr)

@@ -77,8 +77,11 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert "router-side admission held" in table and "Losses in this run" in table, table[-2500:]
     assert table.index("clients' clock [c]:") > table.index("STEP TIME")  # host-clock rows last, with a note
     sby = {s["policy"]: s for s in sat["summaries"]}
-    # The headline is a recurring-prompt step, so its opt-in row learns lengths.
-    assert set(sby) == {"default", "kvc_aware", "kvc_aware+admit+lengths"}
+    # The headline is a recurring-prompt step: the routing alone, the defaults
+    # through verl's hook (admission on), and the opt-in row that learns lengths.
+    assert set(sby) == {"default", "kvc_aware", "kvc_aware+admit", "kvc_aware+admit+lengths"}
+    assert sby["kvc_aware"]["router"]["admission"]["enabled"] is False
+    assert sby["kvc_aware+admit"]["router"]["admission"]["enabled"] is True
     for s in sby.values():
         assert s["requests"] == s["completed"] == n and s["errors"] == 0, s["first_error"]
         assert len(sat["requests"][s["policy"]]) == n
@@ -106,7 +109,8 @@ def test_demo_quick_kvc_beats_default(tmp_path):
     assert lengths["length_corr"] >= 0.25 and lengths["longest_first_gated"] is False, lengths
     # The figures alone, and the step's requests fixed by the seed.
     summ = json.loads((out / "demo-summary.json").read_text())
-    assert [x["policy"] for x in summ["sat"]["summaries"]] == ["default", "kvc_aware", "kvc_aware+admit+lengths"]
+    assert [x["policy"] for x in summ["sat"]["summaries"]] == ["default", "kvc_aware", "kvc_aware+admit",
+                                                                "kvc_aware+admit+lengths"]
     assert "ttft_samples_s" not in summ["sat"]["summaries"][0] and summ["seed"] == 0
     from kvc_harness import demo, satstep
 
@@ -295,7 +299,7 @@ def test_demo_headline_repeats_by_seed(tmp_path):
     b = _headline(tmp_path / "b", "--quick")
     sa, sb = a["sat"]["summaries"], b["sat"]["summaries"]
     assert {s["policy"]: s["host_timed"] for s in sa} == {"default": False, "kvc_aware": False,
-                                                         "kvc_aware+admit+lengths": True}
+                                                         "kvc_aware+admit": True, "kvc_aware+admit+lengths": True}
     seeded = [[s for s in run if not s["host_timed"]] for run in (sa, sb)]
     assert satstep.reproduction_errors(*seeded) == []
     for x, y in zip(sa[:2], sb[:2]):

@@ -28,11 +28,19 @@ import (
 // alike within a prompt, a group's siblings go where it has the fewest
 // instead (groupFull): a long group kept on one server straggles.
 type AdmissionSpec struct {
-	// Enabled turns admission on (kvc_aware mode only).
-	// When to change: true when a step sends more requests than the fleet runs
-	// at once: requests then wait in the router, for whichever server frees a
-	// slot first (with their cache in mind), instead of queueing inside one
-	// server. Needs the async balancer (the verl hook picks it).
+	// Enabled turns admission on (kvc_aware mode only). In router.config
+	// (verl's block, the Python balancers) it also takes "auto", the
+	// default there: on where the balancer can hold acquire calls (the
+	// async KVCAwareAdmissionBalancer, which verl's hook creates for
+	// kvc_aware), off in the synchronous KVCAwareBalancer. The library's
+	// own document takes true or false (default false).
+	// When to change: false to keep every request going straight to an
+	// engine's queue (verl's timing then counts no wait in the router);
+	// true where the host holds acquires itself (C hosts: kvr_acquire_with
+	// with submit). With admission, a step that sends more requests than
+	// the fleet runs at once waits in the router, for whichever server
+	// frees a slot first (with its cache in mind), instead of queueing
+	// inside one server.
 	Enabled bool `json:"enabled"`
 	// MaxInflight is each server's in-flight cap; 0 = its max_num_seqs
 	// (from metrics, else load.max_num_seqs) times Headroom.

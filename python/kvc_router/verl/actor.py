@@ -7,8 +7,8 @@ through verl's ``load_balancer_cls`` hook; otherwise (options set, or verl
 0.8.x without that hook) the hook creates the actor itself with these options.
 
 :func:`balancer_class` is the one place the class is chosen: with
-``admission: {enabled: true}`` in the router config it is the async
-:class:`~kvc_router.KVCAwareAdmissionBalancer`, and :func:`actor_options`
+admission on (``admission.enabled`` true, or its default ``auto`` in
+kvc_aware mode) it is the async :class:`~kvc_router.KVCAwareAdmissionBalancer`, and :func:`actor_options`
 adds ``max_concurrency`` = ``ADMISSION_MAX_CONCURRENCY`` (an async actor's
 default of 1,000 concurrent calls could be filled by held acquire calls when
 client batching is off, and the releases that would admit them would then
@@ -37,12 +37,15 @@ _balancers: List[Any] = []
 
 
 def admission_enabled(block: Any) -> bool:
-    """Whether the router config turns router-side admission on."""
+    """Whether router-side admission runs for router config ``block`` in the
+    balancer the hook creates: ``admission.enabled`` true, or its default
+    ``auto`` in kvc_aware mode (the hook can create the async class that
+    holds acquires)."""
     if block is None:
         return False
     from ..config import load_router_config
 
-    return load_router_config(block, validate=False).admission_enabled
+    return load_router_config(block, async_balancer=True).admission_enabled
 
 
 def admission_cap(block: Any, max_num_seqs: Any, data_parallel_size: Any = 1) -> Any:
@@ -120,7 +123,8 @@ def actor_options(block: Any = None) -> Dict[str, Any]:
 
 def balancer_class(block: Any) -> type:
     """The balancer class for router config ``block``: the async admission
-    balancer when ``admission.enabled``, else KVCAwareBalancer."""
+    balancer when admission runs (:func:`admission_enabled`: kvc_aware's
+    default), else KVCAwareBalancer."""
     if admission_enabled(block):
         from ..admission import KVCAwareAdmissionBalancer
 
