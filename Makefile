@@ -195,8 +195,9 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 8ef0422
-# freeze: docs/results/heldout-8ef0422/; the 373c8bc, 583ebbd, 81ebcf0
+# workloads above re-run at the library defaults (RL_FROZEN, the 2f74939
+# freeze, admission on: docs/results/heldout-2f74939/; the 8ef0422 freeze's,
+# before admission became the default, docs/results/heldout-8ef0422/; the 373c8bc, 583ebbd, 81ebcf0
 # (group_spread_max_servers 4), 8df1902 and 668a343 freezes' are in
 # heldout-373c8bc/, heldout-583ebbd/, heldout-81ebcf0/, heldout-8df1902/ and
 # heldout-668a343/) on the same reported seeds, verl_default beside it (its
@@ -348,8 +349,10 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# Today's defaults (docs/frozen-kvc-aware.json, the 0c3bbe8 freeze, copied beside its runs):
-# docs/results/rl-0c3bbe8/, which README's RL table leads with. The library defaults at 373c8bc
+# Today's defaults (docs/frozen-kvc-aware.json, the 2f74939 freeze, admission on, copied beside its
+# runs): docs/results/rl-2f74939/, which README's RL table leads with (10 min here); the 0c3bbe8
+# freeze's (RL_FROZEN=docs/results/rl-0c3bbe8/frozen-kvc-aware.json RL_SECOND=kvc_aware+admit):
+# docs/results/rl-0c3bbe8/, its rows equal to rl-2f74939/'s seed for seed. The library defaults at 373c8bc
 # (RL_FROZEN=docs/results/rl-373c8bc/frozen-kvc-aware.json): docs/results/rl-373c8bc/,
 # identical row for row to the 583ebbd, 81ebcf0, 8df1902 and 668a343 freezes'
 # rl-583ebbd/, rl-81ebcf0/, rl-8df1902/, rl-668a343/;
@@ -361,16 +364,20 @@ RL_SEEDS ?= 341 342 343 344 345
 # (group_spread 0.1, docs/results/rl-*.json). `make render` copies build/rl-*.json
 # to docs/results/: move them to the freeze's directory instead.
 RL_FROZEN ?= docs/frozen-kvc-aware.json
+# kvbench-rl's second kvc_aware row: at a freeze whose defaults run admission
+# (2f74939 on) the routing alone, kvc_aware+noadmit; at earlier freezes, whose
+# kvc_aware row is the routing alone, RL_SECOND=kvc_aware+admit.
+RL_SECOND ?= kvc_aware+noadmit
 RL_COMMON = --workload grpo_sat --grpo-prompts 256 --engines 4 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2
 # The agent setting: task difficulty correlating turn counts and lengths, sandbox-like tools.
 RL_AGENT = --workload agent --length-corr 0.6 --tool-pareto 1,60,0.8 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN)
 kvbench-rl: ## issue 26's RL settings on fresh seeds (RL_SEEDS): first epoch at rho 0 / 0.5 / 0.8, recurring prompts (step 2 = epoch 2) at rho 0.6, agent tasks of correlated difficulty -> build/rl-*.json (docs/rl-workloads.md)
 	@mkdir -p build
 	@for s in $(RL_SEEDS); do \
-	  for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl --json build/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
+	  for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr $$r --seed $$s --policies verl_default,kvc_aware,$(RL_SECOND),sglang_cache_aware,dynamo_cost+ttl --json build/rl-r$$t-$$s.json >/dev/null || exit 1; done && \
 	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 1 --length-corr 0.8 --seed $$s --policies verl_default,kvc_aware,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-r8p-$$s.json >/dev/null && \
-	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null && \
-	  $(GO) run ./cmd/kvbench $(RL_AGENT) --seed $$s --policies verl_default,kvc_aware,kvc_aware+admit,sglang_cache_aware,dynamo_cost+ttl,dynamo_cost+session,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-agt-$$s.json >/dev/null || exit 1; done
+	  $(GO) run ./cmd/kvbench $(RL_COMMON) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --seed $$s --policies verl_default,kvc_aware,$(RL_SECOND),kvc_aware+admit+lengths,kvc_aware+admit+truelen --json build/rl-rec-$$s.json >/dev/null && \
+	  $(GO) run ./cmd/kvbench $(RL_AGENT) --seed $$s --policies verl_default,kvc_aware,$(RL_SECOND),sglang_cache_aware,dynamo_cost+ttl,dynamo_cost+session,vllm_router_sticky_least_loaded,llmd_precise --json build/rl-agt-$$s.json >/dev/null || exit 1; done
 	$(PYH) testbed/scripts/render_rl.py build
 
 # kvbench on the arena's GRPO shape (arena-rl's grpo_rho*: 128 prompts x 8 on
@@ -505,9 +512,10 @@ kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0
 # KVBENCH_POLICIES plus Dynamo's agentic preset, each variant tuned on its own
 # grid on TUNE_SEEDS for step time alone, reported on fresh seeds; kvc_aware
 # frozen (not tuned). Rendered into docs/rl-workloads.md from docs/results/rl-tuned/
-# (the 668a343 freeze, seeds 371-375) and docs/results/rl-tuned-0c3bbe8/ (the
-# 0c3bbe8 freeze, RL_TUNED_SEEDS=511,...,520; 31 min here), each build/rl-tuned/
-# copied to its folder.
+# (the 668a343 freeze, seeds 371-375), docs/results/rl-tuned-0c3bbe8/ (the
+# 0c3bbe8 freeze, RL_TUNED_SEEDS=511,...,520; 31 min here) and
+# docs/results/rl-tuned-2f74939/ (the 2f74939 freeze, admission on by default,
+# RL_TUNED_SEEDS=521,...,530; 53 min here), each build/rl-tuned/ copied to its folder.
 # Since admission.enabled's default became auto (on in the balancer verl's
 # hook creates), a freeze's kvc_aware row runs admission and kvc_aware+admit
 # would repeat it: the list runs kvc_aware+noadmit (the synchronous class's

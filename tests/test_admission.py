@@ -104,17 +104,26 @@ def test_the_integration_picks_the_admission_class_and_options():
         ({"type": "kvc_aware", "config": {"admission": {"enabled": "auto", "max_inflight": 3}}}, True),
         ({"type": "kvc_aware", "config": {"admission": {"max_inflight": 3}}}, True),
         ({"type": "kvc_aware", "config": {"admission": {"enabled": False}}}, False),
+        ({"type": "kvc_aware", "config": {"turns": "single"}}, True),
+        ({"type": "kvc_aware", "config": {"turns": "multi"}}, False),  # agent loops: auto is off
+        ({"type": "kvc_aware", "config": {"turns": "multi", "admission": {"enabled": True}}}, True),
         ({"type": "default"}, False),
         (None, False),
     ],
 )
 def test_admission_auto_is_on_where_the_balancer_can_hold(block, hook_admits):
     """admission.enabled defaults to auto: verl's hook creates the async
-    admission class for kvc_aware and admission runs there; the synchronous
-    class takes the same block with admission off instead of refusing it."""
+    admission class for kvc_aware and admission runs there, unless the
+    rollout is multi-turn; the synchronous class takes the same block with
+    admission off instead of refusing it (an explicit true it refuses)."""
     want = KVCAwareAdmissionBalancer if hook_admits else KVCAwareBalancer
     assert verl_actor.balancer_class(block) is want
     assert ("max_concurrency" in verl_actor.actor_options(block)) is hook_admits
+    explicit = isinstance(block, dict) and (block.get("config") or {}).get("admission", {}).get("enabled") is True
+    if explicit:
+        with pytest.raises(ConfigError):
+            KVCAwareBalancer(servers(1), router_config=block)
+        return
     sync = KVCAwareBalancer(servers(1), router_config=block)
     try:
         assert sync.get_status()["router"]["admission"]["enabled"] is False

@@ -86,7 +86,7 @@ key as you wrote it, says why, and lists what is allowed, e.g.
 	b.WriteString("## The library's document\n\n" +
 		"`kvr_router_new` and `kvr_validate_config` take the router block wrapped as the Python balancer's document " +
 		"`{\"router_config\": <as above>, \"max_cache_size\": N, \"sync_balancer\": true|false, \"async_balancer\": true|false}` " +
-		"(async_balancer: the caller can hold acquire calls, so `admission.enabled`'s default, `\"auto\"`, is on; " +
+		"(async_balancer: the caller can hold acquire calls, so `admission.enabled`'s default, `\"auto\"`, is on unless `turns` is multi; " +
 		"sync_balancer: it cannot, so auto is off and `true` is refused; neither: auto is off), or the library's own " +
 		"document below (core/kvcrouter.Config), which C callers write and which the block is translated into. " +
 		"`kvr_validate_config` returns the library's document with every default filled in; a rejected document is " +

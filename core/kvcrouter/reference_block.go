@@ -223,7 +223,7 @@ func (g *gen) blockRows() ([]blockRow, error) {
 	for i := range rows {
 		if rows[i].key == at+".admission.enabled" {
 			rows[i].typ = `boolean or "auto"`
-			rows[i].def = `"auto" (on in the async balancer, off in the synchronous one)`
+			rows[i].def = `"auto" (on in the async balancer unless turns is multi; off in the synchronous one)`
 		}
 	}
 	return rows, nil

@@ -51,8 +51,19 @@ type Balancer struct {
 
 // AdmissionAuto is router.config.admission.enabled's default in the
 // balancer's document: on where the balancer can hold acquire calls
-// (Balancer.AsyncBalancer), off elsewhere.
+// (Balancer.AsyncBalancer), off elsewhere (AdmissionDefault).
 const AdmissionAuto = "auto"
+
+// AdmissionDefault is what admission.enabled: auto means: on in kvc_aware
+// mode where the balancer can hold acquire calls, unless the rollout is
+// said to be multi-turn (turns: multi, which verl's hook sets for agent
+// loops). There a held turn waits for a slot while its session's server
+// holds its KV; on kvbench's agent_scale (tuning seeds 101-102 and the
+// held-out seeds) admission lengthened the step and raised TTFT p99 above
+// verl's balancer's, and on the RL agent setting the fleet never filled.
+func AdmissionDefault(mode, turns string, canHold bool) bool {
+	return canHold && mode == router.ModeKVCAware && turns != router.TurnsMulti
+}
 
 // Block is verl's router block, actor_rollout_ref.rollout.router.
 // router_config may be this block; {"router": <block>}; a whole verl
@@ -385,10 +396,10 @@ type translator struct {
 
 // admission resolves router.config.admission.enabled, whose default in the
 // balancer's document is "auto" (AdmissionAuto), into the library's
-// boolean: on in kvc_aware mode where the balancer can hold acquire calls.
-// v is the user's admission mapping (nil when unset); the result is the
-// mapping to hand the library.
-func (t *translator) admission(v json.RawMessage) (json.RawMessage, error) {
+// boolean (AdmissionDefault). v is the user's admission mapping (nil when
+// unset), turns router.config.turns; the result is the mapping to hand the
+// library.
+func (t *translator) admission(v json.RawMessage, turns string) (json.RawMessage, error) {
 	m := map[string]json.RawMessage{}
 	if v != nil {
 		var err error
@@ -396,7 +407,7 @@ func (t *translator) admission(v json.RawMessage) (json.RawMessage, error) {
 			return nil, err
 		}
 	}
-	on := t.canHold && t.mode == router.ModeKVCAware
+	on := AdmissionDefault(t.mode, turns, t.canHold)
 	switch e, set := m["enabled"]; {
 	case !set || isNull(e):
 	case bytes.Equal(bytes.TrimSpace(e), []byte(`"`+AdmissionAuto+`"`)):
@@ -423,6 +434,7 @@ func (t *translator) translate(doc json.RawMessage, maxCacheSize *int) (Config, 
 	integ := map[string]any{}
 	var names []string
 	var col map[string]json.RawMessage
+	var admRaw json.RawMessage
 	for _, k := range sortedKeys(m) {
 		v := m[k]
 		if isNull(v) {
@@ -441,9 +453,7 @@ func (t *translator) translate(doc json.RawMessage, maxCacheSize *int) (Config, 
 				return c, err
 			}
 		case k == "admission":
-			if rdoc[k], err = t.admission(v); err != nil {
-				return c, err
-			}
+			admRaw = v // resolved below, once turns is known
 		case slices.Contains(routerKeys, k):
 			rdoc[k] = v
 		case slices.Contains(topKeys, k):
@@ -458,10 +468,12 @@ func (t *translator) translate(doc json.RawMessage, maxCacheSize *int) (Config, 
 			return c, unknownKey(t.at, k, slices.Concat(own, routerKeys, topKeys, integKeys))
 		}
 	}
-	if _, set := rdoc["admission"]; !set {
-		if rdoc["admission"], err = t.admission(nil); err != nil {
-			return c, err
-		}
+	var turns string
+	if raw, ok := rdoc["turns"].(json.RawMessage); ok {
+		_ = json.Unmarshal(raw, &turns) // a bad value is the router's to report
+	}
+	if rdoc["admission"], err = t.admission(admRaw, turns); err != nil {
+		return c, err
 	}
 	specs, err := t.collector(col, rdoc, integ, &names)
 	if err != nil {

@@ -236,6 +236,10 @@ func TestAdmissionAuto(t *testing.T) {
 		{"true, host silent", kvc(`{"enabled": true}`), `"max_cache_size": 5`, true},
 		{"default router, async", `{"type": "default"}`, `"async_balancer": true`, false},
 		{"bare config mapping, async", `{"alpha_unused": null}`, `"async_balancer": true`, true},
+		{"single-turn, async", `{"type": "kvc_aware", "config": {"turns": "single"}}`, `"async_balancer": true`, true},
+		{"multi-turn, async", `{"type": "kvc_aware", "config": {"turns": "multi"}}`, `"async_balancer": true`, false},
+		{"multi-turn, auto said, async", `{"type": "kvc_aware", "config": {"turns": "multi", "admission": {"enabled": "auto"}}}`, `"async_balancer": true`, false},
+		{"multi-turn, true, async", `{"type": "kvc_aware", "config": {"turns": "multi", "admission": {"enabled": true}}}`, `"async_balancer": true`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(`{"router_config": ` + tc.rc + `, ` + tc.host + `}`))

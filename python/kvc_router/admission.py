@@ -1,6 +1,7 @@
 """``KVCAwareAdmissionBalancer``: the balancer with router-side admission.
 
-With ``router.config.admission.enabled`` (kvc_aware mode), the router holds a
+With router-side admission on (``router.config.admission.enabled``, whose
+default ``auto`` is on in this class; kvc_aware mode), the router holds a
 request while every server already has its cap in flight, and gives each
 slot a release frees to the held request that fits that server best
 (core/internal/router/admission.go). A held ``acquire_server`` must wait without
@@ -83,9 +84,9 @@ class Held:
 class KVCAwareAdmissionBalancer(KVCAwareBalancer):
     """:class:`~kvc_router.KVCAwareBalancer` with router-side admission; the
     same constructor and methods, ``acquire_server``, ``release_server`` and
-    ``route_batch`` as coroutines (Ray runs it as an async actor). Use it
-    when the configuration sets ``admission: {enabled: true}``; kvc_router's
-    verl integration picks it by itself."""
+    ``route_batch`` as coroutines (Ray runs it as an async actor). Here
+    ``admission.enabled``'s default, ``auto``, is on (kvc_aware mode);
+    kvc_router's verl integration creates it for kvc_aware by itself."""
 
     _ADMISSION = True
 

@@ -60,8 +60,9 @@ type PolicyOptions struct {
 	// response); 0 = not said.
 	ResponseTokens int
 	// Admission runs kvc_aware's routers with router-side admission without
-	// +admit, as verl's hook does at the defaults (admission.enabled:
-	// auto, the async balancer); +noadmit turns it off there (the
+	// +admit where verl's hook does at the defaults (admission.enabled:
+	// auto, the async balancer; kvcrouter.AdmissionDefault: not for a
+	// multi-turn rollout, Turns); +noadmit turns it off there (the
 	// synchronous KVCAwareBalancer). kvbench sets it from a freeze.
 	Admission bool
 }
@@ -403,7 +404,8 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
-				c.Admission.Enabled = strings.Contains(name, "+admit") || o.Admission && !strings.HasSuffix(name, "+noadmit")
+				c.Admission.Enabled = strings.Contains(name, "+admit") ||
+					!strings.HasSuffix(name, "+noadmit") && kvcrouter.AdmissionDefault(kvcrouter.ModeKVCAware, o.Turns, o.Admission)
 				if strings.HasSuffix(name, "+engine_queue") {
 					c.Admission.EngineQueue = 1
 				}

@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestTurnsFor: kvc_aware is told what verl's hook would tell it for the
 // workload (router "turns"): agent loops are multi-turn, GRPO is not, a
@@ -43,6 +46,14 @@ func TestAdmissionDefault(t *testing.T) {
 		{"kvc_aware_approx", true, true},
 		{"kvc_aware_approx", false, false},
 	} {
+		// A multi-turn rollout keeps auto off; +admit still holds.
+		multi, err := NewPolicy(tc.name, PolicyOptions{Admission: tc.freezeOn, Turns: "multi"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := multi.Config(nil).Admission.Enabled, strings.Contains(tc.name, "+admit"); got != want {
+			t.Errorf("%s, multi-turn (freeze admission %v): admission %v, want %v", tc.name, tc.freezeOn, got, want)
+		}
 		p, err := NewPolicy(tc.name, PolicyOptions{Admission: tc.freezeOn})
 		if err != nil {
 			t.Fatal(err)

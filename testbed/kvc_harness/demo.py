@@ -210,10 +210,10 @@ def render_readme(doc: dict, source: str = "docs/results/demo.json") -> str:
         if s["policy"] == "default":
             what = ""
         elif adm.get("enabled"):
-            what = (" (admission, the default through verl's hook, and length learning, opt-in)" if learns
-                    else " (the defaults through verl's hook: admission on)")
+            what = (" (admission and length learning; lengths opt-in)" if learns
+                    else " (admission on: verl's hook's default since 2f74939)")
         else:
-            what = " (admission off: the synchronous class's routing alone)"
+            what = " (admission off)"
         name = s["policy"] + what + (" †" if s.get("host_timed", True) else "")
         lines.append(
             f"| {name} | {s['step_time_s']:.1f}{_ratio(s, base, 'step_time_s')} | {s['hit_rate'] * 100:.1f}% | "

@@ -705,7 +705,7 @@ RL_TUNED = ("r0", "r5", "r8", "rec", "agt")
 # Its committed runs, oldest first, with kvc_aware's freeze: rl-tuned/ (the 668a343 freeze, seeds
 # 371-375) and the same protocol at the 0c3bbe8 freeze on seeds 511-520. Each renders into the block
 # named after its folder; the targets table reads every run present.
-RL_TUNED_RUNS = (("rl-tuned", "668a343"), ("rl-tuned-0c3bbe8", "0c3bbe8"))
+RL_TUNED_RUNS = (("rl-tuned", "668a343"), ("rl-tuned-0c3bbe8", "0c3bbe8"), ("rl-tuned-2f74939", "2f74939"))
 
 
 def kvbench_title(d: dict) -> str:
@@ -967,11 +967,12 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
 RL_DEFAULTS = "rl-373c8bc"
-# The same `make kvbench-rl` seeds (341-345) re-run at today's defaults (the 0c3bbe8 freeze: 8ef0422's
-# gate on the rollout's mean prompt, f0be7ad's open ratio band, admission's split in two). Where the
-# folder exists, README's RL table and the targets table's same-seed rows (against the 520d43c rows
-# before issue 26) read it; the RL_DEFAULTS rows stay as that freeze's record.
-RL_TODAY = ("rl-0c3bbe8", "0c3bbe8")
+# The same `make kvbench-rl` seeds (341-345) re-run at today's defaults (the 2f74939 freeze: 0c3bbe8's
+# routing, with admission on as verl's hook runs it since admission.enabled became auto; its second
+# kvc_aware row, kvc_aware+noadmit, is the routing alone). Where the folder exists, README's RL table
+# and the targets table's same-seed rows (against the 520d43c rows before issue 26) read it; the
+# RL_DEFAULTS rows, and docs/results/rl-0c3bbe8/ (the 0c3bbe8 freeze), stay as their freezes' records.
+RL_TODAY = ("rl-2f74939", "2f74939")
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -997,12 +998,14 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-8ef0422"
+HELDOUT_NOW = "heldout-2f74939"
 # The same runs at earlier freezes, each gate's effect seed by seed: 668a343
 # (before group_spread_min_corr) and 583ebbd (before task_spread_min_corr).
 # The opt-in cap of 4 is in docs/results/heldout-81ebcf0/.
 HELDOUT_EARLIER = (("heldout-668a343", "`group_spread_min_corr`"), ("heldout-583ebbd", "`task_spread_min_corr`"),
-                   ("heldout-373c8bc", "`group_spread_min_ratio` read the rollout's mean prompt"))
+                   ("heldout-373c8bc", "`group_spread_min_ratio` read the rollout's mean prompt"),
+                   ("heldout-8ef0422", "admission on by default (8ef0422's rows are 0c3bbe8's on these workloads)"),
+                   ("heldout-2f74939", "`admission.enabled: auto` turned off for multi-turn rollouts"))
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.
@@ -1675,8 +1678,8 @@ def render_targets(docs_root: str) -> Optional[str]:
                    f"{way(kvc, 'kvc_aware', refs, ref)} |")
         if OPT_IN_ORDER in _rows(w):
             opt = vs(w, OPT_IN_ORDER, "verl_default")
-            out.append(f"| ≥ 60% of the way to the true-length reference (**opt-in**, not the defaults: admission "
-                       f"and `lengths` on, `{OPT_IN_ORDER}`) | {where} | {src} ({seeds(w)}) "
+            out.append(f"| ≥ 60% of the way to the true-length reference (**opt-in**, not the defaults: `lengths` "
+                       f"on with admission, `{OPT_IN_ORDER}`) | {where} | {src} ({seeds(w)}) "
                        f"| {opt.fmt(3)} × verl_default; best reference {ref} {refs[ref].fmt(3)} | "
                        f"{way(opt, OPT_IN_ORDER, refs, ref)} |")
     for src, tr, _ in tuned_runs:
@@ -1845,8 +1848,8 @@ def render_rl_block(docs_root: str) -> Optional[str]:
     has_today = bool(glob.glob(os.path.join(today, "rl-r0-*.json")))
     first = today if has_today else current
     # Today's defaults first (where re-run), then the freezes that each changed one thing.
-    cols = ([(today, f"kvc_aware, library defaults ({RL_TODAY[1]})", "kvc_aware"),
-             (today, f"kvc_aware + admission ({RL_TODAY[1]})", "kvc_aware+admit"),
+    cols = ([(today, f"kvc_aware, library defaults, admission on ({RL_TODAY[1]})", "kvc_aware"),
+             (today, f"kvc_aware, admission off ({RL_TODAY[1]})", "kvc_aware+noadmit"),
              (current, f"kvc_aware, defaults at {RL_DEFAULTS[3:]}", "kvc_aware")] if has_today else
             [(current, f"kvc_aware, library defaults ({RL_DEFAULTS[3:]})", "kvc_aware"),
              (current, "kvc_aware + admission, defaults", "kvc_aware+admit")])

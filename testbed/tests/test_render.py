@@ -253,9 +253,9 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     for d in (RL_DEFAULTS, "rl-f591d2b", "rl-520d43c"):
         (res / d).mkdir(parents=True)
 
-    def rep(verl: float, kvc: float, admit: float) -> dict:
+    def rep(verl: float, kvc: float, admit: float, second: str = "kvc_aware+admit") -> dict:
         pol = {p: {"makespan_s": v, "ttft_p99_s": 1.0} for p, v in
-               (("verl_default", verl), ("kvc_aware", kvc), ("kvc_aware+admit", admit))}
+               (("verl_default", verl), ("kvc_aware", kvc), (second, admit))}
         return {"policies": pol, "makespan_steps_s": {p: [0.0, v["makespan_s"]] for p, v in pol.items()}}
 
     for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
@@ -274,21 +274,23 @@ def test_readme_rl_block_pairs_kvc_aware_with_verl_default(tmp_path):
     assert "| 1.200 ± 0.000 (longer) | 1.000 ± 0.000 | n/a | n/a | n/a |" in rec
     assert not any(ln.startswith("| first epoch, ρ 0.5") for ln in lines)
     assert "group_spread off (f591d2b)" in readme.read_text()
-    # The same seeds re-run at today's defaults lead the table; the older freeze keeps its column.
+    # The same seeds re-run at today's defaults lead the table (kvc_aware with admission, the library
+    # default, then the routing alone, kvc_aware+noadmit); the older freeze keeps its column.
     with open(SCRIPT, encoding="utf-8") as f:
         m = re.search(r'^RL_TODAY = \("([^"]+)", "([^"]+)"\)$', f.read(), re.M)
     assert m
     today, at = m.groups()
     (res / today).mkdir()
     for seed, w in ((341, 100.0), (342, 200.0), (343, 150.0)):
-        (res / today / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.8 * w, 0.85 * w)))
+        (res / today / f"rl-r0-{seed}.json").write_text(json.dumps(rep(w, 0.8 * w, 0.85 * w, "kvc_aware+noadmit")))
     r = _run("--arena", str(tmp_path / "none.json"), "--kvbench", "--docs", str(tmp_path))
     assert r.returncode == 0, r.stderr
     text = readme.read_text()
     r0 = [ln for ln in text.splitlines() if ln.startswith("| first epoch, ρ 0 |")][0]
     assert r0.startswith("| first epoch, ρ 0 | 341–343 | 0.800 ± 0.000 (shorter) | 0.850 ± 0.000 (shorter) "
                          "| 0.900 ± 0.000 (shorter) | 0.970 ± 0.000 (shorter) |"), r0
-    assert f"library defaults ({at})" in text and f"defaults at {RL_DEFAULTS[3:]}" in text
+    assert f"library defaults, admission on ({at})" in text and f"admission off ({at})" in text
+    assert f"defaults at {RL_DEFAULTS[3:]}" in text
     assert f"`docs/results/{today}/`" in text
 
 
@@ -691,8 +693,9 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", "rl-tuned-0c3bbe8", RL_DEFAULTS, "rl-0c3bbe8", "rl-520d43c", "kvbench-work", HELDOUT_NOW,
-            "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc", "kvbench-demo-shape")
+    subs = ("rl-tuned", "rl-tuned-0c3bbe8", "rl-tuned-2f74939", RL_DEFAULTS, "rl-0c3bbe8", "rl-520d43c",
+            "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc", "heldout-8ef0422",
+            "kvbench-demo-shape")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):

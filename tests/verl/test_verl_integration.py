@@ -324,9 +324,12 @@ def test_releases_teach_the_router_output_lengths(manager, admission):
         "+actor_rollout_ref.rollout.router.type=kvc_aware",
         "+actor_rollout_ref.rollout.router.config.lengths={enabled:true}",
     ]
-    if admission:
-        args.append("+actor_rollout_ref.rollout.router.config.admission={enabled:true}")
+    # Admission is on by default (enabled: auto, the async class); off, the hook runs the plain class.
+    args.append(f"+actor_rollout_ref.rollout.router.config.admission={{enabled:{str(admission).lower()}}}")
     m = manager(*args)
+    want_cls = "kvc_router.admission.KVCAwareAdmissionBalancer" if admission else "kvc_router.balancer.KVCAwareBalancer"
+    assert want_cls in lb_classes(m.global_load_balancer)
+    assert ("kvc_router.admission.KVCAwareAdmissionBalancer" in lb_classes(m.global_load_balancer)) is admission
     lb = m.global_load_balancer
     client = m.get_client()
     want = [2 + (i % 5) for i in range(10)]
@@ -503,8 +506,9 @@ def test_actor_options_create_the_balancer_directly(manager, monkeypatch):
     monkeypatch.setitem(actor.ACTOR_OPTIONS, "max_concurrency", 4)
     m = manager("+actor_rollout_ref.rollout.router.type=kvc_aware")
     lb = m.global_load_balancer
-    # Not the load_balancer_cls subclass (kvc_router.verl.actor): created with the options.
-    assert lb_classes(lb)[0] == "kvc_router.balancer.KVCAwareBalancer"
+    # Not the load_balancer_cls subclass (kvc_router.verl.actor): created with the options, as the
+    # class kvc_aware's defaults pick (admission.enabled: auto, the async admission balancer).
+    assert lb_classes(lb)[0] == "kvc_router.admission.KVCAwareAdmissionBalancer"
     assert any(h is lb for h in actor.registered_balancers())
     client = m.get_client()
     p = prompt(60)

@@ -32,8 +32,9 @@ type AdmissionSpec struct {
 	// (verl's block, the Python balancers) it also takes "auto", the
 	// default there: on where the balancer can hold acquire calls (the
 	// async KVCAwareAdmissionBalancer, which verl's hook creates for
-	// kvc_aware), off in the synchronous KVCAwareBalancer. The library's
-	// own document takes true or false (default false).
+	// kvc_aware) unless turns is "multi" (agent loops), off in the
+	// synchronous KVCAwareBalancer. The library's own document takes true
+	// or false (default false).
 	// When to change: false to keep every request going straight to an
 	// engine's queue (verl's timing then counts no wait in the router);
 	// true where the host holds acquires itself (C hosts: kvr_acquire_with

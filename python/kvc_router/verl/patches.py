@@ -332,10 +332,11 @@ def _make_init_lb(orig: Any) -> Any:
         if plan is None:
             return None
         block = balancer_block(plan, endpoints_for(self), engine=get(self.rollout_config, "name") or "vllm")
+        # turns first: admission's default (auto) is off for a multi-turn rollout, and the cap and class follow it.
+        block = actor.session_turns(block, self.rollout_config)
         block = actor.admission_cap(
             block, get(self.rollout_config, "max_num_seqs", None), get(self.rollout_config, "data_parallel_size", 1)
         )
-        block = actor.session_turns(block, self.rollout_config)
         fd = bool(get(self.rollout_config, "full_determinism", False))
         if load_router_config(plan).kv_events != "auto":
             logger.info("kvc-router: kv_events is off: the balancer runs in approximate mode (see get_status())")
