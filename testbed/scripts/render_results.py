@@ -998,7 +998,7 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-2f74939"
+HELDOUT_NOW = "heldout-2c63719"
 # The same runs at earlier freezes, each gate's effect seed by seed: 668a343
 # (before group_spread_min_corr) and 583ebbd (before task_spread_min_corr).
 # The opt-in cap of 4 is in docs/results/heldout-81ebcf0/.
