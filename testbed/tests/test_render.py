@@ -693,9 +693,9 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", "rl-tuned-0c3bbe8", "rl-tuned-2f74939", RL_DEFAULTS, "rl-0c3bbe8", "rl-520d43c",
+    subs = ("rl-tuned", "rl-tuned-0c3bbe8", "rl-tuned-2f74939", RL_DEFAULTS, "rl-2f74939", "rl-520d43c",
             "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc", "heldout-8ef0422",
-            "kvbench-demo-shape")
+            "heldout-2f74939", "kvbench-demo-shape")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
@@ -706,10 +706,11 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
         return [ln for ln in render().splitlines() if ln.startswith("| ≤ 0.90 × verl_default")]
 
     before = rows()
-    assert len(before) == 6 and all("**missed**" in ln for ln in before), before
-    assert "the demo's shape" in before[5] and "`kvbench-demo-shape/`" in before[5], before[5]
+    assert len(before) == 7 and all("**missed**" in ln for ln in before), before
+    assert "the demo's shape" in before[6] and "`kvbench-demo-shape/`" in before[6], before[6]
     assert "`rl-tuned-0c3bbe8/`" in before[3] and "(511–520)" in before[3], before[3]
-    assert "`rl-0c3bbe8/` (`make kvbench-rl`) (341–345)" in before[4], before[4]
+    assert "`rl-tuned-2f74939/`" in before[4] and "(521–530)" in before[4], before[4]
+    assert "`rl-2f74939/` (`make kvbench-rl`) (341–345)" in before[5], before[5]
     path = res / "kvbench-work"
     for f in sorted(path.glob("rl-rec-*.json")):
         rep = json.loads(f.read_text())
@@ -725,7 +726,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     # The same-seed rows against kvc_aware before issue 26 read today's re-run of those seeds.
     before26 = [ln for ln in text.splitlines() if ln.startswith("| TTFT p99 no worse than before issue 26")
                 and "first epoch" in ln]
-    assert len(before26) == 3 and all("`rl-520d43c/`, `rl-0c3bbe8/`" in ln for ln in before26), before26
+    assert len(before26) == 3 and all("`rl-520d43c/`, `rl-2f74939/`" in ln for ln in before26), before26
     assert "| ≥ 60% of the way to the true-length reference |" in text
     # On the demo's shape the way is measured against that run's own true-length reference, step 2.
     from kvc_harness.stats import mean_ci
@@ -741,11 +742,11 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     assert f"| {opt.fmt(3)} × verl_default; best reference kvc_aware+admit+truelen {ref.fmt(3)} |" in line, line
     assert line.endswith(f"{100 * (1 - opt.mean) / (1 - ref.mean):.0f}% of the way |"), line
     # Each tuned run judges the peer targets on its own seeds.
-    for sub, seeds in (("rl-tuned", "371–375"), ("rl-tuned-0c3bbe8", "511–520")):
+    for sub, seeds in (("rl-tuned", "371–375"), ("rl-tuned-0c3bbe8", "511–520"), ("rl-tuned-2f74939", "521–530")):
         assert any(ln.startswith("| ≤ vllm_router_sticky_least_loaded | first epoch, ρ 0.8 |")
                    and f"`{sub}/` (`make kvbench-rl-tuned`) ({seeds})" in ln for ln in text.splitlines()), sub
     # The room each setting leaves is read from the newest tuned run's own references.
-    agt = res / "rl-tuned-0c3bbe8" / "heldout-rl-agt.json"
+    agt = res / "rl-tuned-2f74939" / "heldout-rl-agt.json"
     rep = json.loads(agt.read_text())
     line = next(ln for ln in text.splitlines() if ln.startswith("| agent, task difficulty ρ 0.6 |"))
     gain = rep["achievable_gain_over_verl"]
@@ -755,7 +756,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     agt.write_text(json.dumps(rep))
     text = render()
     assert "| agent, task difficulty ρ 0.6 | 20.0 ± 1.0% | 1.500 ± 0.250 |" in text.splitlines()
-    assert "in the same `rl-tuned-0c3bbe8/` (`make kvbench-rl-tuned`) runs" in text
+    assert "in the same `rl-tuned-2f74939/` (`make kvbench-rl-tuned`) runs" in text
     # The held-out workloads present on both sides (grpo, agent here) are paired with kvc_aware's rows
     # before issue 26, and verl_default's rows are checked identical seed for seed.
     held = [ln for ln in text.splitlines() if ln.startswith("| `grpo` |") or ln.startswith("| `agent` |")]
@@ -770,9 +771,11 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     line = next(ln for ln in text.splitlines() if "held-out `grpo`" in ln and ln.startswith("| TTFT p99"))
     assert f"| {sum(ratios) / len(ratios):.3f} ±" in line
     # The last columns pair today's rows with the 668a343 freeze's (before the within-prompt gate), the
-    # 583ebbd freeze's (before the within-task gate) and the 373c8bc freeze's (before the mean prompt).
+    # 583ebbd freeze's (before the within-task gate), the 373c8bc freeze's (before the mean prompt), the
+    # 8ef0422 freeze's (before admission's default) and the 2f74939 freeze's (before its multi-turn gate).
     cells = held[0].split(" | ")
-    for d, at in (("heldout-668a343", -6), ("heldout-583ebbd", -4), ("heldout-373c8bc", -2)):
+    for d, at in (("heldout-668a343", -10), ("heldout-583ebbd", -8), ("heldout-373c8bc", -6),
+                  ("heldout-8ef0422", -4), ("heldout-2f74939", -2)):
         earlier = json.loads((res / d / "kvbench-grpo.json").read_text())
         kvc_e = {x["seed"]: x for r in earlier["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
         step = [kvc_now[k]["makespan_s"] / kvc_e[k]["makespan_s"] for k in kvc_now]
@@ -787,10 +790,11 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     (res / HELDOUT_NOW / "kvbench-grpo.json").write_text(json.dumps(now))
     held = [ln for ln in render().splitlines() if ln.startswith("| `grpo` |")]
     assert held and "| **no** |" in held[0], held
-    # Without the newer tuned run its rows go and the room table reads the older one.
-    shutil.rmtree(res / "rl-tuned-0c3bbe8")
+    # Without the newest tuned run its rows go and the room table reads the one before.
+    shutil.rmtree(res / "rl-tuned-2f74939")
     text = render()
-    assert "rl-tuned-0c3bbe8" not in text and "in the same `rl-tuned/` (`make kvbench-rl-tuned`) runs" in text
+    assert "rl-tuned-2f74939/` (" not in text
+    assert "in the same `rl-tuned-0c3bbe8/` (`make kvbench-rl-tuned`) runs" in text
 
 
 def test_charge_demo_table_renders_from_the_demo_json(tmp_path):
