@@ -493,7 +493,8 @@ def test_satstep_policy_config_tells_the_router_what_verls_hook_tells() -> None:
     quiet = satstep.policy_config("kvc_aware+lengths", [])
     assert quiet is not None
     assert "turns" not in quiet["config"] and "response_tokens" not in quiet["config"]
-    assert quiet["config"]["lengths"] == {"enabled": True} and "admission" not in quiet["config"]
+    # Without +admit the row is the routing alone, whichever class runs it (admission's default is auto).
+    assert quiet["config"]["lengths"] == {"enabled": True} and quiet["config"]["admission"] == {"enabled": False}
     assert satstep.policy_config("default", [], 64, response_tokens=2048) is None
 
 
