@@ -204,11 +204,9 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 # rows must match the published ones seed for seed), paired in
 # docs/rl-workloads.md with kvc_aware's rows at HELDOUT_FROZEN (520d43c,
 # before issue 26).
-# At a freeze whose defaults run admission (admission.enabled: auto) the
-# kvc_aware row holds requests and kvc_aware+noadmit is the routing alone;
-# at earlier freezes the second row was kvc_aware+admit (HELDOUT_NOW_POLICIES).
-HELDOUT_NOW_POLICIES ?= verl_default,kvc_aware,kvc_aware+noadmit
-HELDOUT_NOW = --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(RL_FROZEN) --policies $(HELDOUT_NOW_POLICIES)
+# The second kvc_aware row is RL_SECOND (below: the routing alone at a freeze
+# whose defaults run admission; kvc_aware+admit at earlier freezes).
+HELDOUT_NOW = --tune-seeds 101,102 --report-seeds 311,312,313,314,315,316,317,318,319,320 --kvc-frozen $(RL_FROZEN) --policies verl_default,kvc_aware,$(RL_SECOND)
 kvbench-heldout-defaults: ## the held-out workloads' kvc_aware rows at today's defaults on the published seeds -> build/heldout-defaults/ (docs/rl-workloads.md)
 	@mkdir -p build/heldout-defaults
 	$(GO) run ./cmd/kvbench --heldout --workload grpo_sat $(HELDOUT_NOW) --json build/heldout-defaults/kvbench-grpo_sat.json
@@ -364,8 +362,9 @@ RL_SEEDS ?= 341 342 343 344 345
 # (group_spread 0.1, docs/results/rl-*.json). `make render` copies build/rl-*.json
 # to docs/results/: move them to the freeze's directory instead.
 RL_FROZEN ?= docs/frozen-kvc-aware.json
-# kvbench-rl's second kvc_aware row: at a freeze whose defaults run admission
-# (2f74939 on) the routing alone, kvc_aware+noadmit; at earlier freezes, whose
+# The second kvc_aware row of kvbench-rl, kvbench-rl-tuned and
+# kvbench-heldout-defaults: at a freeze whose defaults run admission (2f74939
+# on) the routing alone, kvc_aware+noadmit; at earlier freezes, whose
 # kvc_aware row is the routing alone, RL_SECOND=kvc_aware+admit.
 RL_SECOND ?= kvc_aware+noadmit
 RL_COMMON = --workload grpo_sat --grpo-prompts 256 --engines 4 --arrivals verl --engine-model hbm --quiet --makespan-bound=false --kvc-frozen $(RL_FROZEN) --parallel 2
@@ -518,11 +517,10 @@ kvbench-cap: ## the group spread's server cap (opt-in) on 8 engines at rho 0 / 0
 # RL_TUNED_SEEDS=521,...,530; 53 min here), each build/rl-tuned/ copied to its folder.
 # Since admission.enabled's default became auto (on in the balancer verl's
 # hook creates), a freeze's kvc_aware row runs admission and kvc_aware+admit
-# would repeat it: the list runs kvc_aware+noadmit (the synchronous class's
-# routing alone) in its place. At a freeze from before it (library_defaults'
-# admission false) pass RL_TUNED_POLICIES with kvc_aware+admit instead.
+# would repeat it: the list runs RL_SECOND (kvc_aware+noadmit, the routing
+# alone) in its place; at a freeze from before it pass RL_SECOND=kvc_aware+admit.
 RL_TUNED_SEEDS ?= 371,372,373,374,375
-RL_TUNED_POLICIES ?= $(subst kvc_aware+admit,kvc_aware+noadmit,$(KVBENCH_POLICIES)),dynamo_cost+agentic,dynamo_cost+queue
+RL_TUNED_POLICIES ?= $(subst kvc_aware+admit,$(RL_SECOND),$(KVBENCH_POLICIES)),dynamo_cost+agentic,dynamo_cost+queue
 RL_TUNED = --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_SEEDS) --tune-objective step
 kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 101,102), reported on fresh seeds RL_TUNED_SEEDS -> build/rl-tuned/ (~25 min)
 	@mkdir -p build/rl-tuned

@@ -576,46 +576,34 @@ type frozenFile struct {
 	} `json:"library_defaults"`
 }
 
-// frozenAdmission says whether the freeze at path runs kvc_aware with
-// router-side admission (its library defaults as verl's hook runs them).
-func frozenAdmission(path string) (bool, error) {
+// readFrozen returns the frozen strategy parameters, the commit they were
+// frozen at and whether the freeze runs kvc_aware with router-side
+// admission (its library defaults as verl's hook runs them); the
+// parameters must decode strictly as kvc_aware's.
+func readFrozen(path string) (json.RawMessage, string, bool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return false, fmt.Errorf("--kvc-frozen: %w", err)
+		return nil, "", false, fmt.Errorf("--kvc-frozen: %w", err)
 	}
 	var f frozenFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
-	}
-	return f.LibraryDefaults.Router.Admission.Enabled, nil
-}
-
-// readFrozen returns the frozen strategy parameters and the commit they
-// were frozen at; the parameters must decode strictly as kvc_aware's.
-func readFrozen(path string) (json.RawMessage, string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, "", fmt.Errorf("--kvc-frozen: %w", err)
-	}
-	var f frozenFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, "", fmt.Errorf("--kvc-frozen %s: %w", path, err)
+		return nil, "", false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
 	}
 	if f.Commit == "" || len(f.Strategy) == 0 {
-		return nil, "", fmt.Errorf("--kvc-frozen %s: needs \"commit\" and \"strategy\"", path)
+		return nil, "", false, fmt.Errorf("--kvc-frozen %s: needs \"commit\" and \"strategy\"", path)
 	}
 	if _, err := bench.NewPolicy("kvc_aware", bench.PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": f.Strategy}}); err != nil {
-		return nil, "", fmt.Errorf("--kvc-frozen %s: %w", path, err)
+		return nil, "", false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
 	}
 	if missing := unnamedParams(f.Strategy); len(missing) > 0 {
 		// Left out, they would take today's defaults, and a rerun of an
 		// old freeze would silently run a later behaviour.
-		return nil, "", fmt.Errorf("--kvc-frozen %s: \"strategy\" does not name %s: a freeze names every kvc_aware "+
+		return nil, "", false, fmt.Errorf("--kvc-frozen %s: \"strategy\" does not name %s: a freeze names every kvc_aware "+
 			"parameter (set each added after it to its value at that commit, its off value)", path, strings.Join(missing, ", "))
 	}
 	commit := f.Commit
 	if f.Status != "" && f.Status != "frozen" {
 		commit += " (" + f.Status + ")"
 	}
-	return f.Strategy, commit, nil
+	return f.Strategy, commit, f.LibraryDefaults.Router.Admission.Enabled, nil
 }

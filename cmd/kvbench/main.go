@@ -263,14 +263,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		if c.kvcParams != "" {
 			return nil, fmt.Errorf("--kvc-frozen and --kvc-params are exclusive")
 		}
-		raw, commit, err := readFrozen(c.kvcFrozen)
+		raw, commit, admit, err := readFrozen(c.kvcFrozen)
 		if err != nil {
 			return nil, err
 		}
-		c.params["kvc_aware"], c.frozenCommit = raw, commit
-		if c.kvcAdmit, err = frozenAdmission(c.kvcFrozen); err != nil {
-			return nil, err
-		}
+		c.params["kvc_aware"], c.frozenCommit, c.kvcAdmit = raw, commit, admit
 	}
 	if c.kvcAdmission != "" {
 		edit, err := admissionOverlay(c.kvcAdmission)

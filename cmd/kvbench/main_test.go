@@ -492,11 +492,11 @@ func TestFrozenAdmissionDefault(t *testing.T) {
 	if err := os.WriteFile(frozen, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if on, err := frozenAdmission(frozen); err != nil || !on {
-		t.Fatalf("frozenAdmission = %v, %v", on, err)
+	if _, _, on, err := readFrozen(frozen); err != nil || !on {
+		t.Fatalf("readFrozen: admission %v, %v", on, err)
 	}
 	old := filepath.Join("..", "..", "docs", "results", "frozen-kvc-aware-f0be7ad.json")
-	if on, err := frozenAdmission(old); err != nil || on {
+	if _, _, on, err := readFrozen(old); err != nil || on {
 		t.Fatalf("a freeze from before auto runs admission: %v, %v", on, err)
 	}
 	jsonPath := filepath.Join(dir, "h.json")
