@@ -96,7 +96,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, 
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit})
+			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens})
 			if err != nil {
 				errs[i] = err
 				return
@@ -563,47 +563,64 @@ type frozenFile struct {
 	Commit   string          `json:"commit"`
 	Status   string          `json:"status"`
 	Strategy json.RawMessage `json:"strategy"`
-	// LibraryDefaults.Router.Admission.Enabled: whether the balancer verl's
-	// hook creates at those defaults runs router-side admission (true
-	// since admission.enabled's default became auto; freezes before it
-	// recorded false).
+	// LibraryDefaults.Router: the router settings verl's hook runs at that
+	// freeze. Admission.Enabled: whether its balancer runs router-side
+	// admission (true since admission.enabled's default became auto;
+	// freezes before it recorded false). SessionMoveTokens: absent in
+	// freezes from before session_move_tokens, which moved sessions by
+	// bound counts alone (0).
 	LibraryDefaults struct {
 		Router struct {
 			Admission struct {
 				Enabled bool `json:"enabled"`
 			} `json:"admission"`
+			SessionMoveTokens *float64 `json:"session_move_tokens"`
 		} `json:"router"`
 	} `json:"library_defaults"`
 }
 
-// readFrozen returns the frozen strategy parameters, the commit they were
-// frozen at and whether the freeze runs kvc_aware with router-side
-// admission (its library defaults as verl's hook runs them); the
-// parameters must decode strictly as kvc_aware's.
-func readFrozen(path string) (json.RawMessage, string, bool, error) {
+// frozen is a freeze as kvbench runs it.
+type frozen struct {
+	// strategy is the kvc_aware parameters; commit the commit they were
+	// frozen at (with its status when not "frozen").
+	strategy json.RawMessage
+	commit   string
+	// admission: kvc_aware runs router-side admission (the freeze's
+	// library defaults, as verl's hook runs them).
+	admission bool
+	// sessionMoveTokens is the router's session_move_tokens at the freeze.
+	sessionMoveTokens float64
+}
+
+// readFrozen reads a freeze file; its strategy parameters must decode
+// strictly as kvc_aware's and name every parameter.
+func readFrozen(path string) (frozen, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, "", false, fmt.Errorf("--kvc-frozen: %w", err)
+		return frozen{}, fmt.Errorf("--kvc-frozen: %w", err)
 	}
 	var f frozenFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, "", false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
+		return frozen{}, fmt.Errorf("--kvc-frozen %s: %w", path, err)
 	}
 	if f.Commit == "" || len(f.Strategy) == 0 {
-		return nil, "", false, fmt.Errorf("--kvc-frozen %s: needs \"commit\" and \"strategy\"", path)
+		return frozen{}, fmt.Errorf("--kvc-frozen %s: needs \"commit\" and \"strategy\"", path)
 	}
 	if _, err := bench.NewPolicy("kvc_aware", bench.PolicyOptions{Params: map[string]json.RawMessage{"kvc_aware": f.Strategy}}); err != nil {
-		return nil, "", false, fmt.Errorf("--kvc-frozen %s: %w", path, err)
+		return frozen{}, fmt.Errorf("--kvc-frozen %s: %w", path, err)
 	}
 	if missing := unnamedParams(f.Strategy); len(missing) > 0 {
 		// Left out, they would take today's defaults, and a rerun of an
 		// old freeze would silently run a later behaviour.
-		return nil, "", false, fmt.Errorf("--kvc-frozen %s: \"strategy\" does not name %s: a freeze names every kvc_aware "+
+		return frozen{}, fmt.Errorf("--kvc-frozen %s: \"strategy\" does not name %s: a freeze names every kvc_aware "+
 			"parameter (set each added after it to its value at that commit, its off value)", path, strings.Join(missing, ", "))
 	}
-	commit := f.Commit
+	out := frozen{strategy: f.Strategy, commit: f.Commit, admission: f.LibraryDefaults.Router.Admission.Enabled}
 	if f.Status != "" && f.Status != "frozen" {
-		commit += " (" + f.Status + ")"
+		out.commit += " (" + f.Status + ")"
 	}
-	return f.Strategy, commit, f.LibraryDefaults.Router.Admission.Enabled, nil
+	if v := f.LibraryDefaults.Router.SessionMoveTokens; v != nil {
+		out.sessionMoveTokens = *v
+	}
+	return out, nil
 }

@@ -95,6 +95,9 @@ type config struct {
 	// hook does at its defaults since admission.enabled became auto);
 	// without a freeze, kvc_aware is the routing alone.
 	kvcAdmit bool
+	// kvcMoveTokens is the freeze's router session_move_tokens (nil without
+	// a freeze: today's default).
+	kvcMoveTokens *float64
 	// kvcTurns is kvc_aware's router "turns"; "" = what verl's hook sets
 	// for the workload (bench.TurnsFor).
 	kvcTurns string
@@ -263,11 +266,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		if c.kvcParams != "" {
 			return nil, fmt.Errorf("--kvc-frozen and --kvc-params are exclusive")
 		}
-		raw, commit, admit, err := readFrozen(c.kvcFrozen)
+		f, err := readFrozen(c.kvcFrozen)
 		if err != nil {
 			return nil, err
 		}
-		c.params["kvc_aware"], c.frozenCommit, c.kvcAdmit = raw, commit, admit
+		c.params["kvc_aware"], c.frozenCommit, c.kvcAdmit = f.strategy, f.commit, f.admission
+		c.kvcMoveTokens = &f.sessionMoveTokens
 	}
 	if c.kvcAdmission != "" {
 		edit, err := admissionOverlay(c.kvcAdmission)
@@ -525,7 +529,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 	}
 	var progress atomic.Int64
 	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(),
-		KVCRouter: c.admissionEdit, Admission: c.kvcAdmit}
+		KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens}
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)

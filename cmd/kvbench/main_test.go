@@ -492,12 +492,12 @@ func TestFrozenAdmissionDefault(t *testing.T) {
 	if err := os.WriteFile(frozen, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, on, err := readFrozen(frozen); err != nil || !on {
-		t.Fatalf("readFrozen: admission %v, %v", on, err)
+	if f, err := readFrozen(frozen); err != nil || !f.admission {
+		t.Fatalf("readFrozen: admission %v, %v", f.admission, err)
 	}
 	old := filepath.Join("..", "..", "docs", "results", "frozen-kvc-aware-f0be7ad.json")
-	if _, _, on, err := readFrozen(old); err != nil || on {
-		t.Fatalf("a freeze from before auto runs admission: %v, %v", on, err)
+	if f, err := readFrozen(old); err != nil || f.admission {
+		t.Fatalf("a freeze from before auto runs admission: %v, %v", f.admission, err)
 	}
 	jsonPath := filepath.Join(dir, "h.json")
 	args := []string{"--workload", "grpo", "--steps", "1", "--grpo-prompts", "16", "--grpo-n", "8", "--response-median", "60",
@@ -539,5 +539,67 @@ func TestFrozenAdmissionDefault(t *testing.T) {
 	}
 	if seeds(3) == seeds(2) {
 		t.Fatalf("kvc_aware+noadmit held requests too: %s", seeds(3))
+	}
+}
+
+// A freeze runs the session_move_tokens its library defaults recorded, and
+// a freeze from before the setting (none recorded) runs without it: on an
+// agent step the two differ, on a GRPO step (no request id returns, so no
+// session has a later turn to move) they are identical seed for seed.
+func TestFrozenSessionMoveTokens(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, router string) string {
+		p := filepath.Join(dir, name)
+		doc := `{"commit":"abc123","status":"frozen","strategy":` + frozenStrategy(t, nil) +
+			`,"library_defaults":{"router":` + router + `}}`
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	on, before := write("on.json", `{"session_move_tokens":3}`), write("before.json", `{}`)
+	if f, err := readFrozen(on); err != nil || f.sessionMoveTokens != 3 {
+		t.Fatalf("readFrozen: session_move_tokens %v, %v", f.sessionMoveTokens, err)
+	}
+	if f, err := readFrozen(before); err != nil || f.sessionMoveTokens != 0 {
+		t.Fatalf("a freeze from before session_move_tokens moves by context: %v, %v", f.sessionMoveTokens, err)
+	}
+	row := func(frozen string, workload ...string) string {
+		jsonPath := filepath.Join(dir, "r.json")
+		args := append(workload, "--engines", "4", "--quiet", "--makespan-bound=false", "--seed", "1",
+			"--policies", "kvc_aware", "--kvc-frozen", frozen, "--json", jsonPath)
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		b, err := os.ReadFile(jsonPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Policies map[string]struct {
+				Makespan float64 `json:"makespan_s"`
+				TTFTP99  float64 `json:"ttft_p99_s"`
+				HitRate  float64 `json:"hit_rate"`
+			} `json:"policies"`
+		}
+		if err := json.Unmarshal(b, &res); err != nil {
+			t.Fatalf("report %s: %v", b, err)
+		}
+		k, ok := res.Policies["kvc_aware"]
+		if !ok || k.Makespan <= 0 {
+			t.Fatalf("no kvc_aware row in %s", b)
+		}
+		return fmt.Sprint(k)
+	}
+	agent := []string{"--workload", "agent", "--agent-tasks", "8", "--steps", "1", "--length-corr", "0.6",
+		"--tool-pareto", "1,60,0.8", "--engine-model", "hbm"}
+	if a, b := row(on, agent...), row(before, agent...); a == b {
+		t.Fatalf("session_move_tokens 3 moved nothing on an agent step: %s", a)
+	}
+	grpo := []string{"--workload", "grpo", "--steps", "2", "--grpo-prompts", "16", "--grpo-n", "8", "--response-median", "60",
+		"--max-num-seqs", "8", "--gpu-blocks", "4000"}
+	if a, b := row(on, grpo...), row(before, grpo...); a != b {
+		t.Fatalf("session_move_tokens changed a GRPO step:\n%s\n%s", a, b)
 	}
 }

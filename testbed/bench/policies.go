@@ -65,6 +65,10 @@ type PolicyOptions struct {
 	// multi-turn rollout, Turns); +noadmit turns it off there (the
 	// synchronous KVCAwareBalancer). kvbench sets it from a freeze.
 	Admission bool
+	// SessionMoveTokens is kvc_aware's router session_move_tokens (nil: the
+	// library's default); kvbench sets it from a freeze, 0 for freezes from
+	// before it.
+	SessionMoveTokens *float64
 }
 
 // TurnsFor is what verl's hook tells kvc_aware (router "turns") for a
@@ -403,7 +407,8 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				name == "kvc_aware+admit+engine_queue",
 			TrueLengths: strings.HasSuffix(name, "+truelen"),
 			Config: func(peers.Signals) kvcrouter.RouterConfig {
-				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens}
+				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, EventsDefault: events, BlockSize: o.BlockSize, Turns: o.Turns, ResponseTokens: o.ResponseTokens,
+					SessionMoveTokens: o.SessionMoveTokens}
 				c.Admission.Enabled = strings.Contains(name, "+admit") ||
 					!strings.HasSuffix(name, "+noadmit") && kvcrouter.AdmissionDefault(kvcrouter.ModeKVCAware, o.Turns, o.Admission)
 				if strings.HasSuffix(name, "+engine_queue") {

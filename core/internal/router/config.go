@@ -156,6 +156,21 @@ type Config struct {
 	// When to change: false to keep multi-turn sessions where they started
 	// (more cache reuse, less balance).
 	SessionMoves *bool `json:"session_moves,omitempty"`
+	// SessionMoveTokens moves a multi-turn session at a turn boundary,
+	// while session_moves is on, to the server with the fewest prompt
+	// tokens in flight when its bound server has at least this many times
+	// the session's own prompt (its whole context) more in flight; 0
+	// disables; unset: DefaultSessionMoveTokens. Session counts miss the
+	// imbalance that ends an agent step: in-flight context is what slows
+	// an engine's decode, and a hard task's trajectories grow it on one
+	// server while the counts stay even (docs/rl-workloads.md, "Session
+	// moves by in-flight context"). Relative to the session's own context
+	// so the prefill a move re-pays stays small next to the imbalance it
+	// removes, and at least 2 so a move never leaves the target the busier.
+	// When to change: lower (towards 2) for more balance at the cost of
+	// cache hits and TTFT; higher, or 0, to keep sessions where their
+	// context is cached (prefill-bound agents with very long contexts).
+	SessionMoveTokens *float64 `json:"session_move_tokens,omitempty"`
 	// Turns says what the rollout's sessions are before the router has
 	// seen any come back: "multi" (agent loops: a trajectory sends turn
 	// after turn), "single" (GRPO: one request per sample) or "auto" (the
@@ -219,6 +234,26 @@ func turnsOf(t string) strategy.Turns {
 // MaxDurationMS bounds every *_ms setting (7 days): far beyond any useful
 // timeout or TTL, far below where milliseconds overflow a time.Duration.
 const MaxDurationMS = 7 * 24 * 3600 * 1000
+
+// DefaultSessionMoveTokens is session_move_tokens' default, chosen on
+// tuning seeds (docs/rl-workloads.md, "Session moves by in-flight
+// context"): on kvbench's RL agent setting 1.5 to 4 shortened the step
+// alike, TTFT p99 rising as the setting falls (the moved turns re-pay their
+// prefill); at 3 the held-out agent_long, whose contexts run to 64k tokens,
+// doubled its TTFT p99, at 4 it moved nothing there.
+const DefaultSessionMoveTokens = 4.0
+
+// sessionMoveTokens is session_move_tokens as the router applies it: 0
+// where sessions do not move (default mode, session_moves off).
+func (c *Config) sessionMoveTokens() float64 {
+	if c.Mode != ModeKVCAware || !boolOr(c.SessionMoves, true) {
+		return 0
+	}
+	if c.SessionMoveTokens == nil {
+		return DefaultSessionMoveTokens
+	}
+	return *c.SessionMoveTokens
+}
 
 // DefaultMaxPromptTokens bounds prompts (about 4 MiB of int32 token ids).
 const DefaultMaxPromptTokens = 1 << 20
@@ -296,6 +331,9 @@ func (c *Config) normalise() error {
 	}
 	if c.ResponseTokens < 0 || c.ResponseTokens > 1<<24 {
 		return configErr("response_tokens", "must be in [0, 16777216] (0 = not said), got %d", c.ResponseTokens)
+	}
+	if v := c.SessionMoveTokens; v != nil && !(*v == 0 || (*v >= 2 && *v <= 1000)) {
+		return configErr("session_move_tokens", "must be 0 (off) or in [2, 1000], got %v", *v)
 	}
 	switch c.Turns {
 	case "":
@@ -439,6 +477,8 @@ func (c Config) Effective() (Config, error) {
 	c.StickyOverload, c.Speculate = &overload, &speculate
 	moves := kvc && boolOr(c.SessionMoves, true)
 	c.SessionMoves = &moves
+	moveTokens := c.sessionMoveTokens()
+	c.SessionMoveTokens = &moveTokens
 	ix := index.Config{MaxEntries: c.Index.MaxEntries, SpecTTL: ms(c.Index.SpecTTLMS), ApproxTTL: ms(c.Index.ApproxTTLMS)}.WithDefaults()
 	c.Index = IndexSpec{MaxEntries: ix.MaxEntries, SpecTTLMS: int(ix.SpecTTL / time.Millisecond), ApproxTTLMS: int(ix.ApproxTTL / time.Millisecond)}
 	ld := load.Config{StaleAfter: ms(c.Load.StaleAfterMS), MaxNumSeqs: c.Load.MaxNumSeqs, UnhealthyAfter: c.Load.UnhealthyAfter}.WithDefaults()

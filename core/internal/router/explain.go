@@ -98,6 +98,7 @@ var sessionWhy = map[string]string{
 	SessionVerl:       "default mode honours every binding (verl)",
 	SessionStay:       "bound server healthy and at most load_threshold: the session stays",
 	SessionMove:       "multi-turn sessions and the bound server holds max(2, mean/2) more sessions than the least-bound one: moved at this turn",
+	SessionMoveTokens: "multi-turn sessions and the bound server has session_move_tokens x this prompt more prompt tokens in flight than the least-loaded one: moved at this turn",
 	SessionOverloaded: "bound server's load is over load_threshold: re-scored and rebound",
 	SessionUnhealthy:  "bound server unhealthy: re-scored and rebound",
 	SessionAdmitted:   "held by admission, given a freed slot",

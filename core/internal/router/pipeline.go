@@ -53,6 +53,9 @@ const (
 	// SessionMove: a multi-turn session leaves a server bound to far more
 	// sessions than another (sessionRule).
 	SessionMove = "move"
+	// SessionMoveTokens: a multi-turn session leaves a server with far
+	// more prompt tokens in flight than another (session_move_tokens).
+	SessionMoveTokens = "move_tokens"
 	// SessionOverloaded: the bound server's load is over the threshold;
 	// the request is re-scored and rebound.
 	SessionOverloaded = "breakout_overloaded"
@@ -118,9 +121,12 @@ func (r *Router) decide(req *Request) (Decision, error) {
 			r.speculateOn(bound, req, r.cands[i].Hit.Blocks)
 			tr.candidates(r.cands[:n], nil, nil)
 			return tr.done(d, pickBound), nil
-		case SessionMove:
+		case SessionMove, SessionMoveTokens:
 			r.counters.StickyBroken++
 			r.counters.SessionMoves++
+			if v == SessionMoveTokens {
+				r.counters.SessionMovesTokens++
+			}
 			d := r.decision(i, ReasonRebalanced, n, false)
 			r.bind(req, d.Server)
 			r.speculateOn(r.cpool[i], req, r.cands[i].Hit.Blocks)
@@ -227,6 +233,9 @@ func (r *Router) sessionRule(req *Request, bound *server, n int) (string, int) {
 	if j := r.moveTarget(i, n); j >= 0 {
 		return SessionMove, j
 	}
+	if j := r.tokenMoveTarget(len(req.Tokens), i, n); j >= 0 {
+		return SessionMoveTokens, j
+	}
 	return SessionStay, i
 }
 
@@ -256,6 +265,38 @@ func (r *Router) moveTarget(i, n int) int {
 	}
 	mean := float64(total) / float64(n)
 	if float64(r.cands[i].Sessions-r.cands[j].Sessions) < max(2, mean/2) {
+		return -1
+	}
+	return j
+}
+
+// tokenMoveTarget is the candidate a session bound to candidate i, whose
+// next turn's prompt is own tokens, moves to by in-flight context
+// (session_move_tokens), or -1. The target is the healthy, not overloaded
+// server with room (under admission) and the fewest prompt tokens in
+// flight; the move happens when the bound server has at least
+// session_move_tokens x own more. In-flight tokens, not the contexts of
+// every session bound there: sessions waiting on a tool decode nothing,
+// and counting them for a while after their last turn moved fewer
+// sessions for a longer step on kvbench's agent setting.
+func (r *Router) tokenMoveTarget(own, i, n int) int {
+	if r.moveTokens <= 0 || !r.moveSessions || n < 2 || own <= 0 {
+		return -1
+	}
+	if strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) < 0.5 {
+		return -1
+	}
+	j := -1
+	for k := 0; k < n; k++ {
+		c := &r.cands[k]
+		if k == i || !c.Healthy || strategy.EffectiveLoad(r.strat, c) > r.threshold || (r.admit && !r.hasRoom(r.cpool[k])) {
+			continue
+		}
+		if j < 0 || c.InflightTokens < r.cands[j].InflightTokens {
+			j = k
+		}
+	}
+	if j < 0 || float64(r.cands[i].InflightTokens-r.cands[j].InflightTokens) < r.moveTokens*float64(own) {
 		return -1
 	}
 	return j

@@ -139,6 +139,7 @@ type Router struct {
 	counters Counters
 
 	moveSessions bool
+	moveTokens   float64 // session_move_tokens (0: off)
 
 	// Admission (admission.go): held requests.
 	admit bool
@@ -179,6 +180,9 @@ type Counters struct {
 	// SessionMoves counts multi-turn sessions moved at a turn boundary
 	// off a server bound to far more sessions than another (sessionMove).
 	SessionMoves uint64 `json:"session_moves"`
+	// SessionMovesTokens counts the moves among them made by in-flight
+	// context (session_move_tokens).
+	SessionMovesTokens uint64 `json:"session_moves_tokens"`
 }
 
 // New builds a router from a normalised or raw config.
@@ -210,6 +214,7 @@ func New(cfg Config) (*Router, error) {
 		now:          now,
 		admit:        kvc && cfg.Admission.Enabled,
 		moveSessions: kvc && boolOr(cfg.SessionMoves, true),
+		moveTokens:   cfg.sessionMoveTokens(),
 		turns:        turnsOf(cfg.Turns),
 		respToks:     cfg.ResponseTokens,
 		aq:           newAdmissionState(),

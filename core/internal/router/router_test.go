@@ -382,6 +382,9 @@ func TestConfigErrors(t *testing.T) {
 		{`{"mode": "kvc_aware", "strategies": [{"name": "kvc_aware", "weight": 1, "params": {"alpha": 3}}]}`, "alpha"},
 		{`{"index": {"max_entries": -5}}`, "index.max_entries"},
 		{`{"load_threshold": 2}`, "load_threshold"},
+		{`{"session_move_tokens": 1.5}`, "session_move_tokens"},
+		{`{"session_move_tokens": -1}`, "session_move_tokens"},
+		{`{"session_move_tokens": 1001}`, "session_move_tokens"},
 		{`{"mode": `, "invalid config"},
 	}
 	for _, c := range cases {

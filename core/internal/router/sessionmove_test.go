@@ -89,3 +89,108 @@ func TestSessionMovesNeedMultiTurnEvidence(t *testing.T) {
 		t.Fatalf("moved to %s with one later turn in 204 sessions", d.Server)
 	}
 }
+
+// TestSessionMovesByTokens: session counts are even (two sessions per
+// server), but s0 has three long prompts in flight. A session bound to s0
+// moves to the server with the fewest prompt tokens in flight when s0's
+// excess is at least session_move_tokens times its own prompt.
+func TestSessionMovesByTokens(t *testing.T) {
+	servers := []string{"s0", "s1", "s2", "s3"}
+	f := func(v float64) *float64 { return &v }
+	off := false
+	cases := []struct {
+		name  string
+		cfg   func(*Config)
+		own   int    // the moving session's next prompt, in tokens
+		want  string // where the turn lands
+		moved uint64 // session_moves_tokens after the turn
+	}{
+		// 4 x 700 is under s0's 3,000-token excess over s2.
+		{name: "default moves a short context", own: 700, want: "s2", moved: 1},
+		// 4 x 800 = 3,200 exceeds the 3,000 excess: the prefill would cost more.
+		{name: "a long context stays", own: 800, want: "s0"},
+		{name: "lower setting moves it", cfg: func(c *Config) { c.SessionMoveTokens = f(2) }, own: 1200, want: "s2", moved: 1},
+		{name: "at the setting exactly it moves", cfg: func(c *Config) { c.SessionMoveTokens = f(3) }, own: 1000, want: "s2", moved: 1},
+		{name: "0 disables", cfg: func(c *Config) { c.SessionMoveTokens = f(0) }, own: 200, want: "s0"},
+		{name: "session_moves off disables", cfg: func(c *Config) { c.SessionMoves = &off }, own: 200, want: "s0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := kvcConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			r := mustNew(t, cfg, servers...)
+			for s := range servers {
+				for k := 0; k < 2; k++ {
+					bindAt(t, r, fmt.Sprintf("sess-%d-%d", s, k), s)
+				}
+			}
+			// Later turns stay in flight: s0 holds 3,000 prompt tokens,
+			// s1 and s3 100 each, s2 none (the target).
+			hold := func(id string, n int, base int32) {
+				if _, err := r.Acquire(Request{ID: id, Tokens: prompt(n, base), Pin: -1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hold("sess-0-1", 3000, 7)
+			hold("sess-3-0", 100, 9)
+			hold("sess-1-0", 100, 11)
+			d, err := r.Acquire(Request{ID: "sess-0-0", Tokens: prompt(tc.own, 13), Pin: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Server != tc.want {
+				t.Fatalf("turn landed on %s, want %s", d.Server, tc.want)
+			}
+			if got := r.Status().Counters.SessionMovesTokens; got != tc.moved {
+				t.Fatalf("session_moves_tokens %d, want %d", got, tc.moved)
+			}
+			if tc.moved > 0 && *r.sessions["s0"] != 1 {
+				t.Fatalf("s0 still bound to %d sessions after the move, want 1", *r.sessions["s0"])
+			}
+		})
+	}
+}
+
+// Without evidence of later turns the token rule moves nothing either.
+func TestSessionMovesByTokensNeedMultiTurnEvidence(t *testing.T) {
+	r := mustNew(t, kvcConfig(), "s0", "s1")
+	for k := 0; k < 200; k++ {
+		bindAt(t, r, fmt.Sprint("grpo-", k), k%2)
+	}
+	bindAt(t, r, "agent-0", 0)
+	bindAt(t, r, "agent-1", 0)
+	if _, err := r.Acquire(Request{ID: "agent-1", Tokens: prompt(5000, 3), Pin: -1}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := r.Acquire(Request{ID: "agent-0", Tokens: prompt(100, 5), Pin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Server != "s0" || r.Status().Counters.SessionMovesTokens != 0 {
+		t.Fatalf("moved to %s with two later turns in 202 sessions", d.Server)
+	}
+}
+
+// Effective reports the default where it applies and 0 where sessions
+// never move.
+func TestSessionMoveTokensEffective(t *testing.T) {
+	off := false
+	for _, tc := range []struct {
+		cfg  Config
+		want float64
+	}{
+		{kvcConfig(), DefaultSessionMoveTokens},
+		{Config{Mode: ModeDefault}, 0},
+		{Config{Mode: ModeKVCAware, SessionMoves: &off}, 0},
+	} {
+		eff, err := tc.cfg.Effective()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eff.SessionMoveTokens == nil || *eff.SessionMoveTokens != tc.want {
+			t.Fatalf("mode %q: effective session_move_tokens %v, want %v", tc.cfg.Mode, eff.SessionMoveTokens, tc.want)
+		}
+	}
+}
