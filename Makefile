@@ -43,7 +43,7 @@ PY_SRC     := $(shell find python -name '*.py' -o -name '*.yaml' -o -name '*.pth
 # The x86_64 wheel's tests run in this venv, rebuilt clean each time.
 WHEEL_TEST_VENV := build/wheel-test-venv
 
-.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-arena-shape kvbench-work kvbench-admit-spread kvbench-mean-prompt kvbench-demo-shape docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
+.PHONY: arena-admit-lengths kvbench-heldout-admit kvbench-heldout-defaults kvbench-rl kvbench-rl-tuned kvbench-rl-tuned-agent kvbench-arena-shape kvbench-work kvbench-admit-spread kvbench-mean-prompt kvbench-demo-shape docs help build lib testlib wheel wheel-x86_64 wheel-aarch64 wheel-tools test-wheel check-wheel-aarch64 test test-go test-py docs-check test-e2e test-verl test-vllm bench kvbench kvbench-heldout demo overhead gpu-validate fuzz chaos soak actor-bench lint lint-go lint-py venv clean arena arena-rl arena-short arena-full arena-tuned arena-rl-tuned arena-rl-queue-tuned render freeze-kvc-aware peers-venv
 
 help: ## this list: every target with its description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "%-20s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -527,6 +527,15 @@ kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 10
 	@for r in 0 0.5 0.8; do t=$${r#0.}; $(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 1 --length-corr $$r --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-r$$t.json || exit 1; done
 	$(GO) run ./cmd/kvbench $(RL_COMMON) $(RL_TUNED) --steps 2 --length-corr 0.6 --dataset-prompts 256 --epoch-corr 0.8 --report-from-step 1 --policies $(RL_TUNED_POLICIES),kvc_aware+admit+lengths,kvc_aware+admit+evlengths --json build/rl-tuned/heldout-rl-rec.json
 	$(GO) run ./cmd/kvbench $(RL_AGENT) --parallel 2 $(RL_TUNED) --policies $(RL_TUNED_POLICIES) --json build/rl-tuned/heldout-rl-agt.json
+
+# The agent setting of kvbench-rl-tuned alone, for a freeze that changed
+# only multi-turn placement (session_move_tokens, a485bc6: a GRPO request id
+# never returns, so its rows are the freeze before's; TestFrozenSessionMoveTokens).
+# Fresh seeds RL_TUNED_AGENT_SEEDS -> build/rl-tuned-agt/ (docs/results/rl-tuned-agt-a485bc6/).
+RL_TUNED_AGENT_SEEDS ?= 541,542,543,544,545,546,547,548,549,550
+kvbench-rl-tuned-agent: ## kvbench-rl-tuned's agent setting alone on fresh seeds RL_TUNED_AGENT_SEEDS -> build/rl-tuned-agt/
+	@mkdir -p build/rl-tuned-agt
+	$(GO) run ./cmd/kvbench $(RL_AGENT) --parallel 2 --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_AGENT_SEEDS) --tune-objective step --policies $(RL_TUNED_POLICIES) --json build/rl-tuned-agt/heldout-rl-agt.json
 
 render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it
 	@mkdir -p docs/results
