@@ -261,7 +261,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, Scrape: SMGLoadInterval, Config: func(sig peers.Signals) kvcrouter.RouterConfig {
 			st, _ := peers.NewSMG(s, sig)
 			return kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
-				Speculate: bptr(true), StickyOverload: bptr(false), Strategy: st,
+				Speculate: bptr(true), StickyOverload: bptr(false), SessionMoves: bptr(false), Strategy: st,
 				Index: kvcrouter.IndexSpec{ApproxTTLMS: 1000 * 86400}, Servers: servers(kvcrouter.ServerSpec{Capacity: capBlocks})}
 		}}, nil
 	case "sglang_cache_aware", "sglang_cache_aware+gateway":
@@ -279,7 +279,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		return Policy{Name: name, Config: func(peers.Signals) kvcrouter.RouterConfig {
 			st := s // a fresh tree-size record per run
 			return kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
-				Speculate: bptr(true), StickyOverload: bptr(false), Strategy: &st,
+				Speculate: bptr(true), StickyOverload: bptr(false), SessionMoves: bptr(false), Strategy: &st,
 				// Residency ends only by size: an expiry far beyond any run.
 				Index: kvcrouter.IndexSpec{ApproxTTLMS: 1000 * 86400}, Servers: servers(kvcrouter.ServerSpec{Capacity: capBlocks})}
 		}}, nil
@@ -314,7 +314,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 				// Per-pod LRU sized from num_gpu_blocks (the router caps an
 				// approximate server at its metrics' block count), no TTL.
 				return kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: false,
-					Speculate: bptr(true), StickyOverload: bptr(false), Strategy: st,
+					Speculate: bptr(true), StickyOverload: bptr(false), SessionMoves: bptr(false), Strategy: st,
 					Index: kvcrouter.IndexSpec{ApproxTTLMS: 1000 * 86400}}
 			}
 			return p, nil
@@ -324,7 +324,7 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 		p.Config = func(sig peers.Signals) kvcrouter.RouterConfig {
 			st, _ := peers.NewLLMD(name, l, sig)
 			c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
-				Speculate: bptr(spec), StickyOverload: bptr(false), Strategy: st, Servers: uncapped()}
+				Speculate: bptr(spec), StickyOverload: bptr(false), SessionMoves: bptr(false), Strategy: st, Servers: uncapped()}
 			if spec {
 				c.Index.SpecTTLMS = 2000
 			}
@@ -352,8 +352,11 @@ func NewPolicy(name string, o PolicyOptions) (Policy, error) {
 			QueueThreshold: d.QueueThreshold, QueuePolicy: d.QueuePolicy, QueueTierWeights: [2]float64{d.HostWeight, d.DiskWeight},
 			Config: func(sig peers.Signals) kvcrouter.RouterConfig {
 				st, _ := peers.NewDynamo(d, sig)
+				// Every peer runs on kvc-router's index and sticky table with
+				// kvc_aware's own rules off: no sticky breakout, no session
+				// moves (+session's bindings hold as Dynamo's do).
 				c := kvcrouter.RouterConfig{Mode: kvcrouter.ModeKVCAware, BlockSize: o.BlockSize, EventsDefault: true,
-					Speculate: bptr(ttl), StickyOverload: bptr(false), Strategy: st, Servers: uncapped()}
+					Speculate: bptr(ttl), StickyOverload: bptr(false), SessionMoves: bptr(false), Strategy: st, Servers: uncapped()}
 				if ttl {
 					c.Index.SpecTTLMS = int(d.PredictedTTLSecs * 1000)
 				}

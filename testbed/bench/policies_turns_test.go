@@ -68,3 +68,29 @@ func TestAdmissionDefault(t *testing.T) {
 		t.Fatalf("kvc_aware+noadmit must see what kvc_aware sees: %+v vs %+v", noadmit, plain)
 	}
 }
+
+// TestPeersNeverMoveSessions: peers run on kvc-router's index and sticky
+// table, but its session moves (by bound counts, session_moves, or by
+// in-flight context, session_move_tokens) are kvc_aware's own rules; a peer
+// that keeps sessions (dynamo_cost+session) holds them where it put them,
+// as upstream does. kvc_aware's rows keep today's default.
+func TestPeersNeverMoveSessions(t *testing.T) {
+	for _, name := range PolicyNames {
+		p, err := NewPolicy(name, PolicyOptions{BlockSize: 16})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.Config == nil {
+			continue
+		}
+		eff, err := p.Config(nil).Effective()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		moves := *eff.SessionMoves || *eff.SessionMoveTokens > 0
+		if ours := strings.HasPrefix(name, "kvc_aware"); moves != ours {
+			t.Errorf("%s: session moves %v (count rule %v, session_move_tokens %v), want %v",
+				name, moves, *eff.SessionMoves, *eff.SessionMoveTokens, ours)
+		}
+	}
+}
