@@ -195,7 +195,9 @@ kvbench: ## replay mooncake/grpo/agent/agent_long over 8 simulated engines, one 
 	$(GO) run ./cmd/kvbench --workload agent_long --json build/kvbench-agent_long.json --plot build/kvbench-agent_long.png
 
 # Issue 26's "no TTFT p99 regression on any existing workload": the held-out
-# workloads above re-run at the library defaults (RL_FROZEN, the 2f74939
+# workloads above re-run at the library defaults (RL_FROZEN, the a485bc6
+# freeze, session_move_tokens 4: docs/results/heldout-a485bc6/; the 2c63719
+# freeze's, before it, docs/results/heldout-2c63719/; the 2f74939
 # freeze, admission on: docs/results/heldout-2f74939/; the 8ef0422 freeze's,
 # before admission became the default, docs/results/heldout-8ef0422/; the 373c8bc, 583ebbd, 81ebcf0
 # (group_spread_max_servers 4), 8df1902 and 668a343 freezes' are in
@@ -347,8 +349,9 @@ arena-full: venv build $(PYLIB) peers-venv ## every arena workload and policy (~
 # Copies the last arena / held-out JSON into docs/results/ and renders the
 # tables of docs/arena.md, docs/kvbench.md and README.md from it.
 RL_SEEDS ?= 341 342 343 344 345
-# Today's defaults (docs/frozen-kvc-aware.json, the 2f74939 freeze, admission on, copied beside its
-# runs): docs/results/rl-2f74939/, which README's RL table leads with (10 min here); the 0c3bbe8
+# Today's defaults (docs/frozen-kvc-aware.json, the a485bc6 freeze, session_move_tokens 4, copied
+# beside its runs): docs/results/rl-a485bc6/, which README's RL table leads with (7 min here); its
+# GRPO rows equal the 2f74939 freeze's (admission on), docs/results/rl-2f74939/; the 0c3bbe8
 # freeze's (RL_FROZEN=docs/results/rl-0c3bbe8/frozen-kvc-aware.json RL_SECOND=kvc_aware+admit):
 # docs/results/rl-0c3bbe8/, its rows equal to rl-2f74939/'s seed for seed. The library defaults at 373c8bc
 # (RL_FROZEN=docs/results/rl-373c8bc/frozen-kvc-aware.json): docs/results/rl-373c8bc/,
@@ -531,11 +534,15 @@ kvbench-rl-tuned: ## every peer tuned for step time on the RL settings (seeds 10
 # The agent setting of kvbench-rl-tuned alone, for a freeze that changed
 # only multi-turn placement (session_move_tokens, a485bc6: a GRPO request id
 # never returns, so its rows are the freeze before's; TestFrozenSessionMoveTokens).
-# Fresh seeds RL_TUNED_AGENT_SEEDS -> build/rl-tuned-agt/ (docs/results/rl-tuned-agt-a485bc6/).
+# Fresh seeds RL_TUNED_AGENT_SEEDS -> build/rl-tuned-agt/ (docs/results/rl-tuned-agt-a485bc6/),
+# with kvc_aware at the freeze before (RL_TUNED_AGENT_BEFORE) on the same seeds
+# beside it (before-FREEZE.json: the change's own effect, rendered under the table). ~7 min.
 RL_TUNED_AGENT_SEEDS ?= 541,542,543,544,545,546,547,548,549,550
-kvbench-rl-tuned-agent: ## kvbench-rl-tuned's agent setting alone on fresh seeds RL_TUNED_AGENT_SEEDS -> build/rl-tuned-agt/
+RL_TUNED_AGENT_BEFORE ?= docs/results/frozen-kvc-aware-2c63719.json
+kvbench-rl-tuned-agent: ## kvbench-rl-tuned's agent setting alone on fresh seeds RL_TUNED_AGENT_SEEDS, and kvc_aware at the freeze before -> build/rl-tuned-agt/
 	@mkdir -p build/rl-tuned-agt
 	$(GO) run ./cmd/kvbench $(RL_AGENT) --parallel 2 --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_AGENT_SEEDS) --tune-objective step --policies $(RL_TUNED_POLICIES) --json build/rl-tuned-agt/heldout-rl-agt.json
+	$(GO) run ./cmd/kvbench $(subst --kvc-frozen $(RL_FROZEN),--kvc-frozen $(RL_TUNED_AGENT_BEFORE),$(RL_AGENT)) --parallel 2 --heldout --tune-seeds 101,102 --report-seeds $(RL_TUNED_AGENT_SEEDS) --policies verl_default,kvc_aware --json build/rl-tuned-agt/before-$(patsubst frozen-kvc-aware-%.json,%,$(notdir $(RL_TUNED_AGENT_BEFORE))).json
 
 render: venv ## copy the last arena/held-out JSON to docs/results/ and render the docs' tables from it
 	@mkdir -p docs/results

@@ -706,6 +706,10 @@ RL_TUNED = ("r0", "r5", "r8", "rec", "agt")
 # 371-375) and the same protocol at the 0c3bbe8 freeze on seeds 511-520. Each renders into the block
 # named after its folder; the targets table reads every run present.
 RL_TUNED_RUNS = (("rl-tuned", "668a343"), ("rl-tuned-0c3bbe8", "0c3bbe8"), ("rl-tuned-2f74939", "2f74939"))
+# `make kvbench-rl-tuned-agent`'s runs (docs/results/RUN/heldout-rl-agt.json): the agent setting alone, at a
+# freeze that changed only multi-turn placement (a485bc6, session_move_tokens); each renders into the block
+# named after its folder, and the targets table's agent rows read it.
+RL_TUNED_AGENT_RUNS = (("rl-tuned-agt-a485bc6", "a485bc6"),)
 
 
 def kvbench_title(d: dict) -> str:
@@ -1534,6 +1538,24 @@ def _same_rows(a: PerSeed, b: PerSeed, policy: str) -> bool:
     return bool(ra) and ra == {seed: v for (p, seed), v in b.items() if p == policy}
 
 
+def render_change_effect(d: str, now_path: str) -> str:
+    """The change's own effect where a run's folder holds kvc_aware at the freeze before it on the same seeds
+    (D/before-FREEZE.json): kvc_aware now ÷ then, paired by seed (step time, TTFT p99, hit rate); "" without."""
+    out = ""
+    for before in sorted(glob.glob(os.path.join(d, "before-*.json"))):
+        freeze = os.path.basename(before)[len("before-"):-len(".json")]
+        runs = _with_before(_heldout_runs(now_path), _heldout_runs(before))
+        cis = [paired(runs, "kvc_aware", "before", m) for m in ("step", "ttft_p99", "hit")]
+        if any(ci is None for ci in cis):
+            continue
+        same = _same_rows(_heldout_runs(now_path), _heldout_runs(before), "verl_default")
+        out += (f"\n\nThe change's own effect: kvc_aware here ÷ kvc_aware at the {freeze} freeze on the same seeds "
+                f"(`docs/results/{os.path.basename(d)}/{os.path.basename(before)}`; verl_default's rows "
+                f"{'identical' if same else '**not identical**'}), paired by seed: step time {_ratio_word(cis[0])}, "
+                f"TTFT p99 {cis[1].fmt(3)}, hit rate {cis[2].fmt(3)}.")
+    return out
+
+
 def render_targets(docs_root: str) -> Optional[str]:
     """docs/rl-workloads.md's summary of issue 26's targets: each measured
     seed by seed in the committed runs that hold it (paired ratios, mean ±
@@ -1583,7 +1605,8 @@ def render_targets(docs_root: str) -> Optional[str]:
            "single-turn rollout's groups in two where responses may outgrow its mean prompt, "
            f"`group_spread_open_ratio`; the `{ADMIT_SPLIT}/` rows at `{ADMIT_SPLIT_FREEZE}`, whose defaults are "
            f"`{ADMIT_SPLIT_BEFORE[1]}`'s, admission alone changed"
-           + "".join(f"; the `{sub}/` rows at `{at}`" for sub, at in (*RL_TUNED_RUNS[1:], RL_TODAY)
+           + "".join(f"; the `{sub}/` rows at `{at}`"
+                     for sub, at in (*RL_TUNED_RUNS[1:], *RL_TUNED_AGENT_RUNS, RL_TODAY)
                      if os.path.isdir(os.path.join(res, sub))) + "); each cell is "
            "kvc_aware's ratio, paired by seed, mean ± 95% CI. \"Met by mean only\" means the interval still reaches "
            "past the bound.", "",
@@ -1682,14 +1705,23 @@ def render_targets(docs_root: str) -> Optional[str]:
                        f"on with admission, `{OPT_IN_ORDER}`) | {where} | {src} ({seeds(w)}) "
                        f"| {opt.fmt(3)} × verl_default; best reference {ref} {refs[ref].fmt(3)} | "
                        f"{way(opt, OPT_IN_ORDER, refs, ref)} |")
+    agent_runs: List[Tuple[str, PerSeed]] = []
+    for sub, _ in RL_TUNED_AGENT_RUNS:
+        p = os.path.join(res, sub, "heldout-rl-agt.json")
+        if os.path.isfile(p):
+            agent_runs.append((f"`{sub}/` (`make kvbench-rl-tuned-agent`)", _heldout_runs(p)))
     for src, tr, _ in tuned_runs:
         ahead_of_peers("≤", "agent, task difficulty ρ 0.6", src, tr["agt"])
-    for src, tr, _ in tuned_runs:
-        for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
-                             ("rec", "recurring prompts, epoch 2"), ("agt", "agent")):
-            ci = vs(tr[key], "kvc_aware", "verl_default", "ttft_p99")
-            row("TTFT p99 no worse than verl_default's", setting, src, tr[key], ci,
-                "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
+    for src, r in agent_runs:
+        ahead_of_peers("≤", "agent, task difficulty ρ 0.6", src, r)
+    ttft_rows = [(src, key, tr[key]) for src, tr, _ in tuned_runs for key in RL_TUNED]
+    ttft_rows += [(src, "agt", r) for src, r in agent_runs]
+    for src, key, r in ttft_rows:
+        setting = {"r0": "first epoch, ρ 0", "r5": "first epoch, ρ 0.5", "r8": "first epoch, ρ 0.8",
+                   "rec": "recurring prompts, epoch 2", "agt": "agent"}[key]
+        ci = vs(r, "kvc_aware", "verl_default", "ttft_p99")
+        row("TTFT p99 no worse than verl_default's", setting, src, r, ci,
+            "**regression** (interval above 1)" if ci.lo > 1 else "**met**")
     # Against kvc_aware before issue 26 (the 520d43c freeze), same seeds.
     before_rows: List[Tuple[str, str, PerSeed]] = []
     for key, setting in (("r0", "first epoch, ρ 0"), ("r5", "first epoch, ρ 0.5"), ("r8", "first epoch, ρ 0.8"),
@@ -2045,6 +2077,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     with open(p, encoding="utf-8") as f:
                         tdocs.append((p, json.load(f)))
                 targets.setdefault(rl_doc, {})[sub] = render_kvbench(tdocs)
+        for sub, _ in RL_TUNED_AGENT_RUNS:
+            p = os.path.join(a.docs, "docs", "results", sub, "heldout-rl-agt.json")
+            if f"<!-- BEGIN RENDERED: {sub} -->" in rl_text and os.path.isfile(p):
+                with open(p, encoding="utf-8") as f:
+                    block = render_kvbench([(p, json.load(f))])
+                targets.setdefault(rl_doc, {})[sub] = block + render_change_effect(os.path.dirname(p), p)
     readme = os.path.join(a.docs, "README.md")
     has_rl = False
     if os.path.isfile(readme):

@@ -9,7 +9,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import pytest
 
@@ -1335,3 +1335,44 @@ def test_arena_refreeze_block_parts_the_freeze_from_the_host(tmp_path):
     second = rows()
     assert all(len(c) == 4 for c in second.values()), second
     assert [c[0] for c in second.values()] == [c[0] for c in first.values()]
+
+
+def _module():
+    """render_results imported in this process (its folder and the harness on sys.path)."""
+    import importlib.util
+
+    for d in (os.path.join(REPO, "testbed"), os.path.join(REPO, "testbed", "scripts")):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_change_effect_pairs_kvc_aware_with_the_freeze_before(tmp_path):
+    """The agent-only run's folder holds kvc_aware at the freeze before on the
+    same seeds (before-FREEZE.json): the line under its table is kvc_aware now
+    ÷ then per seed, with the one rule's word, and says whether verl_default's
+    rows match (they must: the same seeds and workload)."""
+    rr = _module()
+
+    def doc(kvc: Dict[int, float], verl: Dict[int, float]) -> dict:
+        def rows(name: str, by: Dict[int, float]) -> dict:
+            return {"policy": name, "per_seed": [{"seed": s, "makespan_s": v, "ttft_p99_s": v / 100,
+                                                  "hit_rate": 0.9} for s, v in by.items()]}
+        return {"rows": [rows("verl_default", verl), rows("kvc_aware", kvc)]}
+
+    d = tmp_path / "rl-tuned-agt-x"
+    d.mkdir()
+    verl = {1: 100.0, 2: 200.0, 3: 300.0}
+    (d / "heldout-rl-agt.json").write_text(json.dumps(doc({1: 90.0, 2: 180.0, 3: 273.0}, verl)))
+    (d / "before-abc1234.json").write_text(json.dumps(doc({1: 100.0, 2: 200.0, 3: 300.0}, verl)))
+    line = rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json"))
+    assert "at the abc1234 freeze" in line and "verl_default's rows identical" in line, line
+    assert "step time 0.903 ± 0.014 (shorter)" in line, line
+    (d / "before-abc1234.json").write_text(json.dumps(doc({1: 100.0, 2: 200.0, 3: 300.0}, {**verl, 3: 301.0})))
+    assert "**not identical**" in rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json"))
+    (d / "before-abc1234.json").unlink()
+    assert rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json")) == ""
