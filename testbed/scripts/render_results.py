@@ -971,12 +971,14 @@ RL_SETTINGS = (("rl-r0", "first epoch, ρ 0", None), ("rl-r5", "first epoch, ρ 
 # task_spread, and task_spread 0.1 presumed multi-turn on every fresh router
 # (the 41412f1 freeze).
 RL_DEFAULTS = "rl-373c8bc"
-# The same `make kvbench-rl` seeds (341-345) re-run at today's defaults (the 2f74939 freeze: 0c3bbe8's
-# routing, with admission on as verl's hook runs it since admission.enabled became auto; its second
-# kvc_aware row, kvc_aware+noadmit, is the routing alone). Where the folder exists, README's RL table
-# and the targets table's same-seed rows (against the 520d43c rows before issue 26) read it; the
+# The same `make kvbench-rl` seeds (341-345) re-run at today's defaults (the a485bc6 freeze: the 2f74939
+# freeze's routing and admission, on as verl's hook runs it since admission.enabled became auto, with
+# session moves by in-flight context, which change the agent rows alone; its second kvc_aware row,
+# kvc_aware+noadmit, is the routing alone; docs/results/rl-2f74939/ keeps the freeze before). Where
+# the folder exists, README's RL table and the targets table's same-seed rows (against the 520d43c
+# rows before issue 26) read it; the
 # RL_DEFAULTS rows, and docs/results/rl-0c3bbe8/ (the 0c3bbe8 freeze), stay as their freezes' records.
-RL_TODAY = ("rl-2f74939", "2f74939")
+RL_TODAY = ("rl-a485bc6", "a485bc6")
 RL_GS_OFF = "rl-f591d2b"
 RL_PREV = "rl-520d43c"
 RL_TASK = "rl-41412f1"
@@ -1002,14 +1004,15 @@ RL_WORK = "kvbench-work"
 # The held-out workloads at today's defaults on the published seeds
 # (`make kvbench-heldout-defaults`), beside docs/results/kvbench-WORKLOAD.json
 # (kvc_aware at the 520d43c freeze, before issue 26).
-HELDOUT_NOW = "heldout-2c63719"
+HELDOUT_NOW = "heldout-a485bc6"
 # The same runs at earlier freezes, each gate's effect seed by seed: 668a343
 # (before group_spread_min_corr) and 583ebbd (before task_spread_min_corr).
 # The opt-in cap of 4 is in docs/results/heldout-81ebcf0/.
 HELDOUT_EARLIER = (("heldout-668a343", "`group_spread_min_corr`"), ("heldout-583ebbd", "`task_spread_min_corr`"),
                    ("heldout-373c8bc", "`group_spread_min_ratio` read the rollout's mean prompt"),
                    ("heldout-8ef0422", "admission on by default (8ef0422's rows are 0c3bbe8's on these workloads)"),
-                   ("heldout-2f74939", "`admission.enabled: auto` turned off for multi-turn rollouts"))
+                   ("heldout-2f74939", "`admission.enabled: auto` turned off for multi-turn rollouts"),
+                   ("heldout-2c63719", "`session_move_tokens`"))
 HELDOUT_WORKLOADS = ("grpo_sat", "agent_scale", "grpo", "grpo-spread", "agent", "agent_long", "agent_long_few",
                      "mooncake")
 # (numerator, denominator) rows compared seed by seed under each table.

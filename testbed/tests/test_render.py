@@ -693,9 +693,9 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     import shutil
 
     res = tmp_path / "docs" / "results"
-    subs = ("rl-tuned", "rl-tuned-0c3bbe8", "rl-tuned-2f74939", RL_DEFAULTS, "rl-2f74939", "rl-520d43c",
-            "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc", "heldout-8ef0422",
-            "heldout-2f74939", "kvbench-demo-shape")
+    subs = ("rl-tuned", "rl-tuned-0c3bbe8", "rl-tuned-2f74939", "rl-tuned-agt-a485bc6", RL_DEFAULTS, "rl-a485bc6",
+            "rl-520d43c", "kvbench-work", HELDOUT_NOW, "heldout-668a343", "heldout-583ebbd", "heldout-373c8bc",
+            "heldout-8ef0422", "heldout-2f74939", "heldout-2c63719", "kvbench-demo-shape")
     for sub in subs:
         shutil.copytree(os.path.join(REPO, "docs", "results", sub), res / sub)
     for w in ("grpo", "agent"):
@@ -710,7 +710,7 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     assert "the demo's shape" in before[6] and "`kvbench-demo-shape/`" in before[6], before[6]
     assert "`rl-tuned-0c3bbe8/`" in before[3] and "(511–520)" in before[3], before[3]
     assert "`rl-tuned-2f74939/`" in before[4] and "(521–530)" in before[4], before[4]
-    assert "`rl-2f74939/` (`make kvbench-rl`) (341–345)" in before[5], before[5]
+    assert "`rl-a485bc6/` (`make kvbench-rl`) (341–345)" in before[5], before[5]
     path = res / "kvbench-work"
     for f in sorted(path.glob("rl-rec-*.json")):
         rep = json.loads(f.read_text())
@@ -726,7 +726,13 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     # The same-seed rows against kvc_aware before issue 26 read today's re-run of those seeds.
     before26 = [ln for ln in text.splitlines() if ln.startswith("| TTFT p99 no worse than before issue 26")
                 and "first epoch" in ln]
-    assert len(before26) == 3 and all("`rl-520d43c/`, `rl-2f74939/`" in ln for ln in before26), before26
+    assert len(before26) == 3 and all("`rl-520d43c/`, `rl-a485bc6/`" in ln for ln in before26), before26
+    # The agent-only run (`make kvbench-rl-tuned-agent`) judges the agent peer targets and TTFT on its seeds.
+    src = "`rl-tuned-agt-a485bc6/` (`make kvbench-rl-tuned-agent`) (541–550)"
+    agt_only = [ln for ln in text.splitlines() if src in ln]
+    assert any(ln.startswith("| ≤ vllm_router_sticky_least_loaded | agent, task difficulty ρ 0.6 |") for ln in agt_only)
+    assert any(ln.startswith("| TTFT p99 no worse than verl_default's | agent |") for ln in agt_only), agt_only
+    assert not any("first epoch" in ln or "recurring" in ln for ln in agt_only), agt_only
     assert "| ≥ 60% of the way to the true-length reference |" in text
     # On the demo's shape the way is measured against that run's own true-length reference, step 2.
     from kvc_harness.stats import mean_ci
@@ -772,10 +778,11 @@ def test_targets_block_judges_each_target_from_its_runs(tmp_path):
     assert f"| {sum(ratios) / len(ratios):.3f} ±" in line
     # The last columns pair today's rows with the 668a343 freeze's (before the within-prompt gate), the
     # 583ebbd freeze's (before the within-task gate), the 373c8bc freeze's (before the mean prompt), the
-    # 8ef0422 freeze's (before admission's default) and the 2f74939 freeze's (before its multi-turn gate).
+    # 8ef0422 freeze's (before admission's default), the 2f74939 freeze's (before its multi-turn gate) and
+    # the 2c63719 freeze's (before session_move_tokens).
     cells = held[0].split(" | ")
-    for d, at in (("heldout-668a343", -10), ("heldout-583ebbd", -8), ("heldout-373c8bc", -6),
-                  ("heldout-8ef0422", -4), ("heldout-2f74939", -2)):
+    for d, at in (("heldout-668a343", -12), ("heldout-583ebbd", -10), ("heldout-373c8bc", -8),
+                  ("heldout-8ef0422", -6), ("heldout-2f74939", -4), ("heldout-2c63719", -2)):
         earlier = json.loads((res / d / "kvbench-grpo.json").read_text())
         kvc_e = {x["seed"]: x for r in earlier["rows"] if r["policy"] == "kvc_aware" for x in r["per_seed"]}
         step = [kvc_now[k]["makespan_s"] / kvc_e[k]["makespan_s"] for k in kvc_now]
