@@ -720,7 +720,8 @@ VERL_TURNS = {"agent": "multi", "grpo": "single"}
 
 
 def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str, Any],
-                       turns: Optional[str] = None, response_tokens: int = 0) -> Dict[str, Any]:
+                       turns: Optional[str] = None, response_tokens: int = 0,
+                       router: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """What ``router.type: kvc_aware`` gives a verl user, plus only what the
     servers cannot tell it: the KV-event endpoints (vLLM's
     ``--kv-events-config``, which the user sets on the servers too) and
@@ -730,7 +731,8 @@ def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str
     hook sets from the rollout config. KV capacity
     comes from the servers' ``vllm:cache_config_info``; the poll interval is
     the library's. ``knobs`` is the frozen strategy configuration
-    (docs/frozen-kvc-aware.json) plus any --kvc-knob."""
+    (docs/frozen-kvc-aware.json) plus any --kvc-knob; ``router`` the router
+    settings outside the strategy that the freeze records (frozen_router)."""
     cfg = router_config("kvc_aware", servers, max_num_seqs=max_num_seqs)
     assert cfg is not None
     del cfg["config"]["collector"]["interval_ms"]  # the library's default
@@ -740,6 +742,7 @@ def user_router_config(servers: List[Server], max_num_seqs: int, knobs: Dict[str
         cfg["config"]["turns"] = turns
     if response_tokens > 0:
         cfg["config"]["response_tokens"] = response_tokens
+    cfg["config"].update(router or {})
     return cfg
 
 
@@ -772,12 +775,12 @@ class Balancer(Route):
 
     def __init__(self, servers: List[Server], mode: str, max_num_seqs: int,
                  knobs: Optional[Dict[str, Any]] = None, turns: Optional[str] = None,
-                 response_tokens: int = 0) -> None:
+                 response_tokens: int = 0, router: Optional[Dict[str, Any]] = None) -> None:
         from kvc_router import KVCAwareBalancer
 
         cfg = None
         if mode == "kvc_aware":
-            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens)
+            cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens, router)
         self.config = cfg
         self.needs_ids = mode == "kvc_aware"
         self.urls = {s.sid: s.url for s in servers}
@@ -831,10 +834,11 @@ class AdmitBalancer(Balancer):
     holds_in_router = True
 
     def __init__(self, servers: List[Server], max_num_seqs: int, knobs: Optional[Dict[str, Any]] = None,
-                 turns: Optional[str] = None, response_tokens: int = 0, lengths: bool = False) -> None:
+                 turns: Optional[str] = None, response_tokens: int = 0, lengths: bool = False,
+                 router: Optional[Dict[str, Any]] = None) -> None:
         from kvc_router import KVCAwareAdmissionBalancer
 
-        cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens)
+        cfg = user_router_config(servers, max_num_seqs, dict(knobs or {}), turns, response_tokens, router)
         cfg["config"]["admission"] = {"enabled": True}
         if lengths:
             # The releases carry request ids and output counts (release()),
@@ -1141,6 +1145,16 @@ def load_frozen(path: str) -> Tuple[Dict[str, Any], str]:
     return dict(strategy), commit if status == "frozen" else f"{commit} ({status})"
 
 
+def frozen_router(path: str) -> Dict[str, Any]:
+    """The router settings outside the strategy that a freeze records and its kvc_aware rows apply:
+    ``session_move_tokens`` (0 in freezes from before it, which moved sessions by bound counts alone), so a
+    rerun of an old freeze runs that freeze's behaviour (kvbench reads the same key)."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    router = (doc.get("library_defaults") or {}).get("router") or {}
+    return {"session_move_tokens": router.get("session_move_tokens", 0)}
+
+
 def _pct(xs: Sequence[float], q: float) -> float:
     """q in 0..1; the harness's one percentile definition."""
     return percentile(xs, q * 100.0)
@@ -1440,11 +1454,13 @@ def run_one(spec: WorkloadSpec, policy: str, seed: int, cfg: ArenaConfig, log: C
             route = VerlDefaultRoute(servers, seed)
         elif policy == "kvc_aware":
             route = Balancer(servers, "kvc_aware", max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
-                             spec.response_max if spec.kind in VERL_TURNS else 0)
+                             spec.response_max if spec.kind in VERL_TURNS else 0,
+                             router=frozen_router(cfg.kvc_frozen) if cfg.kvc_frozen else None)
         elif policy in ("kvc_aware+admit", "kvc_aware+admit+lengths"):
             route = AdmitBalancer(servers, max_num_seqs, cfg.kvc_knobs, VERL_TURNS.get(spec.kind),
                                   spec.response_max if spec.kind in VERL_TURNS else 0,
-                                  lengths=policy.endswith("+lengths"))
+                                  lengths=policy.endswith("+lengths"),
+                                  router=frozen_router(cfg.kvc_frozen) if cfg.kvc_frozen else None)
         elif base_policy(policy) in DYNAMO_VARIANTS:
             knobs = {**DYNAMO_VARIANTS[base_policy(policy)], **variant_params(policy, spec.name, cfg)}
             route = DynamoRoute(servers, cfg.block_size, num_gpu_blocks, max_num_seqs, cfg.max_num_batched_tokens,

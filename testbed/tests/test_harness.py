@@ -513,3 +513,20 @@ def test_arena_load_frozen_refuses_a_freeze_that_leaves_parameters_out(tmp_path)
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="does not name group_spread_open_ratio, work_weight"):
         load_frozen(str(path))
+
+
+def test_arena_runs_a_freezes_session_move_tokens(tmp_path) -> None:
+    """The arena's kvc_aware rows run the session_move_tokens their freeze
+    recorded, and 0 for a freeze from before the setting (it moved sessions
+    by bound counts alone), so rerunning an old freeze runs its behaviour."""
+    from kvc_harness.arena import FROZEN_DEFAULT, Server, frozen_router, user_router_config
+
+    with open(FROZEN_DEFAULT, encoding="utf-8") as f:
+        today = json.load(f)["library_defaults"]["router"]["session_move_tokens"]
+    assert frozen_router(FROZEN_DEFAULT) == {"session_move_tokens": today} and today > 0
+    old = os.path.join(REPO, "docs", "results", "frozen-kvc-aware-2c63719.json")
+    assert frozen_router(old) == {"session_move_tokens": 0}
+    servers = [Server(sid="127.0.0.1:1", url="http://127.0.0.1:1")]
+    cfg = user_router_config(servers, 16, {}, "multi", 0, frozen_router(old))
+    assert cfg["config"]["session_move_tokens"] == 0 and cfg["config"]["turns"] == "multi"
+    assert "session_move_tokens" not in user_router_config(servers, 16, {})["config"]

@@ -275,7 +275,8 @@ func (r *Router) moveTarget(i, n int) int {
 // (session_move_tokens), or -1. The target is the healthy, not overloaded
 // server with room (under admission) and the fewest prompt tokens in
 // flight; the move happens when the bound server has at least
-// session_move_tokens x own more. In-flight tokens, not the contexts of
+// session_move_tokens x own more, and at least minMoveExcessTokens.
+// In-flight tokens, not the contexts of
 // every session bound there: sessions waiting on a tool decode nothing,
 // and counting them for a while after their last turn moved fewer
 // sessions for a longer step on kvbench's agent setting.
@@ -296,11 +297,20 @@ func (r *Router) tokenMoveTarget(own, i, n int) int {
 			j = k
 		}
 	}
-	if j < 0 || float64(r.cands[i].InflightTokens-r.cands[j].InflightTokens) < r.moveTokens*float64(own) {
+	excess := r.cands[i].InflightTokens - r.cands[j].InflightTokens
+	if j < 0 || excess < minMoveExcessTokens || float64(excess) < r.moveTokens*float64(own) {
 		return -1
 	}
 	return j
 }
+
+// minMoveExcessTokens is the least in-flight excess that moves a session
+// by context, whatever its own prompt: a few thousand tokens of context
+// cost a decode step a fraction of a millisecond, less than the prefill a
+// move re-pays. Every multi-turn workload kvbench measures has prompts of
+// over a thousand tokens (a 1,024-token system prompt), so at
+// session_move_tokens 4 this floor never decides there.
+const minMoveExcessTokens = 4096
 
 // roomFilter marks, under admission, the candidates without room for a new
 // binding, when at least one has room (nil: none masked).

@@ -103,9 +103,10 @@ func TestSessionMovesNeedMultiTurnEvidence(t *testing.T) {
 }
 
 // TestSessionMovesByTokens: session counts are even (two sessions per
-// server), but s0 has three long prompts in flight. A session bound to s0
-// moves to the server with the fewest prompt tokens in flight when s0's
-// excess is at least session_move_tokens times its own prompt.
+// server), but s0 has a long prompt in flight. A session bound to s0 moves
+// to the server with the fewest prompt tokens in flight (s2) when s0's
+// excess is at least session_move_tokens times its own prompt and at least
+// minMoveExcessTokens.
 func TestSessionMovesByTokens(t *testing.T) {
 	servers := []string{"s0", "s1", "s2", "s3"}
 	f := func(v float64) *float64 { return &v }
@@ -113,16 +114,21 @@ func TestSessionMovesByTokens(t *testing.T) {
 	cases := []struct {
 		name  string
 		cfg   func(*Config)
+		held  int    // s0's prompt tokens in flight (0: 12,000)
 		own   int    // the moving session's next prompt, in tokens
 		want  string // where the turn lands
 		moved uint64 // session_moves_tokens after the turn
 	}{
-		// 4 x 700 is under s0's 3,000-token excess over s2.
-		{name: "default moves a short context", own: 700, want: "s2", moved: 1},
-		// 4 x 800 = 3,200 exceeds the 3,000 excess: the prefill would cost more.
-		{name: "a long context stays", own: 800, want: "s0"},
-		{name: "lower setting moves it", cfg: func(c *Config) { c.SessionMoveTokens = f(2) }, own: 1200, want: "s2", moved: 1},
-		{name: "at the setting exactly it moves", cfg: func(c *Config) { c.SessionMoveTokens = f(3) }, own: 1000, want: "s2", moved: 1},
+		// 4 x 2,900 is under s0's 12,000-token excess over s2.
+		{name: "default moves a short context", own: 2900, want: "s2", moved: 1},
+		// 4 x 3,100 = 12,400 exceeds the excess: the prefill would cost more.
+		{name: "a long context stays", own: 3100, want: "s0"},
+		{name: "lower setting moves it", cfg: func(c *Config) { c.SessionMoveTokens = f(2) }, own: 4800, want: "s2", moved: 1},
+		{name: "at the setting exactly it moves", cfg: func(c *Config) { c.SessionMoveTokens = f(3) }, own: 4000, want: "s2", moved: 1},
+		// A tiny prompt: 4 x 10 is far under the excess, but 4,000 tokens
+		// are under the floor; 4,096 are not.
+		{name: "an excess under the floor stays", held: 4000, own: 10, want: "s0"},
+		{name: "an excess at the floor moves", held: 4096, own: 10, want: "s2", moved: 1},
 		{name: "0 disables", cfg: func(c *Config) { c.SessionMoveTokens = f(0) }, own: 200, want: "s0"},
 		{name: "session_moves off disables", cfg: func(c *Config) { c.SessionMoves = &off }, own: 200, want: "s0"},
 	}
@@ -134,14 +140,18 @@ func TestSessionMovesByTokens(t *testing.T) {
 					bindAt(t, r, fmt.Sprintf("sess-%d-%d", s, k), s)
 				}
 			}
-			// Later turns stay in flight: s0 holds 3,000 prompt tokens,
-			// s1 and s3 100 each, s2 none (the target).
+			held := tc.held
+			if held == 0 {
+				held = 12000
+			}
+			// Later turns stay in flight: s0 holds held tokens, s1 and s3
+			// a short prompt each, s2 none (the target).
 			hold := func(id string, n int, base int32) {
 				if _, err := r.Acquire(Request{ID: id, Tokens: prompt(n, base), Pin: -1}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			hold("sess-0-1", 3000, 7)
+			hold("sess-0-1", held, 7)
 			hold("sess-3-0", 100, 9)
 			hold("sess-1-0", 100, 11)
 			d, err := r.Acquire(Request{ID: "sess-0-0", Tokens: prompt(tc.own, 13), Pin: -1})
