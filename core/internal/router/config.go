@@ -159,8 +159,8 @@ type Config struct {
 	// SessionMoveTokens moves a multi-turn session at a turn boundary,
 	// while session_moves is on, to the server with the fewest prompt
 	// tokens in flight when its bound server has at least this many times
-	// the session's own prompt (its whole context) more in flight; 0
-	// disables; unset: DefaultSessionMoveTokens. Session counts miss the
+	// the session's own prompt (its whole context), and at least 4,096
+	// tokens, more in flight; 0 disables; unset: DefaultSessionMoveTokens. Session counts miss the
 	// imbalance that ends an agent step: in-flight context is what slows
 	// an engine's decode, and a hard task's trajectories grow it on one
 	// server while the counts stay even (docs/rl-workloads.md, "Session

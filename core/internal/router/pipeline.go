@@ -297,8 +297,11 @@ func (r *Router) tokenMoveTarget(own, i, n int) int {
 			j = k
 		}
 	}
+	if j < 0 {
+		return -1
+	}
 	excess := r.cands[i].InflightTokens - r.cands[j].InflightTokens
-	if j < 0 || excess < minMoveExcessTokens || float64(excess) < r.moveTokens*float64(own) {
+	if excess < minMoveExcessTokens || float64(excess) < r.moveTokens*float64(own) {
 		return -1
 	}
 	return j
