@@ -239,20 +239,31 @@ func (r *Router) sessionRule(req *Request, bound *server, n int) (string, int) {
 	return SessionStay, i
 }
 
+// movesOpen says whether sessions may move at all: moves on, a choice of
+// servers, and the router's evidence that sessions return (MultiTurn).
+func (r *Router) movesOpen(n int) bool {
+	return r.moveSessions && n >= 2 &&
+		strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) >= 0.5
+}
+
+// moveTo says whether candidate k may take a moving session: healthy, not
+// overloaded, and with room under admission.
+func (r *Router) moveTo(k int) bool {
+	c := &r.cands[k]
+	return c.Healthy && strategy.EffectiveLoad(r.strat, c) <= r.threshold && (!r.admit || r.hasRoom(r.cpool[k]))
+}
+
 // moveTarget is the candidate a session bound to candidate i moves to at
 // this turn (sessionRule), or -1: it stays.
 func (r *Router) moveTarget(i, n int) int {
-	if !r.moveSessions || n < 2 {
-		return -1
-	}
-	if strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) < 0.5 {
+	if !r.movesOpen(n) {
 		return -1
 	}
 	total, j := 0, -1
 	for k := 0; k < n; k++ {
 		c := &r.cands[k]
 		total += c.Sessions
-		if k == i || !c.Healthy || strategy.EffectiveLoad(r.strat, c) > r.threshold || (r.admit && !r.hasRoom(r.cpool[k])) {
+		if k == i || !r.moveTo(k) {
 			continue
 		}
 		if j < 0 || c.Sessions < r.cands[j].Sessions ||
@@ -276,21 +287,18 @@ func (r *Router) moveTarget(i, n int) int {
 // server with room (under admission) and the fewest prompt tokens in
 // flight; the move happens when the bound server has at least
 // session_move_tokens x own more, and at least minMoveExcessTokens.
-// In-flight tokens, not the contexts of
-// every session bound there: sessions waiting on a tool decode nothing,
-// and counting them for a while after their last turn moved fewer
-// sessions for a longer step on kvbench's agent setting.
+// In-flight tokens, not the contexts of every session bound there:
+// sessions waiting on a tool decode nothing, and counting them for a while
+// after their last turn moved fewer sessions for a longer step on
+// kvbench's agent setting.
 func (r *Router) tokenMoveTarget(own, i, n int) int {
-	if r.moveTokens <= 0 || !r.moveSessions || n < 2 || own <= 0 {
-		return -1
-	}
-	if strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) < 0.5 {
+	if r.moveTokens <= 0 || own <= 0 || !r.movesOpen(n) {
 		return -1
 	}
 	j := -1
 	for k := 0; k < n; k++ {
 		c := &r.cands[k]
-		if k == i || !c.Healthy || strategy.EffectiveLoad(r.strat, c) > r.threshold || (r.admit && !r.hasRoom(r.cpool[k])) {
+		if k == i || !r.moveTo(k) {
 			continue
 		}
 		if j < 0 || c.InflightTokens < r.cands[j].InflightTokens {
