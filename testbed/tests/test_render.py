@@ -1344,42 +1344,37 @@ def test_arena_refreeze_block_parts_the_freeze_from_the_host(tmp_path):
     assert [c[0] for c in second.values()] == [c[0] for c in first.values()]
 
 
-def _module():
-    """render_results imported in this process (its folder and the harness on sys.path)."""
-    import importlib.util
-
-    for d in (os.path.join(REPO, "testbed"), os.path.join(REPO, "testbed", "scripts")):
-        if d not in sys.path:
-            sys.path.insert(0, d)
-    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_change_effect_pairs_kvc_aware_with_the_freeze_before(tmp_path):
     """The agent-only run's folder holds kvc_aware at the freeze before on the
     same seeds (before-FREEZE.json): the line under its table is kvc_aware now
     ÷ then per seed, with the one rule's word, and says whether verl_default's
     rows match (they must: the same seeds and workload)."""
-    rr = _module()
+    path = os.pathsep.join([os.path.join(REPO, "testbed"), os.path.join(REPO, "testbed", "scripts")])
+    env = dict(os.environ, PYTHONPATH=path)
+    d = tmp_path / "rl-tuned-agt-x"
+    d.mkdir()
 
-    def doc(kvc: Dict[int, float], verl: Dict[int, float]) -> dict:
+    def line() -> str:
+        code = ("import json, sys, render_results as r; "
+                "print(json.dumps(r.render_change_effect(sys.argv[1], sys.argv[1] + '/heldout-rl-agt.json')))")
+        out = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, env=env,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def doc(kvc: Dict[int, float], verl: Dict[int, float]) -> str:
         def rows(name: str, by: Dict[int, float]) -> dict:
             return {"policy": name, "per_seed": [{"seed": s, "makespan_s": v, "ttft_p99_s": v / 100,
                                                   "hit_rate": 0.9} for s, v in by.items()]}
-        return {"rows": [rows("verl_default", verl), rows("kvc_aware", kvc)]}
+        return json.dumps({"rows": [rows("verl_default", verl), rows("kvc_aware", kvc)]})
 
-    d = tmp_path / "rl-tuned-agt-x"
-    d.mkdir()
     verl = {1: 100.0, 2: 200.0, 3: 300.0}
-    (d / "heldout-rl-agt.json").write_text(json.dumps(doc({1: 90.0, 2: 180.0, 3: 273.0}, verl)))
-    (d / "before-abc1234.json").write_text(json.dumps(doc({1: 100.0, 2: 200.0, 3: 300.0}, verl)))
-    line = rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json"))
-    assert "at the abc1234 freeze" in line and "verl_default's rows identical" in line, line
-    assert "step time 0.903 ± 0.014 (shorter)" in line, line
-    (d / "before-abc1234.json").write_text(json.dumps(doc({1: 100.0, 2: 200.0, 3: 300.0}, {**verl, 3: 301.0})))
-    assert "**not identical**" in rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json"))
+    (d / "heldout-rl-agt.json").write_text(doc({1: 90.0, 2: 180.0, 3: 273.0}, verl))
+    (d / "before-abc1234.json").write_text(doc({1: 100.0, 2: 200.0, 3: 300.0}, verl))
+    text = line()
+    assert "at the abc1234 freeze" in text and "verl_default's rows identical" in text, text
+    assert "step time 0.903 ± 0.014 (shorter)" in text, text
+    (d / "before-abc1234.json").write_text(doc({1: 100.0, 2: 200.0, 3: 300.0}, {**verl, 3: 301.0}))
+    assert "**not identical**" in line()
     (d / "before-abc1234.json").unlink()
-    assert rr.render_change_effect(str(d), str(d / "heldout-rl-agt.json")) == ""
+    assert line() == ""
