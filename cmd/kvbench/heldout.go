@@ -96,7 +96,7 @@ func runJobs(c *config, jobs []runJob, stderr io.Writer) (sums []bench.Summary, 
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			pol, err := bench.NewPolicy(j.policy, bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Params: j.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens})
+			pol, err := bench.NewPolicy(j.policy, c.policyOptions(j.seed, j.params))
 			if err != nil {
 				errs[i] = err
 				return

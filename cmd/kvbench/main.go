@@ -289,6 +289,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
+// policyOptions is every run's policy options: the seed and parameters
+// given, and kvc_aware's router settings from the flags and the freeze.
+func (c *config) policyOptions(seed uint64, params map[string]json.RawMessage) bench.PolicyOptions {
+	return bench.PolicyOptions{Seed: seed, BlockSize: c.blockSize, Params: params, Turns: c.kvcTurns,
+		ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens}
+}
+
 // repoRoot walks up from the working directory to the directory holding go.mod.
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
@@ -528,8 +535,7 @@ func single(c *config, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	var progress atomic.Int64
-	popt := bench.PolicyOptions{Seed: c.seed, BlockSize: c.blockSize, Params: c.params, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(),
-		KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens}
+	popt := c.policyOptions(c.seed, c.params)
 	s := &bench.Suite{NewWorkload: mk, Policies: names, PolicyOpts: popt, Opts: c.options(&progress), Parallel: c.parallel,
 		MakespanBound: c.makespanBound}
 	stop := startProgress(stderr, &progress, expected*len(names), c.quiet)

@@ -98,7 +98,7 @@ func sweep(c *config, stdout, stderr io.Writer) error {
 			defer func() { <-sem }()
 			cc := *c
 			cc.seed = j.seed
-			popt := bench.PolicyOptions{Seed: j.seed, BlockSize: c.blockSize, Turns: c.kvcTurns, ResponseTokens: c.responseTokens(), KVCRouter: c.admissionEdit, Admission: c.kvcAdmit, SessionMoveTokens: c.kvcMoveTokens}
+			popt := c.policyOptions(j.seed, nil)
 			name := "verl_default"
 			if j.point >= 0 {
 				name = "kvc_aware"

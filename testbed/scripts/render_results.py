@@ -1547,11 +1547,12 @@ def render_change_effect(d: str, now_path: str) -> str:
     out = ""
     for before in sorted(glob.glob(os.path.join(d, "before-*.json"))):
         freeze = os.path.basename(before)[len("before-"):-len(".json")]
-        runs = _with_before(_heldout_runs(now_path), _heldout_runs(before))
+        now, then = _heldout_runs(now_path), _heldout_runs(before)
+        runs = _with_before(now, then)
         cis = [paired(runs, "kvc_aware", "before", m) for m in ("step", "ttft_p99", "hit")]
         if any(ci is None for ci in cis):
             continue
-        same = _same_rows(_heldout_runs(now_path), _heldout_runs(before), "verl_default")
+        same = _same_rows(now, then, "verl_default")
         out += (f"\n\nThe change's own effect: kvc_aware here ÷ kvc_aware at the {freeze} freeze on the same seeds "
                 f"(`docs/results/{os.path.basename(d)}/{os.path.basename(before)}`; verl_default's rows "
                 f"{'identical' if same else '**not identical**'}), paired by seed: step time {_ratio_word(cis[0])}, "

@@ -230,89 +230,62 @@ func (r *Router) sessionRule(req *Request, bound *server, n int) (string, int) {
 			return SessionOverloaded, -1
 		}
 	}
-	if j := r.moveTarget(i, n); j >= 0 {
-		return SessionMove, j
-	}
-	if j := r.tokenMoveTarget(len(req.Tokens), i, n); j >= 0 {
-		return SessionMoveTokens, j
+	if v, j := r.moveTarget(len(req.Tokens), i, n); j >= 0 {
+		return v, j
 	}
 	return SessionStay, i
 }
 
-// movesOpen says whether sessions may move at all: moves on, a choice of
-// servers, and the router's evidence that sessions return (MultiTurn).
-func (r *Router) movesOpen(n int) bool {
-	return r.moveSessions && n >= 2 &&
-		strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) >= 0.5
-}
-
-// moveTo says whether candidate k may take a moving session: healthy, not
-// overloaded, and with room under admission.
-func (r *Router) moveTo(k int) bool {
-	c := &r.cands[k]
-	return c.Healthy && strategy.EffectiveLoad(r.strat, c) <= r.threshold && (!r.admit || r.hasRoom(r.cpool[k]))
-}
-
-// moveTarget is the candidate a session bound to candidate i moves to at
-// this turn (sessionRule), or -1: it stays.
-func (r *Router) moveTarget(i, n int) int {
-	if !r.movesOpen(n) {
-		return -1
+// moveTarget is the candidate a session bound to candidate i, whose next
+// turn's prompt is own tokens, moves to at this turn and the rule that
+// moves it (sessionRule), or -1: it stays. Both rules need evidence that
+// sessions return (MultiTurn) and take a healthy, not overloaded server
+// with room (under admission); one pass over the candidates serves both.
+//
+//   - By counts (SessionMove): the bound server holds at least max(2,
+//     mean/2) more sessions than the least-bound one (fewer in flight breaks
+//     ties), which moves there.
+//   - By context (SessionMoveTokens, session_move_tokens): the bound server
+//     has at least session_move_tokens x own, and at least
+//     minMoveExcessTokens, more prompt tokens in flight than the server with
+//     the fewest, which takes it. In-flight tokens, not the contexts of
+//     every session bound there: sessions waiting on a tool decode nothing,
+//     and counting them for a while after their last turn moved fewer
+//     sessions for a longer step on kvbench's agent setting.
+func (r *Router) moveTarget(own, i, n int) (string, int) {
+	if !r.moveSessions || n < 2 ||
+		strategy.MultiTurn(&strategy.Request{SessionsBound: r.bound, LaterTurns: r.counters.StickyHits + r.counters.StickyBroken}) < 0.5 {
+		return "", -1
 	}
-	total, j := 0, -1
+	total, js, jt := 0, -1, -1
 	for k := 0; k < n; k++ {
 		c := &r.cands[k]
 		total += c.Sessions
-		if k == i || !r.moveTo(k) {
+		if k == i || !c.Healthy || strategy.EffectiveLoad(r.strat, c) > r.threshold || (r.admit && !r.hasRoom(r.cpool[k])) {
 			continue
 		}
-		if j < 0 || c.Sessions < r.cands[j].Sessions ||
-			(c.Sessions == r.cands[j].Sessions && c.Inflight < r.cands[j].Inflight) {
-			j = k
+		if js < 0 || c.Sessions < r.cands[js].Sessions ||
+			(c.Sessions == r.cands[js].Sessions && c.Inflight < r.cands[js].Inflight) {
+			js = k
+		}
+		if jt < 0 || c.InflightTokens < r.cands[jt].InflightTokens {
+			jt = k
 		}
 	}
-	if j < 0 {
-		return -1
+	if js < 0 { // no candidate may take it (jt < 0 too)
+		return "", -1
 	}
 	mean := float64(total) / float64(n)
-	if float64(r.cands[i].Sessions-r.cands[j].Sessions) < max(2, mean/2) {
-		return -1
+	if float64(r.cands[i].Sessions-r.cands[js].Sessions) >= max(2, mean/2) {
+		return SessionMove, js
 	}
-	return j
-}
-
-// tokenMoveTarget is the candidate a session bound to candidate i, whose
-// next turn's prompt is own tokens, moves to by in-flight context
-// (session_move_tokens), or -1. The target is the healthy, not overloaded
-// server with room (under admission) and the fewest prompt tokens in
-// flight; the move happens when the bound server has at least
-// session_move_tokens x own more, and at least minMoveExcessTokens.
-// In-flight tokens, not the contexts of every session bound there:
-// sessions waiting on a tool decode nothing, and counting them for a while
-// after their last turn moved fewer sessions for a longer step on
-// kvbench's agent setting.
-func (r *Router) tokenMoveTarget(own, i, n int) int {
-	if r.moveTokens <= 0 || own <= 0 || !r.movesOpen(n) {
-		return -1
-	}
-	j := -1
-	for k := 0; k < n; k++ {
-		c := &r.cands[k]
-		if k == i || !r.moveTo(k) {
-			continue
-		}
-		if j < 0 || c.InflightTokens < r.cands[j].InflightTokens {
-			j = k
+	if r.moveTokens > 0 && own > 0 {
+		excess := r.cands[i].InflightTokens - r.cands[jt].InflightTokens
+		if excess >= minMoveExcessTokens && float64(excess) >= r.moveTokens*float64(own) {
+			return SessionMoveTokens, jt
 		}
 	}
-	if j < 0 {
-		return -1
-	}
-	excess := r.cands[i].InflightTokens - r.cands[j].InflightTokens
-	if excess < minMoveExcessTokens || float64(excess) < r.moveTokens*float64(own) {
-		return -1
-	}
-	return j
+	return "", -1
 }
 
 // minMoveExcessTokens is the least in-flight excess that moves a session
